@@ -1,0 +1,1 @@
+"""Metis operator: reconciles KnowledgeBase resources into running, observable indexers."""
