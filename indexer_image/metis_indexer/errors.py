@@ -1,0 +1,36 @@
+"""The indexer's domain errors: each carries the spec's code and HTTP status.
+
+The core raises these; the HTTP app's one middleware turns them into
+`{"error": {"code", "message"}}` answers.
+
+    ApiError
+     ├── BadRequest            400  QUERY_EMPTY, QUERY_TOO_LONG, TOP_K_OUT_OF_RANGE,
+     │                              INVALID_BODY, NO_EMBEDDING_MODEL, EVAL_*
+     ├── Unavailable           503  KNOWLEDGE_BASE_NOT_READY, EMBEDDING_MODEL_UNAVAILABLE
+     └── Conflict              409  STANDBY
+"""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    """An answer the API gives instead of a result."""
+
+    status = 500
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class BadRequest(ApiError):
+    status = 400
+
+
+class Unavailable(ApiError):
+    status = 503
+
+
+class Conflict(ApiError):
+    status = 409

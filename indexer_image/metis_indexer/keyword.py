@@ -1,0 +1,208 @@
+"""BM25 over an inverted index kept as sparse arrays, in the manner of bm25s.
+
+Postings live in a few immutable term-major segments (`terms`, `indptr`, `rows`,
+`tfs`), so adding a document never rewrites the whole index; segments are merged
+when they pile up. Unlike bm25s, scores are not precomputed: a pass adds and
+drops documents while searches run, which moves `N`, `df` and the average length.
+A query therefore gathers the postings of its few terms and scores them in a
+handful of vectorised operations; documents and idf stay exact at every moment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+K1 = 1.2
+"""Term-frequency saturation: Lucene's default."""
+B = 0.75
+"""Length normalisation: Lucene's default."""
+MAX_SEGMENTS = 8
+"""Segments kept before they are merged into one: a query visits each."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Segment:
+    """Postings of a batch of rows, grouped by term (CSC: term → rows)."""
+
+    terms: npt.NDArray[np.int32]
+    indptr: npt.NDArray[np.int64]
+    rows: npt.NDArray[np.int32]
+    tfs: npt.NDArray[np.float32]
+
+    @classmethod
+    def build(
+        cls,
+        rows: npt.NDArray[np.int32],
+        terms: npt.NDArray[np.int32],
+        tfs: npt.NDArray[np.float32],
+    ) -> Segment:
+        """Group (row, term, tf) triples by term."""
+        order = np.lexsort((rows, terms))
+        terms, rows, tfs = terms[order], rows[order], tfs[order]
+        unique, starts = np.unique(terms, return_index=True)
+        indptr = np.append(starts, len(terms)).astype(np.int64)
+        return cls(unique.astype(np.int32), indptr, rows.astype(np.int32), tfs.astype(np.float32))
+
+    def postings(self, term_ids: npt.NDArray[np.int32]) -> list[tuple[int, slice]]:
+        """(index into term_ids, slice of rows/tfs) for the terms this segment holds."""
+        at = np.searchsorted(self.terms, term_ids)
+        found: list[tuple[int, slice]] = []
+        for i, (pos, term) in enumerate(zip(at.tolist(), term_ids.tolist(), strict=True)):
+            if pos < len(self.terms) and self.terms[pos] == term:
+                found.append((i, slice(int(self.indptr[pos]), int(self.indptr[pos + 1]))))
+        return found
+
+    def without(self, alive: npt.NDArray[np.bool_]) -> Segment:
+        keep = alive[self.rows]
+        term_of = np.repeat(self.terms, np.diff(self.indptr))
+        return Segment.build(self.rows[keep], term_of[keep], self.tfs[keep])
+
+
+class Vocabulary:
+    """Words ↔ dense ids; ids are stable for the life of an index."""
+
+    def __init__(self, words: Iterable[str] = ()) -> None:
+        self.words: list[str] = list(words)
+        self.ids: dict[str, int] = {w: i for i, w in enumerate(self.words)}
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def lookup(self, words: Iterable[str]) -> npt.NDArray[np.int32]:
+        """Ids of known words (unknown ones match nothing)."""
+        ids = [self.ids[w] for w in words if w in self.ids]
+        return np.array(sorted(set(ids)), dtype=np.int32)
+
+    def add(self, words: Iterable[str]) -> list[int]:
+        """Ids of `words`, giving new words the next free ids."""
+        out = []
+        for w in words:
+            i = self.ids.get(w)
+            if i is None:
+                i = self.ids[w] = len(self.words)
+                self.words.append(w)
+            out.append(i)
+        return out
+
+
+def idf(n_docs: int, df: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Lucene's idf, always positive: log(1 + (N - df + 0.5) / (df + 0.5))."""
+    return np.log1p((n_docs - df + 0.5) / (df + 0.5))
+
+
+class KeywordIndex:
+    """BM25 scores for rows of the in-memory index.
+
+    Rows are the in-memory index's row numbers; the caller says which are alive
+    (deleted rows stay in postings until the next merge and are masked out).
+    """
+
+    def __init__(self, k1: float = K1, b: float = B) -> None:
+        self.k1 = k1
+        self.b = b
+        self.segments: list[Segment] = []
+        self.lengths = np.zeros(0, dtype=np.float32)
+
+    def ensure_capacity(self, rows: int) -> None:
+        if rows > len(self.lengths):
+            grown = np.zeros(max(rows, 2 * len(self.lengths), 1024), dtype=np.float32)
+            grown[: len(self.lengths)] = self.lengths
+            self.lengths = grown
+
+    def add(
+        self,
+        rows: Sequence[int],
+        term_ids: Sequence[npt.NDArray[np.int32]],
+        counts: Sequence[npt.NDArray[np.int32]],
+    ) -> None:
+        """Add rows, each with its distinct term ids and their counts, as one segment."""
+        if not rows:
+            return
+        self.ensure_capacity(max(rows) + 1)
+        sizes = [len(t) for t in term_ids]
+        row_arr = np.repeat(np.asarray(rows, dtype=np.int32), sizes)
+        terms = np.concatenate(term_ids).astype(np.int32) if sizes else np.zeros(0, np.int32)
+        tfs = np.concatenate(counts).astype(np.float32) if sizes else np.zeros(0, np.float32)
+        for row, c in zip(rows, counts, strict=True):
+            self.lengths[row] = float(c.sum())
+        self.segments.append(Segment.build(row_arr, terms, tfs))
+
+    def compact(self, alive: npt.NDArray[np.bool_]) -> None:
+        """Merge the segments into one, dropping dead rows, when there are too many."""
+        if len(self.segments) <= MAX_SEGMENTS:
+            return
+        self.merge(alive)
+
+    def merge(self, alive: npt.NDArray[np.bool_]) -> None:
+        if not self.segments:
+            return
+        rows = np.concatenate([s.rows for s in self.segments])
+        terms = np.concatenate([np.repeat(s.terms, np.diff(s.indptr)) for s in self.segments])
+        tfs = np.concatenate([s.tfs for s in self.segments])
+        keep = alive[rows]
+        self.segments = [Segment.build(rows[keep], terms[keep], tfs[keep])]
+
+    def remap(self, new_row: npt.NDArray[np.int64], alive: npt.NDArray[np.bool_]) -> None:
+        """Renumber rows after the caller compacted its row space (dead rows dropped)."""
+        self.merge(alive)
+        seg = self.segments[0] if self.segments else None
+        lengths = self.lengths[: len(alive)][alive]
+        self.lengths = np.zeros(max(len(lengths), 1024), dtype=np.float32)
+        self.lengths[: len(lengths)] = lengths
+        if seg is not None:
+            term_of = np.repeat(seg.terms, np.diff(seg.indptr))
+            rows = new_row[seg.rows].astype(np.int32)
+            self.segments = [Segment.build(rows, term_of, seg.tfs)]
+
+    def scores(
+        self,
+        term_ids: npt.NDArray[np.int32],
+        alive: npt.NDArray[np.bool_],
+        n_rows: int,
+    ) -> npt.NDArray[np.float32]:
+        """BM25 of every row for the query's distinct terms (0 where none matches).
+
+        Statistics (N, df, average length) count live rows only.
+        """
+        scores = np.zeros(n_rows, dtype=np.float32)
+        if len(term_ids) == 0 or n_rows == 0:
+            return scores
+        live = alive[:n_rows]
+        n_docs = int(np.count_nonzero(live))
+        if n_docs == 0:
+            return scores
+        lengths = self.lengths[:n_rows]
+        avgdl = float(lengths[live].mean()) or 1.0
+        gathered: list[list[tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]]] = [
+            [] for _ in range(len(term_ids))
+        ]
+        for seg in self.segments:
+            for i, span in seg.postings(term_ids):
+                gathered[i].append((seg.rows[span], seg.tfs[span]))
+        all_rows: list[npt.NDArray[np.int32]] = []
+        all_weights: list[npt.NDArray[np.float32]] = []
+        for parts in gathered:
+            if not parts:
+                continue
+            rows = np.concatenate([p[0] for p in parts])
+            tfs = np.concatenate([p[1] for p in parts])
+            ok = live[rows]
+            rows, tfs = rows[ok], tfs[ok]
+            if len(rows) == 0:
+                continue
+            term_idf = float(idf(n_docs, np.float64(len(rows))))
+            norm = self.k1 * (1.0 - self.b + self.b * lengths[rows] / avgdl)
+            all_rows.append(rows)
+            all_weights.append(term_idf * tfs * (self.k1 + 1.0) / (tfs + norm))
+        if all_rows:
+            rows = np.concatenate(all_rows)
+            weights = np.concatenate(all_weights)
+            scores += np.bincount(rows, weights=weights, minlength=n_rows)[:n_rows].astype(
+                np.float32
+            )
+        return scores
+

@@ -1,0 +1,337 @@
+"""Hybrid search over the in-memory index (spec 002).
+
+`rank` is the pure core: filters → the two legs → fusion, over arrays, timed.
+`search` wraps it with the model calls, each bounded by its time limit; when a
+model does not answer, the search degrades as the spec says and warns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from metis_indexer import fusion, snippet, tokens
+from metis_indexer.errors import BadRequest, Unavailable
+from metis_indexer.index import Index, keyword_text
+from metis_indexer.schema import (
+    Citation,
+    Filters,
+    Mode,
+    Result,
+    Scores,
+    SearchAnswer,
+    SearchRequest,
+    Took,
+    check_search,
+)
+
+CANDIDATES = 50
+"""Each leg keeps this many, or 4 × top_k when that is more."""
+RERANK_MIN, RERANK_MAX = 20, 50
+MODEL_TIMEOUT = 10.0
+"""Seconds a search waits for a model before it answers without it."""
+
+EmbedQuery = Callable[[str], Awaitable[npt.NDArray[np.float32]]]
+RerankCall = Callable[[str, list[str]], Awaitable[list[float]]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Models:
+    """The model calls a search may make; None where the base has no such model."""
+
+    embed: EmbedQuery | None = None
+    embedding_name: str = "the embedding model"
+    rerank: RerankCall | None = None
+    reranker_name: str = "the reranker"
+    timeout: float = MODEL_TIMEOUT
+
+
+@dataclasses.dataclass(slots=True)
+class Ranked:
+    """Fused candidates with each leg's score and rank, best first."""
+
+    rows: list[int]
+    fused: dict[int, float]
+    dense: dict[int, tuple[float, int]]
+    keyword: dict[int, tuple[float, int]]
+    took: Took
+    warnings: list[str]
+
+
+def leg_size(top_k: int) -> int:
+    return max(CANDIDATES, 4 * top_k)
+
+
+def rerank_size(top_k: int) -> int:
+    return min(RERANK_MAX, max(RERANK_MIN, 3 * top_k))
+
+
+def allowed_rows(index: Index, filters: Filters | None) -> npt.NDArray[np.bool_]:
+    """Live rows that pass the filters: filters apply before anything is ranked."""
+    n = index.n_rows
+    mask = index.alive[:n].copy()
+    if filters is None or (
+        filters.path_prefix is None and filters.kinds is None and filters.sources is None
+    ):
+        return mask
+    kinds = None if filters.kinds is None else {k.value for k in filters.kinds}
+    sources = None if filters.sources is None else set(filters.sources)
+    prefix = filters.path_prefix
+    ok_ids = [
+        fid
+        for fid, f in index.files.items()
+        if (kinds is None or f.record.kind in kinds)
+        and (sources is None or f.record.source in sources)
+        and (prefix is None or f.record.path.startswith(prefix))
+    ]
+    if not ok_ids:
+        return np.zeros(n, dtype=bool)
+    file_ok = np.zeros(max(index.files) + 1, dtype=bool)
+    file_ok[ok_ids] = True
+    return mask & file_ok[index.row_file[:n]]
+
+
+def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> list[int]:
+    """Rows of the k best scores among `mask`, best first (ties: lower row first)."""
+    candidates = np.flatnonzero(mask)
+    if len(candidates) == 0:
+        return []
+    values = scores[candidates]
+    if len(candidates) > k:
+        part = np.argpartition(-values, k - 1)[:k]
+        candidates, values = candidates[part], values[part]
+    order = np.lexsort((candidates, -values))
+    return candidates[order].tolist()
+
+
+def rank(
+    index: Index,
+    req: SearchRequest,
+    query_vector: npt.NDArray[np.float32] | None,
+) -> Ranked:
+    """Both legs and their fusion; a leg is skipped when the mode or the models say so."""
+    took = Took()
+    warnings: list[str] = []
+    with index.lock:
+        n = index.n_rows
+        mask = allowed_rows(index, req.filters)
+        k = leg_size(req.top_k)
+        dense: dict[int, tuple[float, int]] = {}
+        keyword: dict[int, tuple[float, int]] = {}
+        rankings: list[list[int]] = []
+        if query_vector is not None:
+            t = time.perf_counter()
+            scores = index.vectors[:n] @ query_vector
+            rows = top(scores, mask & index.has_vector[:n], k)
+            dense = {r: (float(scores[r]), i) for i, r in enumerate(rows, start=1)}
+            rankings.append(rows)
+            took.dense = _ms(t)
+        if req.mode != "dense":
+            t = time.perf_counter()
+            term_ids = index.vocabulary.lookup(tokens.words(req.query))
+            scores = index.keyword.scores(term_ids, index.alive, n)
+            rows = top(scores, mask & (scores > 0), k)
+            keyword = {r: (float(scores[r]), i) for i, r in enumerate(rows, start=1)}
+            rankings.append(rows)
+            took.keyword = _ms(t)
+    t = time.perf_counter()
+    fused = fusion.reciprocal_rank(rankings)
+    took.fuse = _ms(t)
+    return Ranked([r for r, _ in fused], dict(fused), dense, keyword, took, warnings)
+
+
+async def search(
+    index: Index, req: SearchRequest, models: Models, empty_warning: str
+) -> SearchAnswer:
+    """One search, as the API answers it.
+
+    `empty_warning` is what to say when nothing is indexed (why depends on the pass).
+    """
+    check_search(req)
+    start = time.perf_counter()
+    warnings: list[str] = []
+    mode: Mode = req.mode
+    if index.chunk_count == 0:
+        return SearchAnswer(
+            results=[], mode=mode, reranked=False, warnings=[empty_warning],
+            took=Took(total=_ms(start)),
+        )
+    query_vector, embed_ms = await _embed(index, req, models, warnings)
+    if req.mode == "hybrid" and query_vector is None:
+        mode = "keyword"
+    ranked = await asyncio.to_thread(
+        rank, index, req.model_copy(update={"mode": mode}), query_vector
+    )
+    ranked.took.embed = embed_ms
+    rows = ranked.rows
+    rerank_scores: dict[int, float] = {}
+    use_reranker = models.rerank is not None and req.rerank is not False and rows
+    if use_reranker:
+        rows, rerank_scores = await _rerank(index, req, models, rows, ranked.took, warnings)
+    rows = rows[: req.top_k]
+    results = _results(index, req, rows, ranked, rerank_scores)
+    ranked.took.total = _ms(start)
+    return SearchAnswer(
+        results=results,
+        mode=mode,
+        reranked=bool(rerank_scores),
+        warnings=warnings + ranked.warnings,
+        took=ranked.took.model_copy(update={k: round(v, 3) for k, v in ranked.took}),
+    )
+
+
+async def _embed(
+    index: Index, req: SearchRequest, models: Models, warnings: list[str]
+) -> tuple[npt.NDArray[np.float32] | None, float]:
+    """The question's vector, or None (and why) when the dense leg cannot run."""
+    if req.mode == "keyword":
+        return None, 0.0
+    if models.embed is None:
+        if req.mode == "dense":
+            raise BadRequest("NO_EMBEDDING_MODEL", "mode dense needs an embedding model")
+        return None, 0.0
+    if not index.has_vector[: index.n_rows].any():
+        warnings.append(
+            "no chunk has a vector yet (indexed while the embedding model did not answer): "
+            "results by keywords"
+        )
+        return None, 0.0
+    n = index.n_rows
+    missing = int(np.count_nonzero(index.alive[:n] & ~index.has_vector[:n]))
+    if missing:
+        warnings.append(
+            f"{missing} chunks have no vector yet (indexed while the embedding model did not "
+            "answer): they are found by keywords only"
+        )
+    t = time.perf_counter()
+    try:
+        vector = _unit(
+            await asyncio.wait_for(models.embed(req.query), models.timeout), index.dimensions
+        )
+    except Exception as e:  # any failure of the model is the same degraded answer
+        why = _why(e, models.timeout)
+        if req.mode == "dense":
+            raise Unavailable(
+                "EMBEDDING_MODEL_UNAVAILABLE",
+                f"{models.embedding_name} did not answer ({why}); mode dense needs it",
+            ) from None
+        warnings.append(f"{models.embedding_name} did not answer ({why}): results by keywords only")
+        return None, _ms(t)
+    return vector, _ms(t)
+
+
+async def _rerank(
+    index: Index,
+    req: SearchRequest,
+    models: Models,
+    rows: list[int],
+    took: Took,
+    warnings: list[str],
+) -> tuple[list[int], dict[int, float]]:
+    assert models.rerank is not None
+    candidates = rows[: rerank_size(req.top_k)]
+    texts = _texts(index, candidates)
+    passages = [_reader_text(index, r, texts[r]) for r in candidates]
+    t = time.perf_counter()
+    try:
+        scores = await asyncio.wait_for(models.rerank(req.query, passages), models.timeout)
+        if len(scores) != len(candidates):
+            raise ValueError(f"{len(scores)} scores for {len(candidates)} passages")
+    except Exception as e:  # any failure of the reranker is the same degraded answer
+        took.rerank = _ms(t)
+        warnings.append(
+            f"{models.reranker_name} did not answer ({_why(e, models.timeout)}): "
+            "results in the fused order"
+        )
+        return rows, {}
+    took.rerank = _ms(t)
+    by_row = dict(zip(candidates, (float(s) for s in scores), strict=True))
+    order = sorted(candidates, key=lambda r: -by_row[r])
+    return order, by_row
+
+
+def _results(
+    index: Index,
+    req: SearchRequest,
+    rows: Sequence[int],
+    ranked: Ranked,
+    rerank_scores: dict[int, float],
+) -> list[Result]:
+    texts = _texts(index, rows)
+    words = tokens.words(req.query)
+    results = []
+    with index.lock:
+        for r in rows:
+            entry = index.files[int(index.row_file[r])].record
+            dense = ranked.dense.get(r)
+            kw = ranked.keyword.get(r)
+            page = int(index.row_page[r]) or None
+            line = int(index.row_line[r]) or None
+            scores = Scores(
+                dense=None if dense is None else round(dense[0], 6),
+                dense_rank=None if dense is None else dense[1],
+                keyword=None if kw is None else round(kw[0], 6),
+                keyword_rank=None if kw is None else kw[1],
+                fused=round(ranked.fused[r], 6),
+                rerank=None if r not in rerank_scores else round(rerank_scores[r], 6),
+            )
+            text = texts.get(r, "")
+            results.append(
+                Result(
+                    score=scores.rerank if scores.rerank is not None else scores.fused or 0.0,
+                    text=text,
+                    citation=Citation(
+                        source=entry.source,
+                        document=entry.path,
+                        title=entry.title,
+                        kind=entry.kind,  # type: ignore[arg-type]
+                        page=page,
+                        line=line,
+                        headings=list(index.headings[int(index.row_headings[r])]),
+                        snippet=snippet.snippet(text, words),
+                    ),
+                    scores=scores,
+                )
+            )
+    return results
+
+
+def _texts(index: Index, rows: Sequence[int]) -> dict[int, str]:
+    with index.lock:
+        ids = {int(index.row_chunk[r]): r for r in rows}
+    by_id = index.store.texts(list(ids))
+    return {ids[cid]: text for cid, text in by_id.items()}
+
+
+def _reader_text(index: Index, row: int, text: str) -> str:
+    """A passage as the reranker reads it: title, headings, then the text."""
+    with index.lock:
+        title = index.files[int(index.row_file[row])].record.title
+        headings = index.headings[int(index.row_headings[row])]
+    return keyword_text(title, headings, text)
+
+
+def _unit(vector: npt.NDArray[np.float32], dimensions: int) -> npt.NDArray[np.float32]:
+    v = np.asarray(vector, dtype=np.float32).reshape(-1)
+    if dimensions and len(v) != dimensions:
+        raise Unavailable(
+            "EMBEDDING_MODEL_UNAVAILABLE",
+            f"the question's vector has {len(v)} dimensions; the index has {dimensions}",
+        )
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 else v
+
+
+def _why(e: BaseException, timeout: float) -> str:
+    if isinstance(e, TimeoutError):
+        return f"no answer within {timeout:g} s"
+    return str(e) or type(e).__name__
+
+
+def _ms(since: float) -> float:
+    return (time.perf_counter() - since) * 1000.0

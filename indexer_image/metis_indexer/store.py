@@ -1,0 +1,278 @@
+"""The durable index: one SQLite database in WAL mode in the index folder.
+
+A document's file record and all its chunks are written in one transaction, so a
+kill at any moment loses at most the document in flight. Chunks keep their text,
+citation, word counts (term ids and counts, as int32 arrays) and their vector
+(float32 bytes, or NULL when the embedding model did not answer); loading reads
+arrays, it never re-tokenises. No pickles: every value is a plain SQL type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+FORMAT = "1"
+"""Bumped when the schema changes; an index of another format is rebuilt."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS files (
+    id INTEGER PRIMARY KEY,
+    source TEXT NOT NULL,
+    path TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    hash TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    detail TEXT,
+    title TEXT,
+    chunks INTEGER NOT NULL DEFAULT 0,
+    indexed_at TEXT NOT NULL,
+    UNIQUE (source, path)
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY,
+    file_id INTEGER NOT NULL REFERENCES files (id) ON DELETE CASCADE,
+    ord INTEGER NOT NULL,
+    headings TEXT NOT NULL,
+    page INTEGER,
+    line INTEGER,
+    text TEXT NOT NULL,
+    terms BLOB NOT NULL,
+    vector BLOB
+);
+CREATE INDEX IF NOT EXISTS chunks_by_file ON chunks (file_id);
+CREATE TABLE IF NOT EXISTS terms (id INTEGER PRIMARY KEY, word TEXT NOT NULL UNIQUE);
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileRecord:
+    """What the index knows of one file of a source: enough to skip it next pass."""
+
+    source: str
+    path: str
+    kind: str
+    size: int
+    mtime_ns: int
+    hash: str
+    state: str
+    indexed_at: str
+    reason: str | None = None
+    detail: str | None = None
+    title: str | None = None
+    chunks: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StoredChunk:
+    """A chunk as written: its citation, text, word counts and vector."""
+
+    headings: tuple[str, ...]
+    page: int | None
+    line: int | None
+    text: str
+    term_ids: npt.NDArray[np.int32]
+    counts: npt.NDArray[np.int32]
+    vector: npt.NDArray[np.float32] | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadedChunk:
+    """A chunk as loaded for search: everything but its text."""
+
+    id: int
+    file_id: int
+    headings: tuple[str, ...]
+    page: int | None
+    line: int | None
+    term_ids: npt.NDArray[np.int32]
+    counts: npt.NDArray[np.int32]
+    vector: npt.NDArray[np.float32] | None
+
+
+def _terms_blob(term_ids: npt.NDArray[np.int32], counts: npt.NDArray[np.int32]) -> bytes:
+    return np.concatenate([term_ids, counts]).astype("<i4").tobytes()
+
+
+def _terms_of(blob: bytes) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    both = np.frombuffer(blob, dtype="<i4")
+    half = len(both) // 2
+    return both[:half], both[half:]
+
+
+class Store:
+    """SQLite access. One writer connection; readers get a connection per thread."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / "index.sqlite3"
+        self._local = threading.local()
+        self._write_lock = threading.Lock()
+        self._writer = self._connect()
+        with self._writer:
+            self._writer.executescript(SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        return conn
+
+    @property
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+        return conn
+
+    def close(self) -> None:
+        self._writer.close()
+
+    # -- settings the index was built with -------------------------------------------------
+
+    def meta(self) -> dict[str, str]:
+        return dict(self._reader.execute("SELECT key, value FROM meta").fetchall())
+
+    def set_meta(self, values: dict[str, str]) -> None:
+        with self._write_lock:
+            self._writer.execute("BEGIN IMMEDIATE")
+            self._writer.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                sorted(values.items()),
+            )
+            self._writer.execute("COMMIT")
+
+    def clear(self) -> None:
+        """Forget every file and chunk (a changed model or chunking re-reads everything)."""
+        with self._write_lock:
+            self._writer.execute("BEGIN IMMEDIATE")
+            self._writer.execute("DELETE FROM chunks")
+            self._writer.execute("DELETE FROM files")
+            self._writer.execute("DELETE FROM terms")
+            self._writer.execute("COMMIT")
+
+    # -- files -----------------------------------------------------------------------------
+
+    def files(self) -> list[tuple[int, FileRecord]]:
+        rows = self._reader.execute(
+            "SELECT id, source, path, kind, size, mtime_ns, hash, state, indexed_at, reason,"
+            " detail, title, chunks FROM files ORDER BY id"
+        ).fetchall()
+        return [(r[0], FileRecord(*r[1:])) for r in rows]
+
+    def put_document(
+        self, record: FileRecord, chunks: Sequence[StoredChunk], new_words: Sequence[str]
+    ) -> tuple[int, list[int]]:
+        """Replace a file's record and chunks in one transaction; (file id, chunk ids).
+
+        `new_words` are the words this document adds to the vocabulary, in id order,
+        so the vocabulary on disk always covers the term ids of the chunks on disk.
+        """
+        with self._write_lock:
+            db = self._writer
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if new_words:
+                    start = db.execute("SELECT COALESCE(MAX(id) + 1, 0) FROM terms").fetchone()[0]
+                    db.executemany(
+                        "INSERT INTO terms (id, word) VALUES (?, ?)",
+                        [(start + i, w) for i, w in enumerate(new_words)],
+                    )
+                file_id = self._upsert_file(db, record)
+                db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
+                ids = []
+                for ord_, c in enumerate(chunks):
+                    cur = db.execute(
+                        "INSERT INTO chunks (file_id, ord, headings, page, line, text, terms,"
+                        " vector) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            file_id,
+                            ord_,
+                            json.dumps(c.headings, ensure_ascii=False),
+                            c.page,
+                            c.line,
+                            c.text,
+                            _terms_blob(c.term_ids, c.counts),
+                            None if c.vector is None else c.vector.astype("<f4").tobytes(),
+                        ),
+                    )
+                    ids.append(int(cur.lastrowid or 0))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return file_id, ids
+
+    @staticmethod
+    def _upsert_file(db: sqlite3.Connection, r: FileRecord) -> int:
+        row = db.execute(
+            "INSERT INTO files (source, path, kind, size, mtime_ns, hash, state, indexed_at,"
+            " reason, detail, title, chunks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (source, path) DO UPDATE SET kind = excluded.kind,"
+            " size = excluded.size, mtime_ns = excluded.mtime_ns, hash = excluded.hash,"
+            " state = excluded.state, indexed_at = excluded.indexed_at,"
+            " reason = excluded.reason, detail = excluded.detail, title = excluded.title,"
+            " chunks = excluded.chunks RETURNING id",
+            dataclasses.astuple(r),
+        ).fetchone()
+        return int(row[0])
+
+    def touch_file(self, source: str, path: str, size: int, mtime_ns: int) -> None:
+        """Record a new size and mtime for a file whose content hash did not change."""
+        with self._write_lock:
+            self._writer.execute(
+                "UPDATE files SET size = ?, mtime_ns = ? WHERE source = ? AND path = ?",
+                (size, mtime_ns, source, path),
+            )
+
+    def delete_files(self, keys: Sequence[tuple[str, str]]) -> None:
+        with self._write_lock:
+            db = self._writer
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany("DELETE FROM files WHERE source = ? AND path = ?", keys)
+            db.execute("COMMIT")
+
+    # -- chunks ----------------------------------------------------------------------------
+
+    def words(self) -> list[str]:
+        return [w for (w,) in self._reader.execute("SELECT word FROM terms ORDER BY id")]
+
+    def load_chunks(self, batch: int = 4096) -> Iterator[LoadedChunk]:
+        cur = self._reader.execute(
+            "SELECT id, file_id, headings, page, line, terms, vector FROM chunks ORDER BY id"
+        )
+        while rows := cur.fetchmany(batch):
+            for cid, fid, headings, page, line, terms, vector in rows:
+                term_ids, counts = _terms_of(terms)
+                yield LoadedChunk(
+                    cid,
+                    fid,
+                    tuple(json.loads(headings)),
+                    page,
+                    line,
+                    term_ids,
+                    counts,
+                    None if vector is None else np.frombuffer(vector, dtype="<f4"),
+                )
+
+    def texts(self, chunk_ids: Sequence[int]) -> dict[int, str]:
+        if not chunk_ids:
+            return {}
+        marks = ",".join("?" * len(chunk_ids))
+        rows = self._reader.execute(
+            f"SELECT id, text FROM chunks WHERE id IN ({marks})", list(chunk_ids)
+        ).fetchall()
+        return dict(rows)

@@ -1,0 +1,138 @@
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from metis_indexer.index import Index, Settings
+
+from .helpers import axis, chunk, new_index, record
+
+
+def keyword_rows(index: Index, text: str) -> list[int]:
+    from metis_indexer import tokens
+
+    ids = index.vocabulary.lookup(tokens.words(text))
+    scores = index.keyword.scores(ids, index.alive, index.n_rows)
+    return [int(r) for r in np.flatnonzero(scores > 0)]
+
+
+def test_a_document_round_trips_through_disk(tmp_path):
+    index = new_index(tmp_path)
+    index.put_document(
+        record("a.md", title="Handbook", chunks=2),
+        [
+            chunk("vacation days", ("Leave",), line=3, title="Handbook"),
+            chunk("sick leave rules", ("Leave", "Sick"), title="Handbook"),
+        ],
+        np.stack([axis(0), axis(1) * 3]),
+    )
+    again = Index(tmp_path)
+    again.load()
+    assert again.settings() == Settings("test-model", 8, 1200, 200)
+    assert again.chunk_count == 2
+    assert [again.headings[h] for h in again.row_headings[:2]] == [("Leave",), ("Leave", "Sick")]
+    assert again.row_line[0] == 3
+    assert np.allclose(again.vectors[1], axis(1)), "vectors are kept as unit vectors"
+    assert keyword_rows(again, "sick") == [1]
+    assert keyword_rows(again, "handbook") == [0, 1], "the title is searchable"
+    first = int(again.row_chunk[0])
+    assert again.store.texts([first]) == {first: "vacation days"}
+
+
+def test_replacing_and_dropping_documents(tmp_path):
+    index = new_index(tmp_path)
+    index.put_document(record("a.md"), [chunk("old words here")], np.stack([axis(0)]))
+    index.put_document(record("b.md"), [chunk("other file")], np.stack([axis(1)]))
+    index.put_document(record("a.md"), [chunk("new words"), chunk("more")], None)
+    assert index.chunk_count == 3
+    assert keyword_rows(index, "old") == []
+    assert len(keyword_rows(index, "new")) == 1
+    index.drop_files([("docs", "b.md")])
+    assert index.chunk_count == 2
+    assert keyword_rows(index, "other") == []
+    again = Index(tmp_path)
+    again.load()
+    assert again.chunk_count == 2 and not again.has_vector[: again.n_rows].any()
+    assert sorted(f.record.path for f in again.files.values()) == ["a.md"]
+
+
+def test_compaction_keeps_every_live_chunk_findable(tmp_path):
+    index = new_index(tmp_path)
+    for i in range(2400):
+        index.put_document(record(f"f{i}.md"), [chunk(f"common word{i}")], np.stack([axis(i % 8)]))
+    index.drop_files([("docs", f"f{i}.md") for i in range(0, 2400, 2)])
+    assert index.dead == 0 and index.n_rows == 1200, "dead rows were reclaimed"
+    rows = keyword_rows(index, "word2399")
+    assert len(rows) == 1
+    entry = index.files[int(index.row_file[rows[0]])]
+    assert entry.record.path == "f2399.md" and entry.rows == rows
+    assert len(keyword_rows(index, "common")) == 1200
+
+
+def test_a_failed_write_leaves_memory_and_disk_as_they_were(tmp_path):
+    index = new_index(tmp_path)
+    index.put_document(record("a.md"), [chunk("alpha")], None)
+    words_before = list(index.vocabulary.words)
+    with pytest.raises(ValueError, match="1 chunks but 2 vectors"):
+        index.put_document(record("b.md"), [chunk("beta gamma")], np.zeros((2, 8), np.float32))
+    index.store._writer.execute("PRAGMA query_only = ON")
+    with pytest.raises(sqlite3.OperationalError):
+        index.put_document(record("c.md"), [chunk("delta")], None)
+    index.store._writer.execute("PRAGMA query_only = OFF")
+    assert index.vocabulary.words == words_before
+    assert index.chunk_count == 1
+    index.put_document(record("d.md"), [chunk("epsilon")], None)
+    again = Index(tmp_path)
+    again.load()
+    assert keyword_rows(again, "epsilon") != [] and again.chunk_count == 2
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from metis_indexer.documents import Chunk
+    from metis_indexer.index import Index, Settings
+    from metis_indexer.store import FileRecord
+    index = Index(__import__("pathlib").Path(sys.argv[1]))
+    if index.settings() is None:
+        index.reset(Settings("m", 8, 1200, 200))
+    index.load()
+    print("ready", flush=True)
+    i = 0
+    while True:
+        n = 1 + i % 7
+        chunks = [Chunk(None, (), f"doc {i} part {j} word{i}x{j}", None, 1, 0, 0) for j in range(n)]
+        rec = FileRecord("docs", f"d{i % 50}.md", "md", 1, 1, "h", "indexed", "t", chunks=n)
+        index.put_document(rec, chunks, np.ones((n, 8), np.float32))
+        i += 1
+    """
+)
+
+
+def test_a_kill_at_any_moment_loses_at_most_the_document_in_flight(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for attempt in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, env=env
+        )
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        deadline = time.monotonic() + 0.3 + 0.2 * attempt
+        while time.monotonic() < deadline and proc.poll() is None:
+            pass  # let it write for a while, then kill it mid-flight
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        index = Index(tmp_path)
+        index.load()
+        assert index.chunk_count > 0
+        for entry in index.files.values():
+            assert len(entry.rows) == entry.record.chunks, entry.record.path
+        count = index.store._reader.execute("PRAGMA integrity_check").fetchone()[0]
+        assert count == "ok"
+        index.store.close()

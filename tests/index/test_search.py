@@ -1,0 +1,175 @@
+"""The search core over a real on-disk index; vectors are chosen by the test, so the
+dense leg's order is known. Real model servers are exercised in the service tests."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from metis_indexer.errors import BadRequest, Unavailable
+from metis_indexer.schema import SearchRequest
+from metis_indexer.search import Models, leg_size, rerank_size, search
+
+from .helpers import DIM, axis, chunk, new_index, record
+
+EMPTY = "nothing is indexed yet: the index is loading"
+
+
+@pytest.fixture
+def index(tmp_path):
+    index = new_index(tmp_path)
+    docs = [
+        ("docs", "handbook/leave.md", "md", "Twenty-five days of paid vacation a year.", 0),
+        ("docs", "handbook/sick.md", "md", "Sick leave needs a note after three days.", 1),
+        ("docs", "ops/xid.txt", "txt", "Xid 79 means the GPU fell off the bus.", 2),
+        ("runbooks", "gpu.html", "html", "Run nvidia-smi to see the GPU state.", 3),
+        ("runbooks", "manual.pdf", "pdf", "The manual, page two: vacation planning.", 4),
+    ]
+    for source, path, kind, text, axis_i in docs:
+        page = 2 if kind == "pdf" else None
+        line = 1 if kind in ("md", "txt") else None
+        index.put_document(
+            record(path, source=source, kind=kind, title=path.upper()),
+            [chunk(text, ("Policies",), line=line, page=page, title=path.upper())],
+            np.stack([axis(axis_i)]),
+        )
+    return index
+
+
+def embed_as(vector):
+    async def embed(_: str) -> np.ndarray:
+        return vector
+
+    return embed
+
+
+def ask(index, models=None, **body):
+    return asyncio.run(search(index, SearchRequest(**body), models or Models(), EMPTY))
+
+
+def paths(answer):
+    return [r.citation.document for r in answer.results]
+
+
+def test_keyword_mode_finds_exact_terms_and_cites_them(index):
+    a = ask(index, query="Xid 79", mode="keyword")
+    assert paths(a)[0] == "ops/xid.txt"
+    top = a.results[0]
+    assert top.citation.source == "docs" and top.citation.kind == "txt"
+    assert top.citation.line == 1 and top.citation.headings == ["Policies"]
+    assert "Xid 79" in top.citation.snippet and top.text.startswith("Xid 79")
+    assert top.scores.keyword_rank == 1 and top.scores.dense is None
+    assert a.mode == "keyword" and not a.reranked and a.warnings == []
+
+
+def test_hybrid_fuses_both_legs(index):
+    a = ask(index, Models(embed=embed_as(axis(1))), query="vacation", top_k=5)
+    first = a.results[0]
+    assert first.scores.dense_rank is not None and first.scores.keyword_rank is not None
+    both = {r.citation.document for r in a.results if r.scores.dense_rank and r.scores.keyword_rank}
+    assert paths(a)[0] in both
+    assert a.results[0].score == pytest.approx(first.scores.fused)
+    assert [r.score for r in a.results] == sorted((r.score for r in a.results), reverse=True)
+    assert a.took.total >= a.took.dense
+
+
+def test_dense_mode_orders_by_cosine(index):
+    q = axis(3) + 0.5 * axis(2)
+    a = ask(index, Models(embed=embed_as(q)), query="anything", mode="dense", top_k=2)
+    assert paths(a) == ["gpu.html", "ops/xid.txt"]
+    assert a.results[0].scores.dense == pytest.approx(1 / np.sqrt(1.25), rel=1e-5)
+    assert a.results[0].scores.keyword is None
+
+
+def test_filters_apply_before_ranking(index):
+    models = Models(embed=embed_as(axis(0)))
+    a = ask(index, models, query="vacation", filters={"sources": ["runbooks"]})
+    assert paths(a) == ["gpu.html", "manual.pdf"] or set(paths(a)) <= {"gpu.html", "manual.pdf"}
+    assert all(r.citation.source == "runbooks" for r in a.results)
+    a = ask(index, models, query="vacation", filters={"kinds": ["pdf"]})
+    assert paths(a) == ["manual.pdf"] and a.results[0].citation.page == 2
+    a = ask(index, models, query="days", filters={"path_prefix": "handbook/"})
+    assert set(paths(a)) == {"handbook/leave.md", "handbook/sick.md"}
+
+
+def test_the_embedding_model_silent_degrades_to_keywords(index):
+    async def silent(_: str) -> np.ndarray:
+        await asyncio.sleep(5)
+        raise AssertionError("unreachable")
+
+    models = Models(embed=silent, embedding_name="model bge-m3", timeout=0.05)
+    a = ask(index, models, query="vacation")
+    assert a.mode == "keyword" and paths(a)
+    assert a.warnings == ["model bge-m3 did not answer (no answer within 0.05 s): results by "
+                          "keywords only"]
+    with pytest.raises(Unavailable) as e:
+        ask(index, models, query="vacation", mode="dense")
+    assert e.value.code == "EMBEDDING_MODEL_UNAVAILABLE"
+
+
+def test_dense_without_an_embedding_model_is_refused(index):
+    with pytest.raises(BadRequest) as e:
+        ask(index, query="vacation", mode="dense")
+    assert e.value.code == "NO_EMBEDDING_MODEL"
+
+
+def test_the_reranker_orders_and_its_failure_keeps_the_fused_order(index):
+    async def by_length(query: str, passages: list[str]) -> list[float]:
+        return [float(len(p)) for p in passages]
+
+    async def broken(query: str, passages: list[str]) -> list[float]:
+        raise ConnectionError("connection refused")
+
+    a = ask(index, Models(rerank=by_length), query="days vacation gpu")
+    assert a.reranked and [r.score for r in a.results] == sorted(
+        (r.score for r in a.results), reverse=True
+    )
+    assert all(r.scores.rerank is not None for r in a.results)
+    fused = ask(index, query="days vacation gpu")
+    b = ask(index, Models(rerank=broken, reranker_name="reranker bge"), query="days vacation gpu")
+    assert not b.reranked and paths(b) == paths(fused)
+    assert b.warnings == ["reranker bge did not answer (connection refused): results in the "
+                          "fused order"]
+    c = ask(index, Models(rerank=by_length), query="days vacation gpu", rerank=False)
+    assert not c.reranked and paths(c) == paths(fused)
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"query": "  "}, "QUERY_EMPTY"),
+        ({"query": "x" * 4001}, "QUERY_TOO_LONG"),
+        ({"query": "x", "top_k": 0}, "TOP_K_OUT_OF_RANGE"),
+        ({"query": "x", "top_k": 51}, "TOP_K_OUT_OF_RANGE"),
+    ],
+)
+def test_invalid_searches_get_the_spec_codes(index, body, code):
+    with pytest.raises(BadRequest) as e:
+        ask(index, **body)
+    assert e.value.code == code
+
+
+def test_an_empty_index_answers_with_why(tmp_path):
+    a = ask(new_index(tmp_path), query="anything")
+    assert a.results == [] and a.warnings == [EMPTY]
+
+
+def test_chunks_without_vectors_are_found_by_words(tmp_path):
+    index = new_index(tmp_path)
+    index.put_document(record("a.md"), [chunk("plain words")], None)
+    a = ask(index, Models(embed=embed_as(axis(0))), query="plain words")
+    assert a.mode == "keyword" and paths(a) == ["a.md"]
+    assert a.warnings[0].startswith("no chunk has a vector yet")
+    index.put_document(record("b.md"), [chunk("vector words")], np.stack([axis(0)]))
+    a = ask(index, Models(embed=embed_as(axis(0))), query="plain words")
+    assert a.mode == "hybrid" and set(paths(a)) == {"a.md", "b.md"}
+    plain = next(r for r in a.results if r.citation.document == "a.md")
+    assert plain.scores.dense_rank is None and plain.scores.keyword_rank == 1
+    assert a.warnings == ["1 chunks have no vector yet (indexed while the embedding model did "
+                          "not answer): they are found by keywords only"]
+
+
+def test_candidate_counts_follow_the_spec():
+    assert leg_size(5) == 50 and leg_size(20) == 80
+    assert rerank_size(1) == 20 and rerank_size(10) == 30 and rerank_size(50) == 50
+    assert DIM == 8

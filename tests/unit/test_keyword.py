@@ -1,0 +1,82 @@
+"""BM25 against a term-by-term reference, on real text."""
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from metis_indexer.keyword import KeywordIndex, Vocabulary
+from metis_indexer.tokens import words
+
+PEPS = Path(__file__).resolve().parents[2].parent / "shared/data/perf/python-peps"
+
+
+def reference_scores(docs, query, k1=1.2, b=0.75):
+    """BM25 written out term by term: the slow, obvious version."""
+    n = len(docs)
+    avgdl = sum(len(d) for d in docs) / n
+    out = []
+    for doc in docs:
+        score = 0.0
+        for term in set(query):
+            tf = doc.count(term)
+            if tf:
+                df = sum(1 for d in docs if term in d)
+                idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+                score += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(doc) / avgdl))
+        out.append(score)
+    return out
+
+
+def build(docs, batches=3):
+    vocab, index = Vocabulary(), KeywordIndex()
+    rows = list(range(len(docs)))
+    for part in np.array_split(np.array(rows), batches):
+        ids, counts = [], []
+        for r in part:
+            c = Counter(docs[r])
+            ids.append(np.array(vocab.add(c.keys()), dtype=np.int32))
+            counts.append(np.array(list(c.values()), dtype=np.int32))
+        index.add(part.tolist(), ids, counts)
+    return vocab, index
+
+
+@pytest.fixture(scope="module")
+def docs():
+    files = sorted(PEPS.rglob("*.rst"))[:60]
+    assert len(files) == 60, PEPS
+    return [words(f.read_text(encoding="utf-8", errors="replace")[:3000]) for f in files]
+
+
+@pytest.mark.parametrize("query", ["python generator expressions", "unicode", "zzz not there"])
+def test_scores_match_the_reference(docs, query):
+    vocab, index = build(docs)
+    alive = np.ones(len(docs), dtype=bool)
+    q = words(query)
+    got = index.scores(vocab.lookup(q), alive, len(docs))
+    assert np.allclose(got, reference_scores(docs, q), rtol=1e-4, atol=1e-5)
+
+
+def test_dead_rows_score_nothing_and_leave_the_statistics(docs):
+    vocab, index = build(docs)
+    alive = np.ones(len(docs), dtype=bool)
+    alive[::2] = False
+    q = words("python import module")
+    got = index.scores(vocab.lookup(q), alive, len(docs))
+    live_docs = [d for d, a in zip(docs, alive, strict=True) if a]
+    want = reference_scores(live_docs, q)
+    assert np.all(got[~alive] == 0)
+    assert np.allclose(got[alive], want, rtol=1e-4, atol=1e-5)
+
+
+def test_merging_segments_changes_no_score(docs):
+    vocab, index = build(docs, batches=10)
+    alive = np.ones(len(docs), dtype=bool)
+    alive[3] = False
+    ids = vocab.lookup(words("the python language"))
+    before = index.scores(ids, alive, len(docs))
+    index.merge(alive)
+    assert len(index.segments) == 1
+    assert np.allclose(before, index.scores(ids, alive, len(docs)))
