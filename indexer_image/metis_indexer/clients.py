@@ -1,0 +1,254 @@
+"""Clients of the team's model servers, over their public protocols only.
+
+    ModelUnavailable   the server did not answer, or answered with an error
+     └── ModelRefused  it answered, but refused this input (a 4xx): retrying won't help
+
+Embeddings: OpenAI-compatible `POST /v1/embeddings` (TEI, vLLM, Infinity, Ollama);
+the model's id from `GET /v1/models` or TEI's `GET /info`. Reranking: `POST
+/v1/rerank` (Cohere/Jina/vLLM/Infinity shape), else TEI's `POST /rerank`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+
+from metis_indexer.prefixes import default_prefixes
+
+BATCH = 32
+"""Passages per embeddings request: large enough to amortise, small enough to retry."""
+IN_FLIGHT = 4
+"""Embedding requests sent at once: a server batches them; more only queue."""
+RETRIES = 4
+"""Tries of one request before the model counts as not answering."""
+BACKOFF = 0.5
+"""Seconds before the first retry; doubled each time."""
+TIMEOUT = httpx.Timeout(60.0, connect=5.0)
+
+
+class ModelUnavailable(Exception):
+    """The model server did not answer, or answered with an error."""
+
+
+class ModelRefused(ModelUnavailable):
+    """The model answered but refused the input: the same input will be refused again."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What a model server says it serves."""
+
+    id: str
+    kinds: tuple[str, ...] = ()
+
+
+def _describe(e: Exception) -> str:
+    if isinstance(e, httpx.ConnectError):
+        return "connection refused" if "refused" in str(e).lower() else f"cannot connect: {e}"
+    if isinstance(e, httpx.TimeoutException):
+        return "timed out"
+    if isinstance(e, httpx.HTTPStatusError):
+        body = e.response.text[:200].strip()
+        return f"HTTP {e.response.status_code}" + (f": {body}" if body else "")
+    return str(e) or type(e).__name__
+
+
+async def _json(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> Any:
+    response = await client.request(method, url, **kw)
+    response.raise_for_status()
+    return response.json()
+
+
+async def discover(client: httpx.AsyncClient, base_url: str) -> ModelInfo:
+    """The model a server serves: OpenAI's `/v1/models`, else TEI's `/info`."""
+    try:
+        body = await _json(client, "GET", f"{base_url}/v1/models")
+        data = body.get("data") or []
+        if data and isinstance(data[0], dict) and data[0].get("id"):
+            kinds = tuple(k for k in ("embedding", "rerank") if k in str(data).lower())
+            return ModelInfo(str(data[0]["id"]), kinds)
+    except (httpx.HTTPError, ValueError, AttributeError):
+        pass
+    try:
+        body = await _json(client, "GET", f"{base_url}/info")
+        model_type = body.get("model_type")
+        kinds = tuple(model_type) if isinstance(model_type, dict) else ()
+        return ModelInfo(str(body["model_id"]), tuple(k.lower() for k in kinds))
+    except (httpx.HTTPError, ValueError, KeyError, AttributeError) as e:
+        raise ModelUnavailable(
+            f"{base_url} does not say what model it serves: {_describe(e)}"
+        ) from None
+
+
+class EmbeddingClient:
+    """Embeds passages in batches, a few requests in flight, retrying with backoff."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        query_prefix: str | None = None,
+        document_prefix: str | None = None,
+        name: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        batch: int = BATCH,
+        in_flight: int = IN_FLIGHT,
+        retries: int = RETRIES,
+        backoff: float = BACKOFF,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._query_prefix = query_prefix
+        self._document_prefix = document_prefix
+        self.name = name or self.base_url
+        self.model: str | None = None
+        self.dimensions: int | None = None
+        self._client = client or httpx.AsyncClient(timeout=TIMEOUT)
+        self._batch = batch
+        self._slots = asyncio.Semaphore(in_flight)
+        self._retries = retries
+        self._backoff = backoff
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    @property
+    def query_prefix(self) -> str:
+        if self._query_prefix is not None:
+            return self._query_prefix
+        return default_prefixes(self.model or "")[0]
+
+    @property
+    def document_prefix(self) -> str:
+        if self._document_prefix is not None:
+            return self._document_prefix
+        return default_prefixes(self.model or "")[1]
+
+    async def connect(self) -> ModelInfo:
+        """Learn the model's id (which chooses the default prefixes)."""
+        try:
+            info = await discover(self._client, self.base_url)
+        except ModelUnavailable as e:
+            raise ModelUnavailable(f"{self.name}: {e}") from None
+        self.model = info.id
+        return info
+
+    async def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Vectors of passages, in order, with the document prefix."""
+        if self.model is None:
+            await self.connect()
+        prefixed = [self.document_prefix + t for t in texts]
+        batches = [prefixed[i : i + self._batch] for i in range(0, len(prefixed), self._batch)]
+        parts = await asyncio.gather(*(self._embed_batch(b, self._retries) for b in batches))
+        if not parts:
+            return np.zeros((0, self.dimensions or 0), dtype=np.float32)
+        return np.concatenate(parts)
+
+    async def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        """A question's vector, with the query prefix; one try (searches have a deadline)."""
+        if self.model is None:
+            await self.connect()
+        return (await self._embed_batch([self.query_prefix + text], 1))[0]
+
+    async def _embed_batch(self, texts: list[str], tries: int) -> npt.NDArray[np.float32]:
+        body = {"input": texts, "model": self.model, "encoding_format": "float"}
+        async with self._slots:
+            answer = await self._post(f"{self.base_url}/v1/embeddings", body, tries)
+        try:
+            rows = sorted(answer["data"], key=lambda d: d["index"])
+            vectors = np.array([r["embedding"] for r in rows], dtype=np.float32)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelUnavailable(
+                f"{self.name} answered embeddings in an unknown shape: {e}"
+            ) from None
+        if vectors.ndim != 2 or len(vectors) != len(texts):
+            raise ModelUnavailable(
+                f"{self.name} answered {len(vectors)} embeddings for {len(texts)} inputs"
+            )
+        if self.dimensions is None:
+            self.dimensions = int(vectors.shape[1])
+        elif vectors.shape[1] != self.dimensions:
+            raise ModelUnavailable(
+                f"{self.name} answered {vectors.shape[1]} dimensions, earlier {self.dimensions}"
+            )
+        return vectors
+
+    async def _post(self, url: str, body: dict[str, Any], tries: int) -> Any:
+        delay = self._backoff
+        for attempt in range(1, tries + 1):
+            try:
+                return await _json(self._client, "POST", url, json=body)
+            except httpx.HTTPStatusError as e:
+                status = e.response.status_code
+                if 400 <= status < 500 and status not in (408, 429):
+                    raise ModelRefused(f"{self.name} refused the input: {_describe(e)}") from None
+                error: Exception = e
+            except (httpx.HTTPError, ValueError) as e:
+                error = e
+            if attempt == tries:
+                raise ModelUnavailable(f"{self.name}: {_describe(error)}") from None
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+
+class RerankClient:
+    """Scores passages against a question, in the Cohere/Jina shape or TEI's."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        query_prefix: str = "",
+        name: str | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.query_prefix = query_prefix
+        self.name = name or self.base_url
+        self._client = client or httpx.AsyncClient(timeout=TIMEOUT)
+        self._tei: bool | None = None
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def rerank(self, query: str, passages: list[str]) -> list[float]:
+        """One score per passage, in the passages' order."""
+        query = self.query_prefix + query
+        try:
+            if self._tei is not True:
+                try:
+                    scores = await self._cohere(query, passages)
+                    self._tei = False
+                    return scores
+                except httpx.HTTPStatusError as e:
+                    if self._tei is False or e.response.status_code not in (404, 405):
+                        raise
+            scores = await self._tei_shape(query, passages)
+            self._tei = True
+            return scores
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+            raise ModelUnavailable(f"{self.name}: {_describe(e)}") from None
+
+    async def _cohere(self, query: str, passages: list[str]) -> list[float]:
+        body = {"query": query, "documents": passages, "top_n": len(passages),
+                "return_documents": False}
+        answer = await _json(self._client, "POST", f"{self.base_url}/v1/rerank", json=body)
+        return _ordered(answer["results"], "relevance_score", len(passages))
+
+    async def _tei_shape(self, query: str, passages: list[str]) -> list[float]:
+        body = {"query": query, "texts": passages, "raw_scores": False}
+        answer = await _json(self._client, "POST", f"{self.base_url}/rerank", json=body)
+        return _ordered(answer, "score", len(passages))
+
+
+def _ordered(results: list[dict[str, Any]], key: str, n: int) -> list[float]:
+    scores = [float("-inf")] * n
+    for r in results:
+        scores[int(r["index"])] = float(r[key])
+    return scores

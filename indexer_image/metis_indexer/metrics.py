@@ -1,0 +1,69 @@
+"""The indexer's Prometheus metrics, in one registry per service (tests run several)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PHASES = ("loading", "scanning", "indexing", "ready", "waiting", "standby")
+STEPS = ("embed", "dense", "keyword", "fuse", "rerank", "total")
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+@dataclasses.dataclass
+class Metrics:
+    registry: CollectorRegistry
+    search_seconds: Histogram
+    searches: Counter
+    documents: Gauge
+    chunks: Gauge
+    failed: Gauge
+    phase: Gauge
+    pass_total: Gauge
+    pass_done: Gauge
+    pass_seconds: Histogram
+    embed_seconds: Histogram
+    embed_failures: Counter
+
+    @classmethod
+    def create(cls) -> Metrics:
+        r = CollectorRegistry()
+        return cls(
+            registry=r,
+            search_seconds=Histogram(
+                "metis_search_step_seconds", "Time of each search step, by mode.",
+                ["step", "mode"], registry=r, buckets=_LATENCY_BUCKETS,
+            ),
+            searches=Counter(
+                "metis_searches_total",
+                "Searches by mode asked and outcome (ok, degraded: answered without a model, "
+                "error: refused).", ["mode", "outcome"], registry=r,
+            ),
+            documents=Gauge("metis_documents", "Documents indexed.", registry=r),
+            chunks=Gauge("metis_chunks", "Chunks indexed.", registry=r),
+            failed=Gauge("metis_documents_failed", "Documents that could not be read.",
+                         registry=r),
+            phase=Gauge("metis_phase", "1 for the index's current phase, 0 for the others.",
+                        ["phase"], registry=r),
+            pass_total=Gauge("metis_pass_documents", "Documents the current pass reads.",
+                             registry=r),
+            pass_done=Gauge("metis_pass_documents_done", "Documents the current pass has read.",
+                            registry=r),
+            pass_seconds=Histogram(
+                "metis_pass_seconds", "Duration of finished passes.", registry=r,
+                buckets=(0.1, 1, 5, 15, 60, 300, 900, 3600, 14400),
+            ),
+            embed_seconds=Histogram(
+                "metis_embedding_request_seconds", "Latency of embedding requests for passages.",
+                registry=r, buckets=_LATENCY_BUCKETS,
+            ),
+            embed_failures=Counter(
+                "metis_embedding_failures_total",
+                "Embedding requests that failed after their retries.", registry=r,
+            ),
+        )
+
+    def set_phase(self, phase: str) -> None:
+        for p in PHASES:
+            self.phase.labels(phase=p).set(1 if p == phase else 0)
