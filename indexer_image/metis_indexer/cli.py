@@ -1,0 +1,269 @@
+"""`metis`: run the indexer on local folders, ask it questions, serve a local model.
+
+    metis serve --source docs=./handbook --index ./.metis-index --embedding http://127.0.0.1:7800
+    metis search "how many vacation days" --top-k 3
+    metis status | documents | reindex [--full] | eval [--k 10]
+    metis models --port 7800
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import re
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiohttp import web
+from pydantic import ValidationError
+
+from metis_indexer import config as config_mod
+from metis_indexer.config import IndexerConfig
+
+DEFAULT_URL = "http://127.0.0.1:7700"
+_SOURCE = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)=(?P<path>[^:]+)(:(?P<sub>.+))?$")
+
+
+def parse_source(text: str) -> dict[str, str]:
+    """`NAME=PATH[:SUBPATH]` → a source of the configuration."""
+    m = _SOURCE.match(text)
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"source {text!r} must be NAME=PATH or NAME=PATH:SUBPATH "
+            "(NAME: lowercase letters, digits and -)"
+        )
+    source = {"drive": m["name"], "root": str(Path(m["path"]).resolve())}
+    if m["sub"]:
+        source["path"] = m["sub"]
+    return source
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="metis", description="Metis knowledge bases")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="index local folders and serve the search API")
+    serve.add_argument("--config", type=Path, help="a JSON configuration (as the operator writes)")
+    serve.add_argument("--source", action="append", type=parse_source, default=[],
+                       metavar="NAME=PATH[:SUBPATH]")
+    serve.add_argument("--index", type=Path, help="the folder that keeps the index")
+    serve.add_argument("--embedding", metavar="URL", help="an OpenAI-compatible embeddings server")
+    serve.add_argument("--reranker", metavar="URL", help="a reranker server")
+    serve.add_argument("--chunk-size", type=int, default=1200)
+    serve.add_argument("--chunk-overlap", type=int, default=200)
+    serve.add_argument("--rescan-seconds", type=int, default=60)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=7700)
+    serve.add_argument("--workers", type=int, default=2)
+
+    def client(name: str, help_: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help_)
+        c.add_argument("--url", default=DEFAULT_URL, help=f"the indexer (default {DEFAULT_URL})")
+        c.add_argument("--json", action="store_true", help="print the answer as JSON")
+        return c
+
+    s = client("search", "ask a question")
+    s.add_argument("question")
+    s.add_argument("--top-k", type=int, default=5)
+    s.add_argument("--mode", choices=["hybrid", "dense", "keyword"], default="hybrid")
+    s.add_argument("--no-rerank", action="store_true")
+    s.add_argument("--prefix", help="only documents whose path starts with this")
+    s.add_argument("--kind", action="append", choices=["md", "txt", "html", "pdf", "docx"])
+    s.add_argument("--source", action="append", help="only documents of this source")
+    client("status", "the index's phase and totals")
+    d = client("documents", "documents with their state")
+    d.add_argument("--page", type=int, default=1)
+    d.add_argument("--page-size", type=int, default=100)
+    d.add_argument("--state", choices=["indexed", "failed"])
+    r = client("reindex", "start a pass now")
+    r.add_argument("--full", action="store_true", help="read every document again")
+    e = client("eval", "evaluate .metis/evals.jsonl of the sources")
+    e.add_argument("--k", type=int, default=10)
+
+    m = sub.add_parser("models", help="serve the local embedding model (tests, quick start)")
+    m.add_argument("--host", default="127.0.0.1")
+    m.add_argument("--port", type=int, default=7800)
+    return p
+
+
+def serve_config(args: argparse.Namespace) -> IndexerConfig:
+    if args.config is not None:
+        return config_mod.load(args.config)
+    if not args.source or args.index is None:
+        raise config_mod.ConfigError("serve needs --config, or --source and --index")
+    raw: dict[str, Any] = {
+        "name": "local",
+        "sources": args.source,
+        "index_dir": str(args.index.resolve()),
+        "chunking": {"size": args.chunk_size, "overlap": args.chunk_overlap},
+        "rescan_seconds": args.rescan_seconds,
+        "host": args.host,
+        "port": args.port,
+        "workers": args.workers,
+    }
+    if args.embedding:
+        raw["embedding"] = {"url": args.embedding, "name": args.embedding}
+    if args.reranker:
+        raw["reranker"] = {"url": args.reranker, "name": args.reranker}
+    try:
+        return IndexerConfig.model_validate(raw)
+    except ValidationError as e:
+        raise config_mod.ConfigError(config_mod.describe(e)) from None
+
+
+async def _serve(cfg: IndexerConfig, config_path: Path | None) -> None:
+    from metis_indexer.api import create_app
+    from metis_indexer.service import Indexer
+
+    indexer = Indexer(cfg)
+    if sys.stderr.isatty():
+        indexer.on_progress = _progress_bar
+    runner = web.AppRunner(create_app(indexer), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg.host, cfg.port)
+    await site.start()
+    print(f"metis: serving {cfg.name} on http://{cfg.host}:{cfg.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = None
+    if config_path is not None:
+        watcher = asyncio.create_task(_watch_config(config_path, indexer))
+    await stop.wait()
+    if watcher is not None:
+        watcher.cancel()
+    await runner.cleanup()
+
+
+async def _watch_config(path: Path, indexer: Any) -> None:
+    """Follow a configuration file (a ConfigMap's mount): a change starts a pass."""
+    last = path.read_bytes()
+    while True:
+        await asyncio.sleep(5)
+        try:
+            current = path.read_bytes()
+        except OSError:
+            continue
+        if current != last:
+            last = current
+            try:
+                await indexer.apply_config(config_mod.load(path))
+            except config_mod.ConfigError as e:
+                logging.getLogger("metis").error("configuration not applied: %s", e)
+
+
+def _progress_bar(state: Any) -> None:
+    width = shutil.get_terminal_size((80, 20)).columns
+    if state.phase == "indexing" and state.total:
+        filled = int(30 * state.done / state.total)
+        line = (f"indexing [{'#' * filled}{'.' * (30 - filled)}] "
+                f"{state.done}/{state.total} documents")
+    else:
+        line = f"{state.phase}{': ' + state.reason if state.reason else ''}"
+    sys.stderr.write("\r" + line[: width - 1].ljust(width - 1))
+    if state.phase == "ready":
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _call(method: str, url: str, body: dict[str, Any] | None = None,
+          params: dict[str, Any] | None = None) -> Any:
+    try:
+        response = httpx.request(method, url, json=body, params=params, timeout=120.0)
+    except httpx.HTTPError as e:
+        raise SystemExit(f"metis: cannot reach the indexer at {url}: {e}") from None
+    data = response.json()
+    if response.status_code >= 400:
+        err = data.get("error", {})
+        raise SystemExit(f"metis: {err.get('code', response.status_code)}: {err.get('message')}")
+    return data
+
+
+def score_line(scores: dict[str, Any]) -> str:
+    """`meaning 0.830 (#1) · words 7.41 (#2) · fused 0.0328 · reranker 0.970`."""
+    parts = []
+    if "dense" in scores:
+        parts.append(f"meaning {scores['dense']:.3f} (#{scores['dense_rank']})")
+    if "keyword" in scores:
+        parts.append(f"words {scores['keyword']:.2f} (#{scores['keyword_rank']})")
+    if "fused" in scores:
+        parts.append(f"fused {scores['fused']:.4f}")
+    if "rerank" in scores:
+        parts.append(f"reranker {scores['rerank']:.3f}")
+    return " · ".join(parts)
+
+
+def print_answer(answer: dict[str, Any]) -> None:
+    for w in answer["warnings"]:
+        print(f"warning: {w}")
+    for i, r in enumerate(answer["results"], start=1):
+        c = r["citation"]
+        where = f"page {c['page']}" if c.get("page") else f"line {c['line']}" if c.get(
+            "line") else ""
+        headings = c.get("headings", [])
+        if headings and headings[0] == c.get("title"):
+            headings = headings[1:]
+        place = " › ".join(p for p in [c.get("title"), *headings] if p)
+        print(f"{i}. {c['source']}/{c['document']}" + (f", {where}" if where else ""))
+        if place:
+            print(f"   {place}")
+        print(f"   {c['snippet']}")
+        print(f"   {score_line(r['scores'])}")
+    took = answer["took"]
+    print(f"({answer['mode']}{', reranked' if answer['reranked'] else ''}; "
+          f"{took['total']:.1f} ms)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.command == "models":
+        from metis_indexer.localmodel.server import main as models_main
+
+        return models_main(["--host", args.host, "--port", str(args.port)])
+    if args.command == "serve":
+        try:
+            cfg = serve_config(args)
+        except config_mod.ConfigError as e:
+            print(f"metis: {e}", file=sys.stderr)
+            return 2
+        asyncio.run(_serve(cfg, args.config))
+        return 0
+    url = args.url.rstrip("/")
+    if args.command == "search":
+        filters = {k: v for k, v in (("path_prefix", args.prefix), ("kinds", args.kind),
+                                     ("sources", args.source)) if v}
+        body: dict[str, Any] = {"query": args.question, "top_k": args.top_k, "mode": args.mode}
+        if args.no_rerank:
+            body["rerank"] = False
+        if filters:
+            body["filters"] = filters
+        answer = _call("POST", f"{url}/v1/search", body)
+        if not args.json:
+            print_answer(answer)
+            return 0
+    elif args.command == "status":
+        answer = _call("GET", f"{url}/v1/status")
+    elif args.command == "documents":
+        params = {"page": args.page, "page_size": args.page_size}
+        if args.state:
+            params["state"] = args.state
+        answer = _call("GET", f"{url}/v1/documents", params=params)
+    elif args.command == "reindex":
+        answer = _call("POST", f"{url}/v1/reindex", {"full": args.full})
+    else:
+        answer = _call("POST", f"{url}/v1/evaluate", {"k": args.k})
+    print(json.dumps(answer, indent=2, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,484 @@
+"""The indexer as a running service: passes that keep the index current, and the
+operations the HTTP API exposes (search, status, documents, reindex, evaluate).
+
+A pass (spec 000, "Incremental indexing"): walk the sources; a file with the same
+size and mtime is left alone, otherwise its content hash decides; new and changed
+files are read (in killable worker processes), cut, embedded and committed one
+document at a time; files that are gone are dropped. When the embedding model
+does not answer, the pass waits (phase `waiting`) and resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from metis_indexer import evaluation, search, sources
+from metis_indexer.clients import EmbeddingClient, ModelRefused, ModelUnavailable, RerankClient
+from metis_indexer.config import IndexerConfig
+from metis_indexer.documents import Chunk, FailReason, ReadFailed
+from metis_indexer.errors import BadRequest, Conflict, Unavailable
+from metis_indexer.index import Index, Settings
+from metis_indexer.metrics import Metrics
+from metis_indexer.readers.pool import ReaderPool
+from metis_indexer.schema import SearchAnswer, SearchRequest
+from metis_indexer.store import FileRecord
+
+log = logging.getLogger("metis.indexer")
+
+WAIT_FIRST, WAIT_MAX = 1.0, 30.0
+"""Seconds between looks at a model that does not answer: doubling up to the max."""
+IN_FLIGHT_DOCUMENTS = 4
+"""Documents read, embedded and written at once: keeps both the workers and the model busy."""
+DOCUMENT_STATES = ("indexed", "failed")
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def file_hash(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=20)
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclasses.dataclass
+class PassState:
+    """What a status shows of the passes."""
+
+    phase: str = "loading"
+    reason: str = ""
+    total: int = 0
+    done: int = 0
+    last_indexed_at: str | None = None
+    completed: int = 0
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)
+    indexed_revisions: dict[str, str] = dataclasses.field(default_factory=dict)
+    read: int = 0
+    unchanged: int = 0
+    dropped: int = 0
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+
+def _under(key: tuple[str, str], folders: list[tuple[str, str]]) -> bool:
+    drive, path = key
+    return any(d == drive and (not f or path.startswith(f + "/")) for d, f in folders)
+
+
+class Indexer:
+    """One knowledge base's indexer."""
+
+    def __init__(self, config: IndexerConfig, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics.create()
+        self.index = Index(config.index_dir)
+        self.state = PassState()
+        self.loaded = False
+        self.embedder: EmbeddingClient | None = None
+        self.reranker: RerankClient | None = None
+        self._clients_for(config)
+        self._wake = asyncio.Event()
+        self._full = False
+        self._task: asyncio.Task[None] | None = None
+        self._model_lock = asyncio.Lock()
+        self._pool: ReaderPool | None = None
+        self.on_progress: Callable[[PassState], None] | None = None
+        self.metrics.set_phase("loading")
+
+    def _clients_for(self, config: IndexerConfig) -> None:
+        e, r = config.embedding, config.reranker
+        self.embedder = None if e is None else EmbeddingClient(
+            e.url, query_prefix=e.query_prefix, document_prefix=e.document_prefix, name=e.name
+        )
+        self.reranker = None if r is None else RerankClient(
+            r.url, query_prefix=r.query_prefix, name=r.name
+        )
+
+    # -- life ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._pool = ReaderPool(self.config.workers)
+        self._task = asyncio.create_task(self._run(), name="metis-passes")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._pool is not None:
+            await asyncio.to_thread(self._pool.close)
+        for client in (self.embedder, self.reranker):
+            if client is not None:
+                await client.close()
+        self.index.store.close()
+
+    async def _run(self) -> None:
+        await asyncio.to_thread(self.index.load)
+        self.loaded = True
+        self._publish()
+        while True:
+            full, self._full = self._full, False
+            self._wake.clear()
+            try:
+                await self._pass(full)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a pass that breaks must not end the service
+                log.exception("pass failed")
+                self._set_phase("waiting", f"the last pass stopped on an error: {e}")
+                await asyncio.sleep(WAIT_MAX)
+                continue
+            wait = self.config.rescan_seconds or None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    def request_pass(self, full: bool = False) -> None:
+        if self.state.phase == "standby":
+            raise Conflict("STANDBY", "a replacement is taking over; ask again in a moment")
+        self._full = self._full or full
+        self._wake.set()
+
+    async def apply_config(self, config: IndexerConfig) -> None:
+        """Take a changed configuration; a pass follows (it re-reads what must be)."""
+        if config == self.config:
+            return
+        old = self.config
+        self.config = config
+        if (config.embedding, config.reranker) != (old.embedding, old.reranker):
+            for client in (self.embedder, self.reranker):
+                if client is not None:
+                    await client.close()
+            self._clients_for(config)
+        self.request_pass()
+
+    # -- a pass ----------------------------------------------------------------------------
+
+    async def _pass(self, full: bool) -> None:
+        started = time.monotonic()
+        revisions = dict(self.config.revisions)
+        self._set_phase("scanning", "")
+        settings = await self._settings()
+        current = self.index.settings()
+        if current != settings:
+            if current is not None and self.index.chunk_count:
+                log.info("index built with %s; now %s: reading everything again", current, settings)
+            await asyncio.to_thread(self.index.reset, settings)
+        listing, unseen = await asyncio.to_thread(self._walk)
+        known = {(f.record.source, f.record.path): f.record for f in self.index.files.values()}
+        gone = [key for key in known if key not in listing and not _under(key, unseen)]
+        await asyncio.to_thread(self.index.drop_files, gone)
+        todo = [
+            (key, item)
+            for key, item in sorted(listing.items())
+            if full
+            or key not in known
+            or (known[key].size, known[key].mtime_ns) != (item.size, item.mtime_ns)
+        ]
+        self.state.total, self.state.done = len(todo), 0
+        self.state.read = self.state.unchanged = 0
+        self.state.dropped = len(gone)
+        self._set_phase("indexing" if todo else "scanning", "")
+        queue: asyncio.Queue[tuple[tuple[str, str], sources.Found]] = asyncio.Queue()
+        for entry in todo:
+            queue.put_nowait(entry)
+        workers = [
+            asyncio.create_task(self._work(queue, known, full, settings))
+            for _ in range(min(IN_FLIGHT_DOCUMENTS, len(todo)))
+        ]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for w in workers:
+                w.cancel()
+        self.state.last_indexed_at = now()
+        self.state.completed += 1
+        self.state.indexed_revisions = revisions
+        self.metrics.pass_seconds.observe(time.monotonic() - started)
+        self._set_phase("ready", "")
+        log.info(
+            "pass done in %.1f s: %d read, %d unchanged, %d dropped",
+            time.monotonic() - started, self.state.read, self.state.unchanged, len(gone),
+        )
+
+    def _walk(self) -> tuple[dict[tuple[str, str], sources.Found], list[tuple[str, str]]]:
+        """Every readable file of the sources, and the folders that could not be listed
+        (their documents are kept: a folder we cannot see is not a folder that is empty)."""
+        listing: dict[tuple[str, str], sources.Found] = {}
+        skipped: dict[str, int] = {}
+        unseen: list[tuple[str, str]] = []
+        problems: list[str] = []
+        for source in self.config.sources:
+            try:
+                found = sources.walk(source.root, source.path)
+            except sources.SourceError as e:
+                problems.append(f"source {source.drive}: {e}")
+                unseen.append((source.drive, source.path or ""))
+                continue
+            for f in found.files:
+                listing[(source.drive, f.path)] = f
+            for ext, n in found.skipped.items():
+                skipped[ext] = skipped.get(ext, 0) + n
+            unseen += [(source.drive, folder) for folder in found.unreadable]
+            problems += [f"source {source.drive}: cannot list {u}" for u in found.unreadable]
+        self.state.skipped = skipped
+        self.state.problems = problems
+        return listing, unseen
+
+    async def _settings(self) -> Settings:
+        """What the index must be built with now: waits for the embedding model."""
+        size, overlap = self.config.chunking.size, self.config.chunking.overlap
+        if self.embedder is None:
+            return Settings("", 0, size, overlap)
+        embedder = self.embedder
+        while True:
+            try:
+                if embedder.model is None or embedder.dimensions is None:
+                    await embedder.connect()
+                    await embedder.embed_documents(["dimensions"])
+                assert embedder.model is not None and embedder.dimensions is not None
+                return Settings(embedder.model, embedder.dimensions, size, overlap)
+            except ModelUnavailable as e:
+                await self._wait_for_model(e)
+
+    async def _work(
+        self,
+        queue: asyncio.Queue[tuple[tuple[str, str], sources.Found]],
+        known: dict[tuple[str, str], FileRecord],
+        full: bool,
+        settings: Settings,
+    ) -> None:
+        while not queue.empty():
+            (drive, path), item = queue.get_nowait()
+            await self._one(drive, path, item, known.get((drive, path)), full, settings)
+            self.state.done += 1
+            self._publish()
+
+    async def _one(
+        self,
+        drive: str,
+        path: str,
+        item: sources.Found,
+        before: FileRecord | None,
+        full: bool,
+        settings: Settings,
+    ) -> None:
+        """Bring one file up to date; commits it whole or not at all."""
+        try:
+            digest = await asyncio.to_thread(file_hash, item.absolute)
+        except OSError as e:
+            digest = ""
+            result: list[Chunk] | ReadFailed = ReadFailed(FailReason.UNREADABLE, str(e))
+        else:
+            if before is not None and before.hash == digest and not full:
+                await asyncio.to_thread(
+                    self.index.store.touch_file, drive, path, item.size, item.mtime_ns
+                )
+                self.index.files[self.index.by_key[(drive, path)]].record = dataclasses.replace(
+                    before, size=item.size, mtime_ns=item.mtime_ns
+                )
+                self.state.unchanged += 1
+                return
+            assert self._pool is not None
+            result = await self._pool.read_chunks(
+                item.absolute, item.kind, settings.chunk_size, settings.chunk_overlap
+            )
+        self.state.read += 1
+        record = FileRecord(
+            source=drive, path=path, kind=item.kind.value, size=item.size,
+            mtime_ns=item.mtime_ns, hash=digest, state="indexed", indexed_at=now(),
+        )
+        vectors = None
+        chunks: list[Chunk] = []
+        if isinstance(result, ReadFailed):
+            record = dataclasses.replace(
+                record, state="failed", reason=result.reason.value, detail=result.detail or None
+            )
+        else:
+            chunks = result
+            try:
+                vectors = await self._embed(chunks)
+            except ModelRefused as e:
+                record = dataclasses.replace(
+                    record, state="failed", reason=FailReason.EMBEDDING_REFUSED.value,
+                    detail=str(e),
+                )
+                chunks = []
+            title = chunks[0].title if chunks else None
+            record = dataclasses.replace(record, title=title, chunks=len(chunks))
+        await asyncio.to_thread(self.index.put_document, record, chunks, vectors)
+
+    async def _embed(self, chunks: list[Chunk]) -> npt.NDArray[np.float32] | None:
+        if self.embedder is None:
+            return None
+        while True:
+            started = time.monotonic()
+            try:
+                vectors = await self.embedder.embed_documents([c.embedding_text for c in chunks])
+                self.metrics.embed_seconds.observe(time.monotonic() - started)
+                return vectors
+            except ModelRefused:
+                raise
+            except ModelUnavailable as e:
+                self.metrics.embed_failures.inc()
+                await self._wait_for_model(e)
+
+    async def _wait_for_model(self, error: ModelUnavailable) -> None:
+        """Phase `waiting` until the embedding model answers again; one waiter looks."""
+        assert self.embedder is not None
+        async with self._model_lock:
+            if await self._model_answers():
+                return
+            before = self.state.phase
+            name = self.config.embedding.name if self.config.embedding else "the embedding model"
+            self._set_phase("waiting", f"waiting for embedding model {name}: {error}")
+            delay = WAIT_FIRST
+            while not await self._model_answers():
+                await asyncio.sleep(delay)
+                delay = min(WAIT_MAX, delay * 2)
+            self._set_phase(before if before != "waiting" else "indexing", "")
+
+    async def _model_answers(self) -> bool:
+        assert self.embedder is not None
+        try:
+            await self.embedder.connect()
+            await self.embedder.embed_documents(["ping"])
+        except ModelUnavailable:
+            return False
+        return True
+
+    def _set_phase(self, phase: str, reason: str) -> None:
+        self.state.phase, self.state.reason = phase, reason
+        self.metrics.set_phase(phase)
+        self._publish()
+
+    def _publish(self) -> None:
+        m, s = self.metrics, self.state
+        m.pass_total.set(s.total)
+        m.pass_done.set(s.done)
+        counts = self.counts()
+        m.documents.set(counts["documents"])
+        m.chunks.set(counts["chunks"])
+        m.failed.set(counts["failed"])
+        if self.on_progress is not None:
+            self.on_progress(s)
+
+    # -- what the API asks -----------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        documents = failed = 0
+        for f in list(self.index.files.values()):
+            if f.record.state == "failed":
+                failed += 1
+            else:
+                documents += 1
+        return {"documents": documents, "chunks": self.index.chunk_count, "failed": failed}
+
+    def status(self) -> dict[str, Any]:
+        s = self.state
+        return {
+            "name": self.config.name,
+            "phase": s.phase,
+            "reason": s.reason,
+            **self.counts(),
+            "pass_total": s.total,
+            "pass_done": s.done,
+            "last_indexed_at": s.last_indexed_at,
+            "passes": s.completed,
+            "dimensions": self.index.dimensions or None,
+            "embedding_model": None if self.embedder is None else self.embedder.model,
+            "reranker": None if self.reranker is None else self.reranker.name,
+            "skipped": dict(sorted(s.skipped.items())),
+            "revisions": dict(self.config.revisions),
+            "indexed_revisions": s.indexed_revisions,
+            "last_pass": {"read": s.read, "unchanged": s.unchanged, "dropped": s.dropped},
+            "warnings": list(s.problems),
+        }
+
+    def empty_warning(self) -> str:
+        if self.state.completed and not self.counts()["documents"]:
+            return (
+                "nothing is indexed: the sources hold no document Metis reads "
+                "(Markdown, text, HTML, PDF, DOCX)"
+            )
+        return f"nothing is indexed yet: the index is {self.state.phase}"
+
+    def _models(self, embed: search.EmbedQuery | None = None) -> search.Models:
+        e, r = self.embedder, self.reranker
+        return search.Models(
+            embed=embed or (None if e is None else e.embed_query),
+            embedding_name=f"embedding model {self.config.embedding.name}"
+            if self.config.embedding else "the embedding model",
+            rerank=None if r is None else r.rerank,
+            reranker_name=f"reranker {self.config.reranker.name}"
+            if self.config.reranker else "the reranker",
+        )
+
+    async def search(self, req: SearchRequest) -> SearchAnswer:
+        if not self.loaded:
+            raise Unavailable(
+                "KNOWLEDGE_BASE_NOT_READY",
+                f"the index is not serving yet: it is {self.state.phase}",
+            )
+        return await search.search(self.index, req, self._models(), self.empty_warning())
+
+    def documents(self, page: int, page_size: int, state: str | None) -> dict[str, Any]:
+        if page < 1:
+            raise BadRequest("INVALID_BODY", f"page is {page}; pages count from 1")
+        if not 1 <= page_size <= 1000:
+            raise BadRequest("INVALID_BODY", f"page_size is {page_size}; it must be 1 to 1000")
+        if state is not None and state not in DOCUMENT_STATES:
+            allowed = ", ".join(DOCUMENT_STATES)
+            raise BadRequest("INVALID_BODY", f"state is {state!r}; it must be one of {allowed}")
+        rows = [
+            f.record for f in list(self.index.files.values())
+            if state is None or f.record.state == state
+        ]
+        rows.sort(key=lambda r: (r.source, r.path))
+        start = (page - 1) * page_size
+        return {
+            "documents": [
+                {
+                    "source": r.source, "document": r.path, "kind": r.kind, "title": r.title,
+                    "state": r.state, "chunks": r.chunks, "size": r.size,
+                    "reason": r.reason, "detail": r.detail, "indexed_at": r.indexed_at,
+                }
+                for r in rows[start : start + page_size]
+            ],
+            "page": page,
+            "page_size": page_size,
+            "total": len(rows),
+        }
+
+    async def evaluate(self, k: int) -> evaluation.Evaluation:
+        drives = {s.drive: s.root for s in self.config.sources}
+        cases = await asyncio.to_thread(evaluation.read_cases, sorted(drives.items()))
+        vectors: dict[str, npt.NDArray[np.float32]] = {}
+
+        async def embed_once(question: str) -> npt.NDArray[np.float32]:
+            if question not in vectors:
+                assert self.embedder is not None
+                vectors[question] = await self.embedder.embed_query(question)
+            return vectors[question]
+
+        models = self._models(embed_once if self.embedder is not None else None)
+
+        async def ask(question: str, way: evaluation.Way) -> SearchAnswer:
+            req = SearchRequest(query=question, top_k=50, mode=way.mode, rerank=way.rerank)
+            return await search.search(self.index, req, models, self.empty_warning())
+
+        ways = evaluation.ways(self.embedder is not None, self.reranker is not None)
+        return await evaluation.evaluate(cases, k, ask, ways, now)
