@@ -20,8 +20,6 @@ K1 = 1.2
 """Term-frequency saturation: Lucene's default."""
 B = 0.75
 """Length normalisation: Lucene's default."""
-MAX_SEGMENTS = 8
-"""Segments kept before they are merged into one: a query visits each."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,11 +54,6 @@ class Segment:
                 found.append((i, slice(int(self.indptr[pos]), int(self.indptr[pos + 1]))))
         return found
 
-    def without(self, alive: npt.NDArray[np.bool_]) -> Segment:
-        keep = alive[self.rows]
-        term_of = np.repeat(self.terms, np.diff(self.indptr))
-        return Segment.build(self.rows[keep], term_of[keep], self.tfs[keep])
-
 
 class Vocabulary:
     """Words ↔ dense ids; ids are stable for the life of an index."""
@@ -87,6 +80,14 @@ class Vocabulary:
                 self.words.append(w)
             out.append(i)
         return out
+
+
+def _merged(segments: Sequence[Segment], alive: npt.NDArray[np.bool_]) -> Segment:
+    rows = np.concatenate([s.rows for s in segments])
+    terms = np.concatenate([np.repeat(s.terms, np.diff(s.indptr)) for s in segments])
+    tfs = np.concatenate([s.tfs for s in segments])
+    keep = alive[rows]
+    return Segment.build(rows[keep], terms[keep], tfs[keep])
 
 
 def idf(n_docs: int, df: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -132,19 +133,19 @@ class KeywordIndex:
         self.segments.append(Segment.build(row_arr, terms, tfs))
 
     def compact(self, alive: npt.NDArray[np.bool_]) -> None:
-        """Merge the segments into one, dropping dead rows, when there are too many."""
-        if len(self.segments) <= MAX_SEGMENTS:
-            return
-        self.merge(alive)
+        """Merge the newest segment into the one before while it is at least half its size.
+
+        Like a binary counter, this keeps about log2(n) segments and writes each
+        posting O(log n) times, where merging everything on each add would be O(n²).
+        """
+        segs = self.segments
+        while len(segs) >= 2 and 2 * len(segs[-1].rows) >= len(segs[-2].rows):
+            segs[-2:] = [_merged(segs[-2:], alive)]
 
     def merge(self, alive: npt.NDArray[np.bool_]) -> None:
-        if not self.segments:
-            return
-        rows = np.concatenate([s.rows for s in self.segments])
-        terms = np.concatenate([np.repeat(s.terms, np.diff(s.indptr)) for s in self.segments])
-        tfs = np.concatenate([s.tfs for s in self.segments])
-        keep = alive[rows]
-        self.segments = [Segment.build(rows[keep], terms[keep], tfs[keep])]
+        """Everything in one segment, without dead rows (after a load, or to renumber)."""
+        if self.segments:
+            self.segments = [_merged(self.segments, alive)]
 
     def remap(self, new_row: npt.NDArray[np.int64], alive: npt.NDArray[np.bool_]) -> None:
         """Renumber rows after the caller compacted its row space (dead rows dropped)."""

@@ -80,3 +80,17 @@ def test_merging_segments_changes_no_score(docs):
     index.merge(alive)
     assert len(index.segments) == 1
     assert np.allclose(before, index.scores(ids, alive, len(docs)))
+
+
+def test_adding_one_row_at_a_time_keeps_few_segments_and_exact_scores(docs):
+    vocab, index = Vocabulary(), KeywordIndex()
+    alive = np.ones(len(docs), dtype=bool)
+    for r, doc in enumerate(docs):
+        c = Counter(doc)
+        index.add([r], [np.array(vocab.add(c.keys()), np.int32)],
+                  [np.array(list(c.values()), np.int32)])
+        index.compact(alive)
+        assert len(index.segments) <= math.log2(r + 1) + 1
+    q = words("python generator expressions")
+    assert np.allclose(index.scores(vocab.lookup(q), alive, len(docs)), reference_scores(docs, q),
+                       rtol=1e-4, atol=1e-5)
