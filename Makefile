@@ -23,6 +23,9 @@ lint: $(STAMP)
 kube:
 	bash tests/kube/build.sh
 
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
 test: $(STAMP) kube lint
 	$(VENV)/bin/pytest -m "slow or not slow"
 
