@@ -1,0 +1,342 @@
+"""Reading documents in worker processes that can be killed.
+
+Parsers are where a pass can hang or crash: a PDF that takes minutes, a parser
+bug that recurses forever, a decompression bomb. So documents are read (and,
+when asked, chunked) in a pool of worker processes, never in the indexer's own.
+Each task has a deadline (spec 001: "a PDF is given 120 s to read"); a worker
+past it is killed and replaced, and the document fails with `TIMEOUT`. A worker
+that dies (a segfault, the kernel's OOM killer) fails its document, it does not
+hang the pass. Workers also run under an address-space limit, so most runaway
+allocations end as a `MemoryError` in the worker rather than an OOM kill.
+
+One dispatcher thread owns the workers: it hands tasks to idle workers, waits on
+their pipes with the nearest deadline as timeout, and resolves each task's
+`concurrent.futures.Future`. Callers submit from any thread, or await
+`read_chunks` from asyncio.
+
+Usage::
+
+    with ReaderPool(workers=2) as pool:
+        done = pool.submit_read(path, Kind.PDF).result()  # Done(result=Document | ReadFailed)
+        chunks = await pool.read_chunks(path, Kind.MD, 1200, 200)  # list[Chunk] | ReadFailed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import itertools
+import multiprocessing
+import multiprocessing.connection
+import resource
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from metis_indexer import chunking, readers
+from metis_indexer.documents import Chunk, Document, FailReason, Kind, ReadFailed
+from metis_indexer.readers.failures import detail
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    """What one document may take in a worker."""
+
+    pdf_seconds: float = 120.0
+    """Spec 001: a PDF is given 120 s to read."""
+    other_seconds: float = 60.0
+    """Every other kind: the slowest real files (a 12 MB document.xml, a 1.6 MB web
+    page) read in a few seconds, so a minute means a parser is stuck, not busy."""
+    memory_bytes: int | None = 2 * 1024**3
+    """Address space of a worker (RLIMIT_AS); None: unlimited. A worker peaks at
+    about 600 MB on the torture set's worst file; a bomb would take far more."""
+
+    def seconds(self, kind: Kind) -> float:
+        return self.pdf_seconds if kind is Kind.PDF else self.other_seconds
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Done(Generic[T]):
+    """A finished task: its result, and the seconds it took in its worker."""
+
+    result: T | ReadFailed
+    seconds: float
+
+
+@dataclasses.dataclass(slots=True)
+class _Task:
+    id: int
+    path: Path
+    kind: Kind
+    chunking: tuple[int, int] | None
+    future: Future[Done[Any]]
+
+
+@dataclasses.dataclass(slots=True)
+class _Worker:
+    process: BaseProcess
+    conn: multiprocessing.connection.Connection
+    ready: bool = False
+    task: _Task | None = None
+    started: float = 0.0
+    deadline: float = 0.0
+
+
+_READY = "ready"
+STARTUP_SECONDS = 120.0
+"""Time a new worker has to import the parsers and say it is ready (seconds on an
+idle machine); one that takes longer means a broken install, not a slow one."""
+
+
+class ReaderPool:
+    """A fixed number of worker processes reading documents, each under a deadline."""
+
+    def __init__(self, workers: int = 2, limits: Limits | None = None) -> None:
+        if workers < 1:
+            raise ValueError(f"a reader pool needs at least 1 worker, not {workers}")
+        self.limits = limits or Limits()
+        self._context = multiprocessing.get_context("spawn")  # no fork from a threaded process
+        self._lock = threading.Lock()
+        self._pending: collections.deque[_Task] = collections.deque()
+        self._ids = itertools.count()
+        self._closed = False
+        self._broken: str | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._workers = [self._start_worker() for _ in range(workers)]
+        self._thread = threading.Thread(target=self._dispatch, name="metis-readers", daemon=True)
+        self._thread.start()
+
+    @property
+    def pids(self) -> tuple[int | None, ...]:
+        """The workers' process ids, to watch or signal them."""
+        return tuple(w.process.pid for w in self._workers)
+
+    def __enter__(self) -> ReaderPool:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- submitting -------------------------------------------------------------------------
+
+    def submit_read(self, path: Path, kind: Kind) -> Future[Done[Document]]:
+        """Reads `path` as `kind` in a worker."""
+        return self._submit(path, kind, None)
+
+    def submit_chunks(
+        self, path: Path, kind: Kind, size: int, overlap: int
+    ) -> Future[Done[list[Chunk]]]:
+        """Reads and chunks `path` in a worker, so only chunks come back."""
+        chunking.chunk_text("", size, overlap)  # bad settings fail here, not per document
+        return self._submit(path, kind, (size, overlap))
+
+    async def read_chunks(
+        self, path: Path, kind: Kind, size: int, overlap: int
+    ) -> list[Chunk] | ReadFailed:
+        """`submit_chunks` for asyncio callers; the result alone."""
+        done = await asyncio.wrap_future(self.submit_chunks(path, kind, size, overlap))
+        return done.result
+
+    def close(self) -> None:
+        """Stops the workers; tasks not finished raise RuntimeError."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._poke()
+        self._thread.join()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _submit(self, path: Path, kind: Kind, chunks: tuple[int, int] | None) -> Future[Any]:
+        future: Future[Done[Any]] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the reader pool is closed")
+            if self._broken is not None:
+                raise RuntimeError(self._broken)
+            self._pending.append(_Task(next(self._ids), path, kind, chunks, future))
+        self._poke()
+        return future
+
+    def _poke(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # it has wake-ups enough queued
+            self._wake_w.send(b"\0")
+
+    # -- the dispatcher thread --------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        try:
+            while not self._closed and self._broken is None:
+                self._assign()
+                waiting = [w.conn for w in self._workers if w.task is not None or not w.ready]
+                ready = multiprocessing.connection.wait([*waiting, self._wake_r], self._timeout())
+                if self._wake_r in ready:
+                    self._drain_wake()
+                for worker in list(self._workers):
+                    if worker.conn in ready:
+                        self._receive(worker)
+                self._enforce_deadlines()
+        finally:
+            self._shutdown()
+
+    def _assign(self) -> None:
+        for i, worker in enumerate(self._workers):
+            if not worker.ready or worker.task is not None:
+                continue
+            task = self._next_task()
+            if task is None:
+                return
+            try:
+                worker.conn.send((task.id, str(task.path), task.kind.value, task.chunking))
+            except OSError:  # it died while idle: not the document's fault, so it waits again
+                self._replace(i)
+                with self._lock:
+                    self._pending.appendleft(task)
+                continue
+            worker.task = task
+            worker.started = time.monotonic()
+            worker.deadline = worker.started + self.limits.seconds(task.kind)
+
+    def _next_task(self) -> _Task | None:
+        with self._lock:
+            while self._pending:
+                task = self._pending.popleft()
+                if task.future.running() or task.future.set_running_or_notify_cancel():
+                    return task
+        return None
+
+    def _timeout(self) -> float | None:
+        deadlines = [w.deadline for w in self._workers if w.task is not None or not w.ready]
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while self._wake_r.recv(4096):
+                pass
+
+    def _receive(self, worker: _Worker) -> None:
+        index = self._workers.index(worker)
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):
+            self._died(index)
+            return
+        if message == _READY:
+            worker.ready = True
+            return
+        task_id, ok, payload, seconds = message
+        task = worker.task
+        worker.task = None
+        if task is None or task.id != task_id:
+            return
+        if ok:
+            task.future.set_result(Done(payload, seconds))
+        else:
+            reason, why = payload
+            task.future.set_result(Done(ReadFailed(FailReason[reason], why), seconds))
+
+    def _died(self, index: int) -> None:
+        worker = self._workers[index]
+        worker.process.join(timeout=5)
+        code = worker.process.exitcode
+        how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit {code}"
+        if not worker.ready:
+            self._break(f"a reader process could not start ({how})")
+            return
+        self._replace(index)
+        if worker.task is not None:
+            why = f"the reader process died reading it ({how})"
+            self._fail(worker.task, FailReason.MALFORMED, why, time.monotonic() - worker.started)
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for i, worker in enumerate(self._workers):
+            if not worker.ready and now >= worker.deadline:
+                self._break(f"a reader process did not start within {STARTUP_SECONDS:g} s")
+                return
+            task = worker.task
+            if task is not None and now >= worker.deadline:
+                self._replace(i)  # before the caller hears of it: stopped means stopped
+                why = f"stopped after {self.limits.seconds(task.kind):g} s"
+                self._fail(task, FailReason.TIMEOUT, why, now - worker.started)
+
+    def _fail(self, task: _Task, reason: FailReason, why: str, seconds: float = 0.0) -> None:
+        task.future.set_result(Done(ReadFailed(reason, why), seconds))
+
+    def _break(self, why: str) -> None:
+        """Workers cannot start (a broken install): fail loudly rather than retry forever."""
+        with self._lock:
+            self._broken = why
+
+    def _start_worker(self) -> _Worker:
+        parent, child = self._context.Pipe(duplex=True)
+        process = self._context.Process(
+            target=_serve, args=(child, self.limits.memory_bytes), name="metis-reader", daemon=True
+        )
+        process.start()
+        child.close()  # else the parent holds the pipe open and never sees the worker die
+        return _Worker(process, parent, deadline=time.monotonic() + STARTUP_SECONDS)
+
+    def _replace(self, index: int) -> None:
+        self._stop(self._workers[index])
+        self._workers[index] = self._start_worker()
+
+    def _stop(self, worker: _Worker) -> None:
+        worker.process.kill()
+        worker.process.join(timeout=5)
+        worker.conn.close()
+
+    def _shutdown(self) -> None:
+        """Kills the workers; unfinished tasks raise why (a future already running
+        cannot be cancelled)."""
+        why = RuntimeError(self._broken or "the reader pool was closed")
+        for worker in self._workers:
+            if worker.task is not None:
+                worker.task.future.set_exception(why)
+            self._stop(worker)
+        with self._lock:
+            pending, self._pending = list(self._pending), collections.deque()
+        for task in pending:
+            if task.future.running() or task.future.set_running_or_notify_cancel():
+                task.future.set_exception(why)
+
+
+def _serve(conn: multiprocessing.connection.Connection, memory_bytes: int | None) -> None:
+    """A worker's life: announce readiness, then read one task at a time until EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if memory_bytes is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    conn.send(_READY)
+    while True:
+        try:
+            task_id, path, kind, chunk_settings = conn.recv()
+        except EOFError:
+            return
+        started = time.perf_counter()
+        ok, payload = _work(Path(path), Kind(kind), chunk_settings)
+        conn.send((task_id, ok, payload, time.perf_counter() - started))
+
+
+def _work(path: Path, kind: Kind, chunk_settings: tuple[int, int] | None) -> tuple[bool, Any]:
+    try:
+        document = readers.read_document(path, kind)
+    except ReadFailed as e:
+        return False, (e.reason.name, e.detail)
+    if chunk_settings is None:
+        return True, document
+    try:
+        return True, chunking.chunk_document(document, *chunk_settings)
+    except Exception as e:  # a chunker bug fails this document, not the pass
+        return False, (FailReason.MALFORMED.name, detail(e, "chunking"))
