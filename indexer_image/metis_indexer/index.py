@@ -9,7 +9,11 @@ A replaced or dropped document's rows are marked dead and reclaimed by
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
+import gc
+import json
 import threading
 from collections import Counter
 from collections.abc import Sequence
@@ -20,16 +24,15 @@ import numpy.typing as npt
 
 from metis_indexer import keyword, tokens
 from metis_indexer.documents import Chunk
-from metis_indexer.store import FileRecord, Store, StoredChunk
+from metis_indexer.store import ChunkBatch, FileRecord, Store, StoredChunk
 
 
 @dataclasses.dataclass(slots=True)
 class FileEntry:
-    """A file as search sees it: its citation fields and its rows."""
+    """A file as search sees it: its citation fields (its rows say `row_file`)."""
 
     id: int
     record: FileRecord
-    rows: list[int]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,6 +74,16 @@ def keyword_text(title: str | None, headings: Sequence[str], text: str) -> str:
 class Index:
     """Chunks in memory and on disk. Thread-safe: passes write while searches read."""
 
+    ROW_FIELDS = (
+        ("alive", np.bool_),
+        ("has_vector", np.bool_),
+        ("row_file", np.int32),
+        ("row_chunk", np.int64),
+        ("row_page", np.int32),
+        ("row_line", np.int32),
+        ("row_headings", np.int32),
+    )
+
     def __init__(self, folder: Path) -> None:
         self.store = Store(folder)
         self.lock = threading.RLock()
@@ -90,7 +103,7 @@ class Index:
         self.row_line = np.zeros(0, dtype=np.int32)
         self.row_headings = np.zeros(0, dtype=np.int32)
         self.headings: list[tuple[str, ...]] = []
-        self._headings_ids: dict[tuple[str, ...], int] = {}
+        self._headings_ids: dict[str, int] = {}
         self.files: dict[int, FileEntry] = {}
         self.by_key: dict[tuple[str, str], int] = {}
         self.dead = 0
@@ -101,7 +114,7 @@ class Index:
         return Settings.from_meta(self.store.meta())
 
     def load(self) -> None:
-        """Read the whole index from disk into memory."""
+        """Read the whole index from disk into memory, sized exactly."""
         with self.lock:
             meta_settings = self.settings()
             self.dimensions = meta_settings.dimensions if meta_settings else 0
@@ -109,22 +122,11 @@ class Index:
             self.vocabulary = keyword.Vocabulary(self.store.words())
             for file_id, record in self.store.files():
                 self._add_file(file_id, record)
-            batch: list[tuple[int, int, StoredChunk]] = []
-            for c in self.store.load_chunks():
-                batch.append(
-                    (
-                        c.id,
-                        c.file_id,
-                        StoredChunk(
-                            c.headings, c.page, c.line, "", c.term_ids, c.counts, c.vector
-                        ),
-                    )
-                )
-                if len(batch) >= 8192:
-                    self._add_rows(batch)
-                    batch = []
-            self._add_rows(batch)
+            self._ensure_capacity(self.store.chunk_count())
+            for batch in self.store.load_chunks(self.dimensions):
+                self._add_batch(batch)
             self.keyword.merge(self.alive)
+        _release_freed_memory()
 
     def reset(self, settings: Settings) -> None:
         """Drop everything and start an index for new settings."""
@@ -133,11 +135,6 @@ class Index:
             self.store.set_meta(settings.as_meta())
             self.dimensions = settings.dimensions
             self._clear_memory()
-
-    def set_settings(self, settings: Settings) -> None:
-        with self.lock:
-            self.store.set_meta(settings.as_meta())
-            self.dimensions = settings.dimensions
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -155,17 +152,15 @@ class Index:
             stored = []
             for i, c in enumerate(chunks):
                 counts = Counter(tokens.words(keyword_text(c.title, c.headings, c.text)))
-                ids = np.array(self.vocabulary.add(counts.keys()), dtype=np.int32)
-                vec = None if vectors is None else _unit(vectors[i])
                 stored.append(
                     StoredChunk(
                         c.headings,
                         c.page,
                         c.line,
                         c.text,
-                        ids,
+                        np.array(self.vocabulary.add(counts.keys()), dtype=np.int32),
                         np.fromiter(counts.values(), dtype=np.int32, count=len(counts)),
-                        vec,
+                        None if vectors is None else _unit(vectors[i]),
                     )
                 )
             new_words = self.vocabulary.words[known:]
@@ -178,7 +173,7 @@ class Index:
                 raise
             self._drop_file((record.source, record.path))
             self._add_file(file_id, record)
-            self._add_rows(list(zip(chunk_ids, [file_id] * len(stored), stored, strict=True)))
+            self._add_batch(_batch(file_id, chunk_ids, stored, self.dimensions))
             self.keyword.compact(self.alive)
 
     def drop_files(self, keys: Sequence[tuple[str, str]]) -> None:
@@ -200,68 +195,61 @@ class Index:
             new_row = np.cumsum(keep) - 1
             n = int(keep.sum())
             self.keyword.remap(new_row, keep)
-            for name in ("alive", "has_vector", "row_file", "row_chunk", "row_page",
-                         "row_line", "row_headings"):
-                arr = getattr(self, name)[: self.n_rows][keep]
-                grown = np.zeros(max(n, 1024), dtype=arr.dtype)
-                grown[:n] = arr
+            for name, dtype in self.ROW_FIELDS:
+                grown = np.zeros(max(n, 1024), dtype=dtype)
+                grown[:n] = getattr(self, name)[: self.n_rows][keep]
                 setattr(self, name, grown)
             self.vectors = np.ascontiguousarray(self.vectors[: self.n_rows][keep])
             self.n_rows = n
             self.dead = 0
-            for entry in self.files.values():
-                entry.rows = [int(new_row[r]) for r in entry.rows]
 
     def _add_file(self, file_id: int, record: FileRecord) -> None:
-        self.files[file_id] = FileEntry(file_id, record, [])
+        self.files[file_id] = FileEntry(file_id, record)
         self.by_key[(record.source, record.path)] = file_id
 
     def _drop_file(self, key: tuple[str, str]) -> None:
         file_id = self.by_key.pop(key, None)
         if file_id is None:
             return
-        entry = self.files.pop(file_id)
-        self.alive[entry.rows] = False
-        self.dead += len(entry.rows)
+        del self.files[file_id]
+        rows = np.flatnonzero(self.alive[: self.n_rows] & (self.row_file[: self.n_rows] == file_id))
+        self.alive[rows] = False
+        self.keyword.drop(rows)
+        self.dead += len(rows)
 
-    def _add_rows(self, chunks: Sequence[tuple[int, int, StoredChunk]]) -> None:
-        if not chunks:
+    def _add_batch(self, batch: ChunkBatch) -> None:
+        n = len(batch.ids)
+        if n == 0:
             return
-        start = self.n_rows
-        end = start + len(chunks)
+        start, end = self.n_rows, self.n_rows + n
         self._ensure_capacity(end)
-        rows = list(range(start, end))
-        for row, (chunk_id, file_id, c) in zip(rows, chunks, strict=True):
-            self.row_chunk[row] = chunk_id
-            self.row_file[row] = file_id
-            self.row_page[row] = c.page or 0
-            self.row_line[row] = c.line or 0
-            self.row_headings[row] = self._heading_id(c.headings)
-            if c.vector is not None and self.dimensions == len(c.vector):
-                self.vectors[row] = c.vector
-                self.has_vector[row] = True
-            self.files[file_id].rows.append(row)
+        self.row_chunk[start:end] = batch.ids
+        self.row_file[start:end] = batch.file_ids
+        self.row_page[start:end] = batch.pages
+        self.row_line[start:end] = batch.lines
+        self.row_headings[start:end] = [self._heading_id(h) for h in batch.headings]
+        self.has_vector[start:end] = batch.has_vector
+        if self.dimensions:
+            self.vectors[start:end] = batch.vectors
         self.alive[start:end] = True
         self.n_rows = end
-        self.keyword.add(rows, [c.term_ids for _, _, c in chunks], [c.counts for _, _, c in chunks])
+        self.keyword.add(np.arange(start, end), batch.term_ids, batch.counts, batch.sizes)
 
-    def _heading_id(self, headings: tuple[str, ...]) -> int:
-        hid = self._headings_ids.get(headings)
+    def _heading_id(self, stored: str) -> int:
+        hid = self._headings_ids.get(stored)
         if hid is None:
-            hid = self._headings_ids[headings] = len(self.headings)
-            self.headings.append(headings)
+            hid = self._headings_ids[stored] = len(self.headings)
+            self.headings.append(tuple(json.loads(stored)))
         return hid
 
     def _ensure_capacity(self, rows: int) -> None:
         capacity = len(self.alive)
         if rows <= capacity and self.vectors.shape[1] == self.dimensions:
             return
-        new = max(rows, 2 * capacity, 1024)
-        for name in ("alive", "has_vector", "row_file", "row_chunk", "row_page", "row_line",
-                     "row_headings"):
-            arr = getattr(self, name)
-            grown = np.zeros(new, dtype=arr.dtype)
-            grown[: len(arr)] = arr
+        new = max(rows, 2 * capacity, 1024) if rows > capacity else capacity
+        for name, dtype in self.ROW_FIELDS:
+            grown = np.zeros(new, dtype=dtype)
+            grown[: self.n_rows] = getattr(self, name)[: self.n_rows]
             setattr(self, name, grown)
         vectors = np.zeros((new, self.dimensions), dtype=np.float32)
         if self.vectors.shape[1] == self.dimensions:
@@ -276,7 +264,40 @@ class Index:
         return self.n_rows - self.dead
 
 
+def _batch(
+    file_id: int, chunk_ids: Sequence[int], stored: Sequence[StoredChunk], dimensions: int
+) -> ChunkBatch:
+    """One document's chunks in the columns `load` reads."""
+    n = len(stored)
+    vectors = np.zeros((n, dimensions), dtype=np.float32)
+    has_vector = np.zeros(n, dtype=bool)
+    for i, c in enumerate(stored):
+        if c.vector is not None and len(c.vector) == dimensions:
+            vectors[i] = c.vector
+            has_vector[i] = True
+    return ChunkBatch(
+        ids=np.asarray(chunk_ids, dtype=np.int64),
+        file_ids=np.full(n, file_id, dtype=np.int64),
+        headings=[json.dumps(c.headings, ensure_ascii=False) for c in stored],
+        pages=np.array([c.page or 0 for c in stored], dtype=np.int32),
+        lines=np.array([c.line or 0 for c in stored], dtype=np.int32),
+        term_ids=np.concatenate([c.term_ids for c in stored]) if n else np.zeros(0, np.int32),
+        counts=np.concatenate([c.counts for c in stored]) if n else np.zeros(0, np.int32),
+        sizes=np.array([len(c.term_ids) for c in stored], dtype=np.int64),
+        vectors=vectors,
+        has_vector=has_vector,
+    )
+
+
 def _unit(v: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     v = np.asarray(v, dtype=np.float32)
     norm = float(np.linalg.norm(v))
     return v / norm if norm > 0 else v
+
+
+def _release_freed_memory() -> None:
+    """Hand the load's temporaries back to the system: glibc keeps freed heap otherwise,
+    and a base's memory is what its placement asks for."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

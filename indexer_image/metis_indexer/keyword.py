@@ -29,21 +29,22 @@ class Segment:
     terms: npt.NDArray[np.int32]
     indptr: npt.NDArray[np.int64]
     rows: npt.NDArray[np.int32]
-    tfs: npt.NDArray[np.float32]
+    tfs: npt.NDArray[np.uint16]
+    """Counts of a term in a chunk: a chunk holds at most 4,000 characters."""
 
     @classmethod
     def build(
         cls,
         rows: npt.NDArray[np.int32],
         terms: npt.NDArray[np.int32],
-        tfs: npt.NDArray[np.float32],
+        tfs: npt.NDArray[np.integer],
     ) -> Segment:
         """Group (row, term, tf) triples by term."""
         order = np.lexsort((rows, terms))
         terms, rows, tfs = terms[order], rows[order], tfs[order]
         unique, starts = np.unique(terms, return_index=True)
         indptr = np.append(starts, len(terms)).astype(np.int64)
-        return cls(unique.astype(np.int32), indptr, rows.astype(np.int32), tfs.astype(np.float32))
+        return cls(unique.astype(np.int32), indptr, rows.astype(np.int32), tfs.astype(np.uint16))
 
     def postings(self, term_ids: npt.NDArray[np.int32]) -> list[tuple[int, slice]]:
         """(index into term_ids, slice of rows/tfs) for the terms this segment holds."""
@@ -98,8 +99,10 @@ def idf(n_docs: int, df: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
 class KeywordIndex:
     """BM25 scores for rows of the in-memory index.
 
-    Rows are the in-memory index's row numbers; the caller says which are alive
-    (deleted rows stay in postings until the next merge and are masked out).
+    Rows are the in-memory index's row numbers. Dropped rows stay in postings
+    until their segment is merged, and are masked out with the caller's `alive`;
+    the statistics BM25 needs (live rows, their total length) are kept as rows
+    come and go, so a query costs what its postings cost, not the index's size.
     """
 
     def __init__(self, k1: float = K1, b: float = B) -> None:
@@ -107,6 +110,8 @@ class KeywordIndex:
         self.b = b
         self.segments: list[Segment] = []
         self.lengths = np.zeros(0, dtype=np.float32)
+        self.live_rows = 0
+        self.live_length = 0.0
 
     def ensure_capacity(self, rows: int) -> None:
         if rows > len(self.lengths):
@@ -116,21 +121,29 @@ class KeywordIndex:
 
     def add(
         self,
-        rows: Sequence[int],
-        term_ids: Sequence[npt.NDArray[np.int32]],
-        counts: Sequence[npt.NDArray[np.int32]],
+        rows: Sequence[int] | npt.NDArray[np.int64],
+        term_ids: npt.NDArray[np.int32],
+        counts: npt.NDArray[np.integer],
+        sizes: npt.NDArray[np.int64],
     ) -> None:
-        """Add rows, each with its distinct term ids and their counts, as one segment."""
-        if not rows:
+        """Add rows as one segment: `sizes[i]` (term id, count) pairs belong to `rows[i]`,
+        in order, in the flat `term_ids` and `counts`."""
+        if len(rows) == 0:
             return
-        self.ensure_capacity(max(rows) + 1)
-        sizes = [len(t) for t in term_ids]
-        row_arr = np.repeat(np.asarray(rows, dtype=np.int32), sizes)
-        terms = np.concatenate(term_ids).astype(np.int32) if sizes else np.zeros(0, np.int32)
-        tfs = np.concatenate(counts).astype(np.float32) if sizes else np.zeros(0, np.float32)
-        for row, c in zip(rows, counts, strict=True):
-            self.lengths[row] = float(c.sum())
-        self.segments.append(Segment.build(row_arr, terms, tfs))
+        rows = np.asarray(rows, dtype=np.int64)
+        self.ensure_capacity(int(rows.max()) + 1)
+        row_of = np.repeat(rows, sizes)
+        lengths = np.bincount(np.repeat(np.arange(len(rows)), sizes), weights=counts,
+                              minlength=len(rows))
+        self.lengths[rows] = lengths
+        self.live_rows += len(rows)
+        self.live_length += float(lengths.sum())
+        self.segments.append(Segment.build(row_of.astype(np.int32), term_ids, counts))
+
+    def drop(self, rows: npt.NDArray[np.int64]) -> None:
+        """Rows the caller marked dead: they leave the statistics now, the postings later."""
+        self.live_rows -= len(rows)
+        self.live_length -= float(self.lengths[rows].sum())
 
     def compact(self, alive: npt.NDArray[np.bool_]) -> None:
         """Merge the newest segment into the one before while it is at least half its size.
@@ -150,60 +163,52 @@ class KeywordIndex:
     def remap(self, new_row: npt.NDArray[np.int64], alive: npt.NDArray[np.bool_]) -> None:
         """Renumber rows after the caller compacted its row space (dead rows dropped)."""
         self.merge(alive)
-        seg = self.segments[0] if self.segments else None
         lengths = self.lengths[: len(alive)][alive]
         self.lengths = np.zeros(max(len(lengths), 1024), dtype=np.float32)
         self.lengths[: len(lengths)] = lengths
-        if seg is not None:
+        if self.segments:
+            seg = self.segments[0]
             term_of = np.repeat(seg.terms, np.diff(seg.indptr))
-            rows = new_row[seg.rows].astype(np.int32)
-            self.segments = [Segment.build(rows, term_of, seg.tfs)]
+            self.segments = [Segment.build(new_row[seg.rows].astype(np.int32), term_of, seg.tfs)]
 
     def scores(
-        self,
-        term_ids: npt.NDArray[np.int32],
-        alive: npt.NDArray[np.bool_],
-        n_rows: int,
-    ) -> npt.NDArray[np.float32]:
-        """BM25 of every row for the query's distinct terms (0 where none matches).
-
-        Statistics (N, df, average length) count live rows only.
-        """
-        scores = np.zeros(n_rows, dtype=np.float32)
-        if len(term_ids) == 0 or n_rows == 0:
-            return scores
-        live = alive[:n_rows]
-        n_docs = int(np.count_nonzero(live))
-        if n_docs == 0:
-            return scores
-        lengths = self.lengths[:n_rows]
-        avgdl = float(lengths[live].mean()) or 1.0
-        gathered: list[list[tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]]] = [
-            [] for _ in range(len(term_ids))
-        ]
-        for seg in self.segments:
-            for i, span in seg.postings(term_ids):
-                gathered[i].append((seg.rows[span], seg.tfs[span]))
+        self, term_ids: npt.NDArray[np.int32], alive: npt.NDArray[np.bool_]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """(rows, BM25) of the live rows holding any of the query's distinct terms."""
+        empty = np.zeros(0, np.int64), np.zeros(0, np.float32)
+        if len(term_ids) == 0 or self.live_rows <= 0:
+            return empty
+        n_docs = self.live_rows
+        avgdl = self.live_length / n_docs or 1.0
         all_rows: list[npt.NDArray[np.int32]] = []
         all_weights: list[npt.NDArray[np.float32]] = []
-        for parts in gathered:
+        for i in range(len(term_ids)):
+            parts = [
+                (seg.rows[span], seg.tfs[span])
+                for seg in self.segments
+                for _, span in seg.postings(term_ids[i : i + 1])
+            ]
             if not parts:
                 continue
             rows = np.concatenate([p[0] for p in parts])
-            tfs = np.concatenate([p[1] for p in parts])
-            ok = live[rows]
+            tfs = np.concatenate([p[1] for p in parts]).astype(np.float32)
+            ok = alive[rows]
             rows, tfs = rows[ok], tfs[ok]
             if len(rows) == 0:
                 continue
             term_idf = float(idf(n_docs, np.float64(len(rows))))
-            norm = self.k1 * (1.0 - self.b + self.b * lengths[rows] / avgdl)
+            norm = self.k1 * (1.0 - self.b + self.b * self.lengths[rows] / avgdl)
             all_rows.append(rows)
             all_weights.append(term_idf * tfs * (self.k1 + 1.0) / (tfs + norm))
-        if all_rows:
-            rows = np.concatenate(all_rows)
-            weights = np.concatenate(all_weights)
-            scores += np.bincount(rows, weights=weights, minlength=n_rows)[:n_rows].astype(
-                np.float32
-            )
-        return scores
-
+        if not all_rows:
+            return empty
+        rows = np.concatenate(all_rows)
+        weights = np.concatenate(all_weights)
+        if len(all_rows) == 1:
+            return rows.astype(np.int64), weights.astype(np.float32)
+        if 8 * len(rows) > len(alive):  # many postings: one pass over every row is cheaper
+            dense = np.bincount(rows, weights=weights, minlength=len(alive))
+            hit = np.flatnonzero(dense)
+            return hit, dense[hit].astype(np.float32)
+        unique, inverse = np.unique(rows, return_inverse=True)
+        return unique.astype(np.int64), np.bincount(inverse, weights=weights).astype(np.float32)

@@ -99,14 +99,18 @@ def allowed_rows(index: Index, filters: Filters | None) -> npt.NDArray[np.bool_]
 def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> list[int]:
     """Rows of the k best scores among `mask`, best first (ties: lower row first)."""
     candidates = np.flatnonzero(mask)
-    if len(candidates) == 0:
-        return []
-    values = scores[candidates]
+    return candidates[best(candidates, scores[candidates], k)].tolist()
+
+
+def best(
+    candidates: npt.NDArray[np.int64], values: npt.NDArray[np.float32], k: int
+) -> npt.NDArray[np.int64]:
+    """Positions of the k candidates of highest value, best first (ties: lower row first)."""
+    positions = np.arange(len(candidates))
     if len(candidates) > k:
-        part = np.argpartition(-values, k - 1)[:k]
-        candidates, values = candidates[part], values[part]
-    order = np.lexsort((candidates, -values))
-    return candidates[order].tolist()
+        positions = np.argpartition(-values, k - 1)[:k]
+    order = np.lexsort((candidates[positions], -values[positions]))
+    return positions[order]
 
 
 def rank(
@@ -134,9 +138,14 @@ def rank(
         if req.mode != "dense":
             t = time.perf_counter()
             term_ids = index.vocabulary.lookup(tokens.words(req.query))
-            scores = index.keyword.scores(term_ids, index.alive, n)
-            rows = top(scores, mask & (scores > 0), k)
-            keyword = {r: (float(scores[r]), i) for i, r in enumerate(rows, start=1)}
+            hits, scores = index.keyword.scores(term_ids, index.alive)
+            allowed = mask[hits]
+            hits, scores = hits[allowed], scores[allowed]
+            chosen = best(hits, scores, k)
+            rows = hits[chosen].tolist()
+            keyword = {
+                r: (v, i) for i, (r, v) in enumerate(zip(rows, scores[chosen].tolist(), strict=True), start=1)
+            }
             rankings.append(rows)
             took.keyword = _ms(t)
     t = time.perf_counter()

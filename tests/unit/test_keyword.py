@@ -30,17 +30,29 @@ def reference_scores(docs, query, k1=1.2, b=0.75):
     return out
 
 
+def add(vocab, index, rows, docs):
+    ids, counts, sizes = [], [], []
+    for r in rows:
+        c = Counter(docs[r])
+        ids += vocab.add(c.keys())
+        counts += c.values()
+        sizes.append(len(c))
+    index.add(np.asarray(rows), np.array(ids, np.int32), np.array(counts, np.int32),
+              np.array(sizes, np.int64))
+
+
 def build(docs, batches=3):
     vocab, index = Vocabulary(), KeywordIndex()
-    rows = list(range(len(docs)))
-    for part in np.array_split(np.array(rows), batches):
-        ids, counts = [], []
-        for r in part:
-            c = Counter(docs[r])
-            ids.append(np.array(vocab.add(c.keys()), dtype=np.int32))
-            counts.append(np.array(list(c.values()), dtype=np.int32))
-        index.add(part.tolist(), ids, counts)
+    for part in np.array_split(np.arange(len(docs)), batches):
+        add(vocab, index, part.tolist(), docs)
     return vocab, index
+
+
+def dense(index, ids, alive):
+    rows, values = index.scores(ids, alive)
+    out = np.zeros(len(alive), np.float32)
+    out[rows] = values
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +67,7 @@ def test_scores_match_the_reference(docs, query):
     vocab, index = build(docs)
     alive = np.ones(len(docs), dtype=bool)
     q = words(query)
-    got = index.scores(vocab.lookup(q), alive, len(docs))
+    got = dense(index, vocab.lookup(q), alive)
     assert np.allclose(got, reference_scores(docs, q), rtol=1e-4, atol=1e-5)
 
 
@@ -63,8 +75,9 @@ def test_dead_rows_score_nothing_and_leave_the_statistics(docs):
     vocab, index = build(docs)
     alive = np.ones(len(docs), dtype=bool)
     alive[::2] = False
+    index.drop(np.flatnonzero(~alive))
     q = words("python import module")
-    got = index.scores(vocab.lookup(q), alive, len(docs))
+    got = dense(index, vocab.lookup(q), alive)
     live_docs = [d for d, a in zip(docs, alive, strict=True) if a]
     want = reference_scores(live_docs, q)
     assert np.all(got[~alive] == 0)
@@ -75,22 +88,21 @@ def test_merging_segments_changes_no_score(docs):
     vocab, index = build(docs, batches=10)
     alive = np.ones(len(docs), dtype=bool)
     alive[3] = False
+    index.drop(np.array([3]))
     ids = vocab.lookup(words("the python language"))
-    before = index.scores(ids, alive, len(docs))
+    before = dense(index, ids, alive)
     index.merge(alive)
     assert len(index.segments) == 1
-    assert np.allclose(before, index.scores(ids, alive, len(docs)))
+    assert np.allclose(before, dense(index, ids, alive))
 
 
 def test_adding_one_row_at_a_time_keeps_few_segments_and_exact_scores(docs):
     vocab, index = Vocabulary(), KeywordIndex()
     alive = np.ones(len(docs), dtype=bool)
-    for r, doc in enumerate(docs):
-        c = Counter(doc)
-        index.add([r], [np.array(vocab.add(c.keys()), np.int32)],
-                  [np.array(list(c.values()), np.int32)])
+    for r in range(len(docs)):
+        add(vocab, index, [r], docs)
         index.compact(alive)
         assert len(index.segments) <= math.log2(r + 1) + 1
     q = words("python generator expressions")
-    assert np.allclose(index.scores(vocab.lookup(q), alive, len(docs)), reference_scores(docs, q),
+    assert np.allclose(dense(index, vocab.lookup(q), alive), reference_scores(docs, q),
                        rtol=1e-4, atol=1e-5)

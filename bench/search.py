@@ -1,0 +1,248 @@
+"""Search speed and memory at 100,000 chunks of 1,024 dimensions (issue 3).
+
+Builds an index of real chunk text from ../shared/data/perf with random unit
+vectors, then reports in one run: p50/p95 of each step and of a whole hybrid
+search (model calls excluded), memory per chunk and load time (measured in a
+fresh process), against baselines measured here too: a bare numpy
+matrix-vector product over the same matrix, and bm25s over the same texts.
+
+    .venv/bin/python bench/search.py [--chunks 100000] [--dim 1024] [--out bench/results/search.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from metis_indexer import tokens
+from metis_indexer.documents import Chunk
+from metis_indexer.index import Index, Settings
+from metis_indexer.schema import SearchRequest
+from metis_indexer.search import Models, leg_size, rank, search, top
+from metis_indexer.store import FileRecord
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+PERF = SHARED / "data" / "perf"
+QUERIES = SHARED / "data" / "scifact" / "queries.jsonl"
+
+
+def texts(n: int, size: int = 1200) -> list[tuple[str, list[str]]]:
+    """(file, its ~size-character passages) until n passages, from the perf corpus's text."""
+    out: list[tuple[str, list[str]]] = []
+    total = 0
+    for path in sorted(PERF.rglob("*")):
+        if path.suffix not in (".md", ".rst", ".txt") or not path.is_file():
+            continue
+        body = path.read_text(encoding="utf-8", errors="replace")
+        parts = [body[i : i + size] for i in range(0, len(body), size - 200)]
+        parts = [p for p in parts if p.strip()]
+        if not parts:
+            continue
+        parts = parts[: n - total]
+        out.append((str(path.relative_to(PERF)), parts))
+        total += len(parts)
+        if total >= n:
+            return out
+    while total < n:  # the corpus is smaller than asked: reuse it under other names
+        for name, parts in list(out):
+            take = parts[: n - total]
+            out.append((f"again/{len(out)}/{name}", take))
+            total += len(take)
+            if total >= n:
+                break
+    return out
+
+
+def build(folder: Path, n: int, dim: int) -> float:
+    rng = np.random.default_rng(7)
+    index = Index(folder)
+    index.reset(Settings("random-unit-vectors", dim, 1200, 200))
+    start = time.perf_counter()
+    for name, parts in texts(n):
+        chunks = [Chunk(name, ("Section",), p, None, 1, 0, 0) for p in parts]
+        vectors = rng.standard_normal((len(parts), dim), dtype=np.float32)
+        record = FileRecord("perf", name, "md", 1, 1, "h", "indexed", "t", title=name,
+                            chunks=len(parts))
+        index.put_document(record, chunks, vectors)
+    index.store.close()
+    return time.perf_counter() - start
+
+
+LOADER = """
+import resource, sys, time, json
+from pathlib import Path
+from metis_indexer.index import Index
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def rss():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmRSS'):
+            return int(line.split()[1]) * 1024
+r0 = rss()
+t = time.perf_counter()
+index = Index(Path(sys.argv[1]))
+index.load()
+took = time.perf_counter() - t
+print(json.dumps({"load_s": took, "rss_bytes": rss() - r0, "chunks": index.chunk_count,
+  "peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def measure_load(folder: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, "-c", LOADER, str(folder)], check=True, capture_output=True, text=True
+    ).stdout
+    return json.loads(out)
+
+
+def pct(values: list[float]) -> tuple[float, float]:
+    return float(np.percentile(values, 50)), float(np.percentile(values, 95))
+
+
+def queries(limit: int) -> list[str]:
+    with QUERIES.open() as f:
+        return [json.loads(line)["text"] for line in f][:limit]
+
+
+def run(n: int, dim: int, repeats: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="metis-bench-") as tmp:
+        folder = Path(tmp)
+        build_s = build(folder, n, dim)
+        load = measure_load(folder)
+        index = Index(folder)
+        index.load()
+        qs = queries(repeats)
+        rng = np.random.default_rng(11)
+        qvecs = [v / np.linalg.norm(v) for v in rng.standard_normal((len(qs), dim), np.float32)]
+        matrix = index.vectors[: index.n_rows]
+        steps: dict[str, list[float]] = {k: [] for k in
+                                         ("bare_matvec", "dense", "keyword", "fuse", "hybrid",
+                                          "bm25s")}
+        mask = index.alive[: index.n_rows]
+        k = leg_size(5)
+        for q in qvecs[:5]:  # warm caches
+            matrix @ q
+        for qv in qvecs:
+            t = time.perf_counter()
+            scores = matrix @ qv
+            top(scores, mask, k)
+            steps["bare_matvec"].append((time.perf_counter() - t) * 1000)
+        for text, qv in zip(qs, qvecs, strict=True):
+            ranked = rank(index, SearchRequest(query=text), qv)
+            steps["dense"].append(ranked.took.dense)
+            steps["keyword"].append(ranked.took.keyword)
+            steps["fuse"].append(ranked.took.fuse)
+
+        async def hybrid_all() -> None:
+            for text, qv in zip(qs, qvecs, strict=True):
+                async def embed(_: str, qv=qv):
+                    return qv
+                answer = await search(index, SearchRequest(query=text), Models(embed=embed), "")
+                steps["hybrid"].append(answer.took.total - answer.took.embed)
+
+        asyncio.run(hybrid_all())
+        bm25s_ms, bm25s_build = bench_bm25s(n, qs)
+        steps["bm25s"] = bm25s_ms
+        return {
+            "chunks": index.chunk_count,
+            "dim": dim,
+            "build_s": build_s,
+            "bm25s_index_s": bm25s_build,
+            "load": load,
+            "steps": {name: pct(values) for name, values in steps.items()},
+        }
+
+
+def bench_bm25s(n: int, qs: list[str]) -> tuple[list[float], float]:
+    """bm25s over the same texts, tokenised the same way, retrieving 50."""
+    import bm25s
+
+    corpus = [tokens.words(p) for _, parts in texts(n) for p in parts]
+    t = time.perf_counter()
+    retriever = bm25s.BM25(k1=1.2, b=0.75)
+    vocab: dict[str, int] = {}
+    ids = [[vocab.setdefault(w, len(vocab)) for w in doc] for doc in corpus]
+    retriever.index(bm25s.tokenization.Tokenized(ids=ids, vocab=vocab), show_progress=False)
+    build_s = time.perf_counter() - t
+    out = []
+    for q in qs:
+        q_ids = [vocab[w] for w in tokens.words(q) if w in vocab]
+        t = time.perf_counter()
+        scores = retriever.get_scores(q_ids)
+        top(scores, np.ones(len(scores), dtype=bool), 50)
+        out.append((time.perf_counter() - t) * 1000)
+    return out, build_s
+
+
+def report(r: dict[str, object]) -> str:
+    steps: dict[str, tuple[float, float]] = r["steps"]  # type: ignore[assignment]
+    load: dict[str, float] = r["load"]  # type: ignore[assignment]
+    chunks = int(r["chunks"])  # type: ignore[arg-type]
+    bare, dense = steps["bare_matvec"][0], steps["dense"][0]
+    kw, bm = steps["keyword"][0], steps["bm25s"][0]
+    per_chunk = load["rss_bytes"] / chunks
+    lines = [
+        f"# Search benchmark — {dt.date.today()} on {platform.node()} "
+        f"({os.cpu_count()} cores, Python {platform.python_version()}, numpy {np.__version__})",
+        "",
+        f"{chunks:,} chunks of real text from shared/data/perf, {r['dim']}-dimensional random "
+        "unit vectors; queries: SciFact claims; model calls excluded.",
+        "",
+        "| step | p50 ms | p95 ms |",
+        "|---|---|---|",
+    ]
+    names = {
+        "bare_matvec": "baseline: bare numpy matrix @ vector (+ top 50)",
+        "dense": "dense step",
+        "bm25s": "baseline: bm25s get_scores (+ top 50)",
+        "keyword": "keyword step",
+        "fuse": "fusion",
+        "hybrid": "whole hybrid search (no model calls; texts, snippets, citations)",
+    }
+    for key, label in names.items():
+        p50, p95 = steps[key]
+        lines.append(f"| {label} | {p50:.2f} | {p95:.2f} |")
+    lines += [
+        "",
+        "| target | measured | verdict |",
+        "|---|---|---|",
+        f"| dense step ≤ 1.2 × bare product | {dense / bare:.2f} × | "
+        f"{'met' if dense <= 1.2 * bare else 'MISSED'} |",
+        f"| keyword step ≤ bm25s | {kw / bm:.2f} × bm25s | {'met' if kw <= bm else 'MISSED'} |",
+        f"| memory ≤ 5 KB per chunk at 1,024 dims | {per_chunk / 1024:.2f} KiB per chunk "
+        f"({load['rss_bytes'] / 2**20:.0f} MiB resident after load) | "
+        f"{'met' if per_chunk <= 5 * 1024 else 'MISSED'} |",
+        f"| load of {chunks:,} chunks ≤ 10 s | {load['load_s']:.2f} s | "
+        f"{'met' if load['load_s'] <= 10 else 'MISSED'} |",
+        "",
+        f"Building the index (tokenising, writing SQLite): {r['build_s']:.0f} s; "
+        f"bm25s indexing the same texts: {r['bm25s_index_s']:.1f} s.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=int, default=100_000)
+    parser.add_argument("--dim", type=int, default=1024)
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/search.md"))
+    args = parser.parse_args()
+    text = report(run(args.chunks, args.dim, args.queries))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
