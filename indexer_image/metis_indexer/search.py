@@ -143,9 +143,8 @@ def rank(
             hits, scores = hits[allowed], scores[allowed]
             chosen = best(hits, scores, k)
             rows = hits[chosen].tolist()
-            keyword = {
-                r: (v, i) for i, (r, v) in enumerate(zip(rows, scores[chosen].tolist(), strict=True), start=1)
-            }
+            values = scores[chosen].tolist()
+            keyword = {r: (values[i], i + 1) for i, r in enumerate(rows)}
             rankings.append(rows)
             took.keyword = _ms(t)
     t = time.perf_counter()
