@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from metis_indexer import keyword, tokens
 from metis_indexer.documents import Chunk
-from metis_indexer.store import ChunkBatch, FileRecord, Store, StoredChunk
+from metis_indexer.store import ChunkBatch, FileRecord, Store, StoredChunk, Written
 
 
 @dataclasses.dataclass(slots=True)
@@ -91,7 +91,6 @@ class Index:
         self._clear_memory()
 
     def _clear_memory(self) -> None:
-        self.vocabulary = keyword.Vocabulary()
         self.keyword = keyword.KeywordIndex()
         self.vectors = np.zeros((0, self.dimensions), dtype=np.float32)
         self.n_rows = 0
@@ -119,7 +118,6 @@ class Index:
             meta_settings = self.settings()
             self.dimensions = meta_settings.dimensions if meta_settings else 0
             self._clear_memory()
-            self.vocabulary = keyword.Vocabulary(self.store.words())
             for file_id, record in self.store.files():
                 self._add_file(file_id, record)
             self._ensure_capacity(self.store.chunk_count())
@@ -147,33 +145,22 @@ class Index:
         """Replace one file's chunks, on disk (one transaction) and then in memory."""
         if vectors is not None and len(vectors) != len(chunks):
             raise ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors")
+        stored = [
+            StoredChunk(
+                c.headings,
+                c.page,
+                c.line,
+                c.text,
+                Counter(tokens.words(keyword_text(c.title, c.headings, c.text))),
+                None if vectors is None else _unit(vectors[i]),
+            )
+            for i, c in enumerate(chunks)
+        ]
+        written = self.store.put_document(record, stored)
         with self.lock:
-            known = len(self.vocabulary)
-            stored = []
-            for i, c in enumerate(chunks):
-                counts = Counter(tokens.words(keyword_text(c.title, c.headings, c.text)))
-                stored.append(
-                    StoredChunk(
-                        c.headings,
-                        c.page,
-                        c.line,
-                        c.text,
-                        np.array(self.vocabulary.add(counts.keys()), dtype=np.int32),
-                        np.fromiter(counts.values(), dtype=np.int32, count=len(counts)),
-                        None if vectors is None else _unit(vectors[i]),
-                    )
-                )
-            new_words = self.vocabulary.words[known:]
-            try:
-                file_id, chunk_ids = self.store.put_document(record, stored, new_words)
-            except BaseException:
-                for w in new_words:
-                    del self.vocabulary.ids[w]
-                del self.vocabulary.words[known:]
-                raise
             self._drop_file((record.source, record.path))
-            self._add_file(file_id, record)
-            self._add_batch(_batch(file_id, chunk_ids, stored, self.dimensions))
+            self._add_file(written.file_id, record)
+            self._add_batch(_batch(written, stored, self.dimensions))
             self.keyword.compact(self.alive)
 
     def drop_files(self, keys: Sequence[tuple[str, str]]) -> None:
@@ -264,9 +251,7 @@ class Index:
         return self.n_rows - self.dead
 
 
-def _batch(
-    file_id: int, chunk_ids: Sequence[int], stored: Sequence[StoredChunk], dimensions: int
-) -> ChunkBatch:
+def _batch(written: Written, stored: Sequence[StoredChunk], dimensions: int) -> ChunkBatch:
     """One document's chunks in the columns `load` reads."""
     n = len(stored)
     vectors = np.zeros((n, dimensions), dtype=np.float32)
@@ -275,15 +260,16 @@ def _batch(
         if c.vector is not None and len(c.vector) == dimensions:
             vectors[i] = c.vector
             has_vector[i] = True
+    empty = np.zeros(0, np.int32)
     return ChunkBatch(
-        ids=np.asarray(chunk_ids, dtype=np.int64),
-        file_ids=np.full(n, file_id, dtype=np.int64),
+        ids=np.asarray(written.chunk_ids, dtype=np.int64),
+        file_ids=np.full(n, written.file_id, dtype=np.int64),
         headings=[json.dumps(c.headings, ensure_ascii=False) for c in stored],
         pages=np.array([c.page or 0 for c in stored], dtype=np.int32),
         lines=np.array([c.line or 0 for c in stored], dtype=np.int32),
-        term_ids=np.concatenate([c.term_ids for c in stored]) if n else np.zeros(0, np.int32),
-        counts=np.concatenate([c.counts for c in stored]) if n else np.zeros(0, np.int32),
-        sizes=np.array([len(c.term_ids) for c in stored], dtype=np.int64),
+        term_ids=np.concatenate(written.term_ids) if n else empty,
+        counts=np.concatenate(written.counts) if n else empty,
+        sizes=np.array([len(t) for t in written.term_ids], dtype=np.int64),
         vectors=vectors,
         has_vector=has_vector,
     )

@@ -11,7 +11,7 @@ handful of vectorised operations; documents and idf stay exact at every moment.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +22,7 @@ B = 0.75
 """Length normalisation: Lucene's default."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Segment:
     """Postings of a batch of rows, grouped by term (CSC: term → rows)."""
 
@@ -31,6 +31,10 @@ class Segment:
     rows: npt.NDArray[np.int32]
     tfs: npt.NDArray[np.uint16]
     """Counts of a term in a chunk: a chunk holds at most 4,000 characters."""
+    weights: npt.NDArray[np.float32] | None = None
+    """tf · (k1 + 1) / (tf + k1 · (1 − b + b · length / avgdl)) of each posting, for
+    `weights_avgdl`: what bm25s computes once, kept until the average length moves."""
+    weights_avgdl: float = -1.0
 
     @classmethod
     def build(
@@ -46,41 +50,26 @@ class Segment:
         indptr = np.append(starts, len(terms)).astype(np.int64)
         return cls(unique.astype(np.int32), indptr, rows.astype(np.int32), tfs.astype(np.uint16))
 
-    def postings(self, term_ids: npt.NDArray[np.int32]) -> list[tuple[int, slice]]:
-        """(index into term_ids, slice of rows/tfs) for the terms this segment holds."""
-        at = np.searchsorted(self.terms, term_ids)
-        found: list[tuple[int, slice]] = []
-        for i, (pos, term) in enumerate(zip(at.tolist(), term_ids.tolist(), strict=True)):
-            if pos < len(self.terms) and self.terms[pos] == term:
-                found.append((i, slice(int(self.indptr[pos]), int(self.indptr[pos + 1]))))
-        return found
-
-
-class Vocabulary:
-    """Words ↔ dense ids; ids are stable for the life of an index."""
-
-    def __init__(self, words: Iterable[str] = ()) -> None:
-        self.words: list[str] = list(words)
-        self.ids: dict[str, int] = {w: i for i, w in enumerate(self.words)}
-
-    def __len__(self) -> int:
-        return len(self.words)
-
-    def lookup(self, words: Iterable[str]) -> npt.NDArray[np.int32]:
-        """Ids of known words (unknown ones match nothing)."""
-        ids = [self.ids[w] for w in words if w in self.ids]
-        return np.array(sorted(set(ids)), dtype=np.int32)
-
-    def add(self, words: Iterable[str]) -> list[int]:
-        """Ids of `words`, giving new words the next free ids."""
-        out = []
-        for w in words:
-            i = self.ids.get(w)
-            if i is None:
-                i = self.ids[w] = len(self.words)
-                self.words.append(w)
-            out.append(i)
+    def spans(self, term_ids: npt.NDArray[np.int32]) -> list[slice | None]:
+        """Where each term's postings are, or None where this segment lacks the term."""
+        at = np.searchsorted(self.terms, term_ids).tolist()
+        out: list[slice | None] = []
+        for term, pos in zip(term_ids.tolist(), at, strict=True):
+            if pos == len(self.terms) or self.terms[pos] != term:
+                out.append(None)
+            else:
+                out.append(slice(int(self.indptr[pos]), int(self.indptr[pos + 1])))
         return out
+
+    def weighted(
+        self, lengths: npt.NDArray[np.float32], avgdl: float, k1: float, b: float
+    ) -> npt.NDArray[np.float32]:
+        if self.weights is None or self.weights_avgdl != avgdl:
+            tfs = self.tfs.astype(np.float32)
+            norm = k1 * (1.0 - b + b * lengths[self.rows] / avgdl)
+            self.weights = (tfs * (k1 + 1.0) / (tfs + norm)).astype(np.float32)
+            self.weights_avgdl = avgdl
+        return self.weights
 
 
 def _merged(segments: Sequence[Segment], alive: npt.NDArray[np.bool_]) -> Segment:
@@ -172,43 +161,42 @@ class KeywordIndex:
             self.segments = [Segment.build(new_row[seg.rows].astype(np.int32), term_of, seg.tfs)]
 
     def scores(
-        self, term_ids: npt.NDArray[np.int32], alive: npt.NDArray[np.bool_]
+        self,
+        term_ids: npt.NDArray[np.int32],
+        alive: npt.NDArray[np.bool_],
+        all_alive: bool = False,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        """(rows, BM25) of the live rows holding any of the query's distinct terms."""
+        """(rows, BM25) of the live rows holding any of the query's distinct terms.
+
+        `all_alive` says no row is dead, which spares a mask per term.
+        """
         empty = np.zeros(0, np.int64), np.zeros(0, np.float32)
         if len(term_ids) == 0 or self.live_rows <= 0:
             return empty
-        n_docs = self.live_rows
-        avgdl = self.live_length / n_docs or 1.0
-        all_rows: list[npt.NDArray[np.int32]] = []
-        all_weights: list[npt.NDArray[np.float32]] = []
+        avgdl = self.live_length / self.live_rows or 1.0
+        scores = np.zeros(len(alive), dtype=np.float32)
+        matched = False
+        term_ids = term_ids.astype(np.int32)
+        per_segment = [(seg, seg.spans(term_ids)) for seg in self.segments]
         for i in range(len(term_ids)):
-            parts = [
-                (seg.rows[span], seg.tfs[span])
-                for seg in self.segments
-                for _, span in seg.postings(term_ids[i : i + 1])
-            ]
-            if not parts:
+            found = [(seg, spans[i]) for seg, spans in per_segment if spans[i] is not None]
+            if not found:
                 continue
-            rows = np.concatenate([p[0] for p in parts])
-            tfs = np.concatenate([p[1] for p in parts]).astype(np.float32)
-            ok = alive[rows]
-            rows, tfs = rows[ok], tfs[ok]
-            if len(rows) == 0:
-                continue
-            term_idf = float(idf(n_docs, np.float64(len(rows))))
-            norm = self.k1 * (1.0 - self.b + self.b * self.lengths[rows] / avgdl)
-            all_rows.append(rows)
-            all_weights.append(term_idf * tfs * (self.k1 + 1.0) / (tfs + norm))
-        if not all_rows:
+            df = sum(
+                span.stop - span.start if all_alive
+                else int(np.count_nonzero(alive[seg.rows[span]]))
+                for seg, span in found
+            )
+            term_idf = np.float32(idf(self.live_rows, np.float64(df)))
+            for seg, span in found:
+                rows = seg.rows[span]
+                weights = seg.weighted(self.lengths, avgdl, self.k1, self.b)[span]
+                if not all_alive:
+                    ok = alive[rows]
+                    rows, weights = rows[ok], weights[ok]
+                np.add.at(scores, rows, weights * term_idf)  # numpy ≥ 1.25: ufunc.at is fast
+                matched = True
+        if not matched:
             return empty
-        rows = np.concatenate(all_rows)
-        weights = np.concatenate(all_weights)
-        if len(all_rows) == 1:
-            return rows.astype(np.int64), weights.astype(np.float32)
-        if 8 * len(rows) > len(alive):  # many postings: one pass over every row is cheaper
-            dense = np.bincount(rows, weights=weights, minlength=len(alive))
-            hit = np.flatnonzero(dense)
-            return hit, dense[hit].astype(np.float32)
-        unique, inverse = np.unique(rows, return_inverse=True)
-        return unique.astype(np.int64), np.bincount(inverse, weights=weights).astype(np.float32)
+        hits = np.flatnonzero(scores > 0)  # a bool mask first: far faster than on floats
+        return hits, scores[hits]

@@ -137,8 +137,8 @@ def rank(
             took.dense = _ms(t)
         if req.mode != "dense":
             t = time.perf_counter()
-            term_ids = index.vocabulary.lookup(tokens.words(req.query))
-            hits, scores = index.keyword.scores(term_ids, index.alive)
+            term_ids = index.store.word_ids(tokens.words(req.query))
+            hits, scores = index.keyword.scores(term_ids, index.alive, index.dead == 0)
             allowed = mask[hits]
             hits, scores = hits[allowed], scores[allowed]
             chosen = best(hits, scores, k)

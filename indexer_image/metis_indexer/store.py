@@ -13,7 +13,7 @@ import dataclasses
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -82,9 +82,18 @@ class StoredChunk:
     page: int | None
     line: int | None
     text: str
-    term_ids: npt.NDArray[np.int32]
-    counts: npt.NDArray[np.int32]
+    words: Mapping[str, int]
     vector: npt.NDArray[np.float32] | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Written:
+    """What the store gave a document: its file id, and each chunk's id and term ids."""
+
+    file_id: int
+    chunk_ids: list[int]
+    term_ids: list[npt.NDArray[np.int32]]
+    counts: list[npt.NDArray[np.int32]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,6 +114,16 @@ class ChunkBatch:
     sizes: npt.NDArray[np.int64]
     vectors: npt.NDArray[np.float32]
     has_vector: npt.NDArray[np.bool_]
+
+
+def _select_words(db: sqlite3.Connection, words: set[str]) -> list[tuple[str, int]]:
+    found: list[tuple[str, int]] = []
+    ordered = sorted(words)
+    for i in range(0, len(ordered), 500):
+        part = ordered[i : i + 500]
+        marks = ",".join("?" * len(part))
+        found += db.execute(f"SELECT word, id FROM terms WHERE word IN ({marks})", part).fetchall()
+    return found
 
 
 def _terms_blob(term_ids: npt.NDArray[np.int32], counts: npt.NDArray[np.int32]) -> bytes:
@@ -173,28 +192,23 @@ class Store:
         ).fetchall()
         return [(r[0], FileRecord(*r[1:])) for r in rows]
 
-    def put_document(
-        self, record: FileRecord, chunks: Sequence[StoredChunk], new_words: Sequence[str]
-    ) -> tuple[int, list[int]]:
-        """Replace a file's record and chunks in one transaction; (file id, chunk ids).
+    def put_document(self, record: FileRecord, chunks: Sequence[StoredChunk]) -> Written:
+        """Replace a file's record and chunks in one transaction.
 
-        `new_words` are the words this document adds to the vocabulary, in id order,
-        so the vocabulary on disk always covers the term ids of the chunks on disk.
+        Words get their ids here, in the same transaction, so the words on disk always
+        cover the term ids of the chunks on disk, and memory keeps no vocabulary.
         """
         with self._write_lock:
             db = self._writer
             db.execute("BEGIN IMMEDIATE")
             try:
-                if new_words:
-                    start = db.execute("SELECT COALESCE(MAX(id) + 1, 0) FROM terms").fetchone()[0]
-                    db.executemany(
-                        "INSERT INTO terms (id, word) VALUES (?, ?)",
-                        [(start + i, w) for i, w in enumerate(new_words)],
-                    )
+                ids = self._word_ids(db, {w for c in chunks for w in c.words})
                 file_id = self._upsert_file(db, record)
                 db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
-                ids = []
+                written = Written(file_id, [], [], [])
                 for ord_, c in enumerate(chunks):
+                    term_ids = np.fromiter((ids[w] for w in c.words), np.int32, len(c.words))
+                    counts = np.fromiter(c.words.values(), np.int32, len(c.words))
                     cur = db.execute(
                         "INSERT INTO chunks (file_id, ord, headings, page, line, text, terms,"
                         " vector) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -205,16 +219,35 @@ class Store:
                             c.page,
                             c.line,
                             c.text,
-                            _terms_blob(c.term_ids, c.counts),
+                            _terms_blob(term_ids, counts),
                             None if c.vector is None else c.vector.astype("<f4").tobytes(),
                         ),
                     )
-                    ids.append(int(cur.lastrowid or 0))
+                    written.chunk_ids.append(int(cur.lastrowid or 0))
+                    written.term_ids.append(term_ids)
+                    written.counts.append(counts)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
-        return file_id, ids
+        return written
+
+    @staticmethod
+    def _word_ids(db: sqlite3.Connection, words: set[str]) -> dict[str, int]:
+        """Ids of `words`, giving new words the next free ids."""
+        ids = dict(_select_words(db, words))
+        new = sorted(words - ids.keys())
+        if new:
+            start = db.execute("SELECT COALESCE(MAX(id) + 1, 0) FROM terms").fetchone()[0]
+            rows = [(start + i, w) for i, w in enumerate(new)]
+            db.executemany("INSERT INTO terms (id, word) VALUES (?, ?)", rows)
+            ids.update((w, i) for i, w in rows)
+        return ids
+
+    def word_ids(self, words: Iterable[str]) -> npt.NDArray[np.int32]:
+        """Ids of the known words among `words` (an unknown word matches nothing)."""
+        found = _select_words(self._reader, set(words))
+        return np.array(sorted(i for _, i in found), dtype=np.int32)
 
     @staticmethod
     def _upsert_file(db: sqlite3.Connection, r: FileRecord) -> int:
@@ -246,9 +279,6 @@ class Store:
             db.execute("COMMIT")
 
     # -- chunks ----------------------------------------------------------------------------
-
-    def words(self) -> list[str]:
-        return [w for (w,) in self._reader.execute("SELECT word FROM terms ORDER BY id")]
 
     def chunk_count(self) -> int:
         return int(self._reader.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])

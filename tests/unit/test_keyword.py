@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metis_indexer.keyword import KeywordIndex, Vocabulary
+from metis_indexer.keyword import KeywordIndex
 from metis_indexer.tokens import words
 
 PEPS = Path(__file__).resolve().parents[2].parent / "shared/data/perf/python-peps"
@@ -28,6 +28,16 @@ def reference_scores(docs, query, k1=1.2, b=0.75):
                 score += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(doc) / avgdl))
         out.append(score)
     return out
+
+
+class Vocabulary(dict):
+    """Words to ids, as the store gives them."""
+
+    def add(self, words):
+        return [self.setdefault(w, len(self)) for w in words]
+
+    def lookup(self, words):
+        return np.array(sorted({self[w] for w in words if w in self}), dtype=np.int32)
 
 
 def add(vocab, index, rows, docs):
