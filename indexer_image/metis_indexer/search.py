@@ -71,13 +71,17 @@ def rerank_size(top_k: int) -> int:
     return min(RERANK_MAX, max(RERANK_MIN, 3 * top_k))
 
 
+def filtering(filters: Filters | None) -> bool:
+    return filters is not None and (
+        filters.path_prefix is not None or filters.kinds is not None or filters.sources is not None
+    )
+
+
 def allowed_rows(index: Index, filters: Filters | None) -> npt.NDArray[np.bool_]:
     """Live rows that pass the filters: filters apply before anything is ranked."""
     n = index.n_rows
     mask = index.alive[:n].copy()
-    if filters is None or (
-        filters.path_prefix is None and filters.kinds is None and filters.sources is None
-    ):
+    if not filtering(filters):
         return mask
     kinds = None if filters.kinds is None else {k.value for k in filters.kinds}
     sources = None if filters.sources is None else set(filters.sources)
@@ -139,8 +143,9 @@ def rank(
             t = time.perf_counter()
             term_ids = index.store.word_ids(tokens.words(req.query))
             hits, scores = index.keyword.scores(term_ids, index.alive, index.dead == 0)
-            allowed = mask[hits]
-            hits, scores = hits[allowed], scores[allowed]
+            if filtering(req.filters):  # without filters, `scores` holds live rows only
+                allowed = mask[hits]
+                hits, scores = hits[allowed], scores[allowed]
             chosen = best(hits, scores, k)
             rows = hits[chosen].tolist()
             values = scores[chosen].tolist()

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,14 +17,8 @@ import pytest
 from metis_indexer.chunking import chunk_document
 from metis_indexer.documents import FailReason, ReadFailed
 from metis_indexer.readers import kind_of, read_document
-from tests.support.processes import (
-    Process,
-    free_port,
-    indexer,
-    running,
-    start_model_server,
-    wait_ready,
-)
+from tests.support.model_server import ModelServer, start_model_server
+from tests.support.processes import free_port, indexer, running, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDBOOK = ROOT / "examples" / "handbook"
@@ -46,8 +41,8 @@ SLICE_KINDS = {
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> Process:
-    server = start_model_server(log_dir=tmp_path_factory.mktemp("models"))
+def models() -> Iterator[ModelServer]:
+    server = start_model_server()
     yield server
     server.stop()
 
@@ -175,18 +170,19 @@ def test_the_model_server_killed_mid_pass_waits_then_resumes(tmp_path):
     drive = perf_drive(tmp_path)
     want = expected_chunks(drive)
     port = free_port()
-    server = start_model_server(port, tmp_path)
+    server = start_model_server(port=port)
     p = indexer({"peps": drive}, tmp_path / "index", server.base_url)
     with running(p):
         p.wait_status("a few documents read", lambda s: s["phase"] == "indexing"
                       and s["pass_done"] >= 3)
-        server.kill()
+        server.proc.kill()
+        server.stop()
         waiting = p.wait_status("phase waiting", lambda s: s["phase"] == "waiting")
         assert waiting["reason"].startswith(f"waiting for embedding model {server.base_url}")
         assert waiting["pass_done"] < waiting["pass_total"]
         answer = p.post("/v1/search", {"query": "python enhancement proposal"}).json()
         assert answer["mode"] == "keyword" and answer["results"], "searches go on by words"
-        server = start_model_server(port, tmp_path)
+        server = start_model_server(port=port)
         status = wait_ready(p)
         assert status["chunks"] == want and status["failed"] == 0
     server.stop()
@@ -212,7 +208,7 @@ def test_an_indexer_killed_mid_pass_resumes_with_the_same_totals(models, tmp_pat
 
 def test_models_silent_degrade_with_warnings(tmp_path):
     nobody = f"http://127.0.0.1:{free_port()}"
-    server = start_model_server(log_dir=tmp_path)
+    server = start_model_server()
     p = indexer({"handbook": HANDBOOK}, tmp_path / "index", server.base_url, reranker=nobody)
     with running(p):
         wait_ready(p)

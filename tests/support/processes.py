@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -107,20 +106,6 @@ class Process:
 
 def metis(*args: str) -> list[str]:
     return [sys.executable, "-m", "metis_indexer.cli", *args]
-
-
-def model_server(port: int | None = None, log_dir: Path | None = None) -> Process:
-    port = port or free_port()
-    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="metis-models-"))
-    p = Process(f"http://127.0.0.1:{port}", metis("models", "--port", str(port)),
-                log_dir / f"models-{port}.log")
-    return p
-
-
-def start_model_server(port: int | None = None, log_dir: Path | None = None) -> Process:
-    p = model_server(port, log_dir).start()
-    p.wait_for("the model server", lambda: p.get("/health").status_code == 200)
-    return p
 
 
 def indexer(

@@ -1,0 +1,1 @@
+"""Helpers that test folders share (plain Python, no pytest fixtures)."""
