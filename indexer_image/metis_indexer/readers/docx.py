@@ -35,6 +35,7 @@ from lxml import etree
 from metis_indexer.documents import Document, FailReason, Kind, ReadFailed, Section
 from metis_indexer.readers import encoding
 from metis_indexer.readers.failures import detail
+from metis_indexer.readers.outline import Outline
 
 MAX_UNCOMPRESSED = 256 * 1024 * 1024
 """Bytes a package may inflate to, all parts together (python-docx holds them all)."""
@@ -212,14 +213,14 @@ def _sections(
         fallback.getparent().remove(fallback)
     boxed = _paragraphs_holding_boxes(body, w)
     sections: list[Section] = []
-    path: list[tuple[int, str]] = []
+    outline = Outline()
     lines: list[str] = []
     title: str | None = None
 
     def flush() -> None:
         text = "\n".join(lines).strip()
         if text:
-            sections.append(Section(headings=tuple(h for _, h in path), text=text))
+            sections.append(Section(headings=outline.headings, text=text))
         lines.clear()
 
     for p in body.iter(f"{w}p"):
@@ -231,9 +232,7 @@ def _sections(
         name = " ".join(text.split())
         if level is not None and name:
             flush()
-            while path and path[-1][0] >= level:
-                path.pop()
-            path.append((level, name))
+            outline.enter(level, name)
             continue
         if title is None and name and sid and styles.is_title(sid):
             title = name

@@ -25,6 +25,7 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from metis_indexer.documents import Document, Kind, Section
 from metis_indexer.readers import encoding
+from metis_indexer.readers.outline import Outline
 
 _DECLARED = re.compile(
     rb"""<meta[^>]*?charset\s*=\s*["']?\s*([-\w.:]+)|<\?xml[^>]*?encoding\s*=\s*["']([-\w.:]+)""",
@@ -90,7 +91,7 @@ def read(data: bytes) -> Document:
     sections = _Sections()
     if root is not None:
         sections.walk(root)
-    return Document(title=title or sections.first_h1, kind=Kind.HTML, sections=tuple(sections.done))
+    return Document(title=title or sections.outline.first_h1, kind=Kind.HTML, sections=tuple(sections.done))
 
 
 def decode(data: bytes) -> str:
@@ -162,8 +163,7 @@ class _Sections:
 
     def __init__(self) -> None:
         self.done: list[Section] = []
-        self.first_h1: str | None = None
-        self._path: list[tuple[int, str]] = []
+        self.outline = Outline()
         self._flow: list[str | int] = []  # text, or a break: _LINE or _PARAGRAPH
         self._blocks: list[str] = []
 
@@ -205,11 +205,7 @@ class _Sections:
         if not name:
             return
         self._flush()
-        while self._path and self._path[-1][0] >= level:
-            self._path.pop()
-        self._path.append((level, name))
-        if level == 1 and self.first_h1 is None:
-            self.first_h1 = name
+        self.outline.enter(level, name)
 
     def _end_flow(self) -> None:
         """Closes the running text: a run of breaks is one, the strongest of them."""
@@ -232,4 +228,4 @@ class _Sections:
         text = "\n\n".join(b.strip("\n") for b in self._blocks if b.strip())
         self._blocks = []
         if text:
-            self.done.append(Section(headings=tuple(h for _, h in self._path), text=text))
+            self.done.append(Section(headings=self.outline.headings, text=text))

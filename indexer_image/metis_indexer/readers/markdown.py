@@ -17,6 +17,7 @@ import yaml
 
 from metis_indexer.documents import Document, Kind, Section
 from metis_indexer.readers import encoding
+from metis_indexer.readers.outline import Outline
 
 _COMMENT = re.compile(r" {0,3}<!--")
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)")
@@ -45,7 +46,7 @@ def read(data: bytes) -> Document:
     body, front_title = _front_matter(lines)
     scan = _Scanner(lines)
     scan.run(body)
-    return Document(title=front_title or scan.first_h1, kind=Kind.MD, sections=tuple(scan.done))
+    return Document(title=front_title or scan.outline.first_h1, kind=Kind.MD, sections=tuple(scan.done))
 
 
 def _front_matter(lines: list[str]) -> tuple[int, str | None]:
@@ -75,8 +76,7 @@ class _Scanner:
     def __init__(self, lines: list[str]) -> None:
         self.lines = lines
         self.done: list[Section] = []
-        self.first_h1: str | None = None
-        self._path: list[tuple[int, str]] = []
+        self.outline = Outline()
         self._buffer: list[str] = []
         self._first = 0  # line index of the buffer's first line
         self._fence: tuple[str, int] | None = None  # its character and length
@@ -137,11 +137,7 @@ class _Scanner:
 
     def _cut(self, level: int, name: str, body: int) -> None:
         self._flush()
-        while self._path and self._path[-1][0] >= level:
-            self._path.pop()
-        self._path.append((level, name))
-        if level == 1 and self.first_h1 is None:
-            self.first_h1 = name
+        self.outline.enter(level, name)
         self._buffer, self._first = [], body
         self._block_ends()
 
@@ -156,7 +152,7 @@ class _Scanner:
             skip += 1
         text = "\n".join(buffer[skip:]).rstrip()
         if text:
-            headings = tuple(h for _, h in self._path)
+            headings = self.outline.headings
             self.done.append(Section(headings=headings, text=text, line=self._first + skip + 1))
 
 
