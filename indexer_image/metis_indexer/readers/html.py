@@ -91,7 +91,8 @@ def read(data: bytes) -> Document:
     sections = _Sections()
     if root is not None:
         sections.walk(root)
-    return Document(title=title or sections.outline.first_h1, kind=Kind.HTML, sections=tuple(sections.done))
+    title = title or sections.outline.first_h1
+    return Document(title=title, kind=Kind.HTML, sections=tuple(sections.done))
 
 
 def decode(data: bytes) -> str:

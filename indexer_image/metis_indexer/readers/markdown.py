@@ -46,7 +46,8 @@ def read(data: bytes) -> Document:
     body, front_title = _front_matter(lines)
     scan = _Scanner(lines)
     scan.run(body)
-    return Document(title=front_title or scan.outline.first_h1, kind=Kind.MD, sections=tuple(scan.done))
+    title = front_title or scan.outline.first_h1
+    return Document(title=title, kind=Kind.MD, sections=tuple(scan.done))
 
 
 def _front_matter(lines: list[str]) -> tuple[int, str | None]:
