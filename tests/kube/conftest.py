@@ -1,0 +1,91 @@
+"""Fixtures for tests that need a real Kubernetes control plane.
+
+`kube` (session scope) starts etcd, kube-apiserver, kube-controller-manager
+and kube-scheduler once per test session (see controlplane.py), sets
+KUBECONFIG for the session and stops every process at the end, even when a
+test fails. The binaries are built by build.sh the first time on a machine;
+that happens right after collection, outside any per-test timeout, and only
+when a collected test uses `kube`.
+
+Environment:
+  METIS_KUBE_ASSETS   where the binaries live (default ~/.cache/metis/kube/<version>)
+  METIS_KUBE_KEEP=1   keep the work dir (certs, etcd data, component logs) after the run
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.kube.controlplane import ControlPlane, ensure_binaries, wait_for
+
+
+def _wants_kube(item: pytest.Item) -> bool:
+    return "kube" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build missing binaries before the first test, so that a cold build (tens
+    of minutes on a small machine) is not charged to a test's timeout."""
+    if any(_wants_kube(item) for item in session.items):
+        capture = session.config.pluginmanager.getplugin("capturemanager")
+        if capture is None:
+            ensure_binaries()
+            return
+        with capture.global_and_fixture_disabled():  # show build progress live
+            ensure_binaries()
+
+
+def _interrupt_on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[ControlPlane]:
+    """A running control plane; KUBECONFIG points at it for the session."""
+    # SIGTERM (a CI job cancelled, `timeout`) would end pytest without any
+    # teardown; as an interrupt, pytest still runs the fixture's teardown.
+    # (The children die with pytest in any case: PR_SET_PDEATHSIG.)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    saved = os.environ.get("KUBECONFIG")
+    try:
+        keep = os.environ.get("METIS_KUBE_KEEP") == "1"
+        with ControlPlane(ensure_binaries(), keep_workdir=keep) as cp:
+            print(f"\nkube control plane up in {cp.started_in:.1f} s at {cp.server} ({cp.workdir})")
+            os.environ["KUBECONFIG"] = str(cp.kubeconfig)
+            yield cp
+    finally:
+        if saved is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = saved
+        if previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.fixture
+def kubectl(kube: ControlPlane) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`kubectl(*args, input=None, check=True)` against the test cluster."""
+    return kube.kubectl
+
+
+@pytest.fixture
+def namespace(kube: ControlPlane) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (not waited for)."""
+    name = f"t-{secrets.token_hex(4)}"
+    kube.rest().post("/api/v1/namespaces", {"metadata": {"name": name}})
+    # Pods are refused until the service-account controller made `default`.
+    wait_for(
+        lambda: kube.rest().get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        timeout=60,
+        what=f"service account default in {name}",
+    )
+    yield name
+    kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
