@@ -165,14 +165,14 @@ class KeywordIndex:
         term_ids: npt.NDArray[np.int32],
         alive: npt.NDArray[np.bool_],
         all_alive: bool = False,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        """(rows, BM25) of the live rows holding any of the query's distinct terms.
+    ) -> npt.NDArray[np.float32] | None:
+        """BM25 of every row for the query's distinct terms (0 for rows holding none, and
+        for dead rows), or None when no live row holds any.
 
         `all_alive` says no row is dead, which spares a mask per term.
         """
-        empty = np.zeros(0, np.int64), np.zeros(0, np.float32)
         if len(term_ids) == 0 or self.live_rows <= 0:
-            return empty
+            return None
         avgdl = self.live_length / self.live_rows or 1.0
         scores = np.zeros(len(alive), dtype=np.float32)
         matched = False
@@ -196,7 +196,4 @@ class KeywordIndex:
                     rows, weights = rows[ok], weights[ok]
                 np.add.at(scores, rows, weights * term_idf)  # numpy ≥ 1.25: ufunc.at is fast
                 matched = True
-        if not matched:
-            return empty
-        hits = np.flatnonzero(scores > 0)  # a bool mask first: far faster than on floats
-        return hits, scores[hits]
+        return scores if matched else None

@@ -117,6 +117,15 @@ def best(
     return positions[order]
 
 
+def top_positive(scores: npt.NDArray[np.float32], k: int) -> list[int]:
+    """Rows of the k best scores above 0, best first (ties: lower row first)."""
+    rows = np.arange(len(scores))
+    if len(scores) > k:
+        rows = np.argpartition(-scores, k - 1)[:k]
+    rows = rows[scores[rows] > 0]
+    return rows[np.lexsort((rows, -scores[rows]))].tolist()
+
+
 def rank(
     index: Index,
     req: SearchRequest,
@@ -142,14 +151,14 @@ def rank(
         if req.mode != "dense":
             t = time.perf_counter()
             term_ids = index.store.word_ids(tokens.words(req.query))
-            hits, scores = index.keyword.scores(term_ids, index.alive, index.dead == 0)
-            if filtering(req.filters):  # without filters, `scores` holds live rows only
-                allowed = mask[hits]
-                hits, scores = hits[allowed], scores[allowed]
-            chosen = best(hits, scores, k)
-            rows = hits[chosen].tolist()
-            values = scores[chosen].tolist()
-            keyword = {r: (values[i], i + 1) for i, r in enumerate(rows)}
+            scores = index.keyword.scores(term_ids, index.alive, index.dead == 0)
+            rows = []
+            if scores is not None:
+                scores = scores[:n]
+                if filtering(req.filters):  # without filters, `scores` is 0 for dead rows
+                    scores[~mask] = 0
+                rows = top_positive(scores, k)
+            keyword = {r: (float(scores[r]), i) for i, r in enumerate(rows, start=1)}
             rankings.append(rows)
             took.keyword = _ms(t)
     t = time.perf_counter()

@@ -19,6 +19,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+WORD_CACHE = 20_000
+"""Word ids kept for questions: about 2 MB, and a question's words skip SQLite."""
+
 FORMAT = "1"
 """Bumped when the schema changes; an index of another format is rebuilt."""
 
@@ -139,6 +142,7 @@ class Store:
         self._local = threading.local()
         self._write_lock = threading.Lock()
         self._writer = self._connect()
+        self._word_cache: dict[str, int] = {}
         with self._writer:
             self._writer.executescript(SCHEMA)
 
@@ -182,6 +186,7 @@ class Store:
             self._writer.execute("DELETE FROM files")
             self._writer.execute("DELETE FROM terms")
             self._writer.execute("COMMIT")
+            self._word_cache.clear()
 
     # -- files -----------------------------------------------------------------------------
 
@@ -245,9 +250,21 @@ class Store:
         return ids
 
     def word_ids(self, words: Iterable[str]) -> npt.NDArray[np.int32]:
-        """Ids of the known words among `words` (an unknown word matches nothing)."""
-        found = _select_words(self._reader, set(words))
-        return np.array(sorted(i for _, i in found), dtype=np.int32)
+        """Ids of the known words among `words` (an unknown word matches nothing).
+
+        Ids never change until `clear`, so the words of recent questions are kept.
+        """
+        wanted = set(words)
+        cache = self._word_cache
+        ids = {cache[w] for w in wanted if w in cache}
+        missing = {w for w in wanted if w not in cache}
+        if missing:
+            found = _select_words(self._reader, missing)
+            if len(cache) + len(found) > WORD_CACHE:
+                cache.clear()
+            cache.update(found)
+            ids.update(i for _, i in found)
+        return np.array(sorted(ids), dtype=np.int32)
 
     @staticmethod
     def _upsert_file(db: sqlite3.Connection, r: FileRecord) -> int:
