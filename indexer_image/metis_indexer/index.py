@@ -163,6 +163,14 @@ class Index:
             self._add_batch(_batch(written, stored, self.dimensions))
             self.keyword.compact(self.alive)
 
+    def touch_file(self, record: FileRecord) -> None:
+        """A file whose size or mtime changed but whose content did not."""
+        self.store.touch_file(record.source, record.path, record.size, record.mtime_ns)
+        with self.lock:
+            file_id = self.by_key.get((record.source, record.path))
+            if file_id is not None:
+                self.files[file_id].record = record
+
     def drop_files(self, keys: Sequence[tuple[str, str]]) -> None:
         """Forget files that are gone from their source."""
         if not keys:

@@ -285,10 +285,8 @@ class Indexer:
         else:
             if before is not None and before.hash == digest and not full:
                 await asyncio.to_thread(
-                    self.index.store.touch_file, drive, path, item.size, item.mtime_ns
-                )
-                self.index.files[self.index.by_key[(drive, path)]].record = dataclasses.replace(
-                    before, size=item.size, mtime_ns=item.mtime_ns
+                    self.index.touch_file,
+                    dataclasses.replace(before, size=item.size, mtime_ns=item.mtime_ns),
                 )
                 self.state.unchanged += 1
                 return
