@@ -1,0 +1,360 @@
+"""The HTTP face of the local model: the public protocols production model servers speak.
+
+- `GET /v1/models`: OpenAI list; each entry's `metis` field says what it is, and
+  the reranker has its own id, so a client probing for a reranker can tell that
+  this one is the embedding model's cosine, not a cross-encoder.
+- `POST /v1/embeddings`: OpenAI (vLLM, Infinity, TEI's OpenAI route).
+- `POST /v1/rerank`: Cohere/Jina (vLLM, Infinity). `POST /rerank`: TEI's own shape,
+  with TEI's error shape.
+- `GET /health`.
+
+The `model` field of a request is accepted whatever it says (as TEI does) and the
+answer names the model that really ran. Inference runs on one worker thread:
+the onnxruntime session already uses every core it is given, and a second
+concurrent batch would only fight it for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import concurrent.futures
+import logging
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from http import HTTPStatus
+from typing import Any, Literal, Protocol, TypeVar
+
+import numpy as np
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from metis_indexer.localmodel.encoder import (
+    MAX_TOKENS,
+    Encoded,
+    Encoder,
+    ModelNotInstalled,
+)
+
+RERANKER_ID = "all-MiniLM-L6-v2-cosine-reranker"
+RERANK_NOTE = "cosine of the embedding model (not a cross-encoder)"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7800
+DEFAULT_MAX_INPUTS = 2048
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+log = logging.getLogger(__name__)
+
+
+class TextEncoder(Protocol):
+    """What the app needs of an encoder (`Encoder`, or a stand-in in tests)."""
+
+    model_id: str
+    dimensions: int
+
+    def encode(self, texts: Sequence[str]) -> Encoded: ...
+
+
+class _Body(BaseModel):
+    # Clients send fields this server has no use for (`user`, `truncate`, ...).
+    model_config = ConfigDict(extra="ignore")
+
+
+class EmbeddingsRequest(_Body):
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+
+
+class RerankDocument(_Body):
+    text: str
+
+
+class RerankRequest(_Body):
+    query: str
+    documents: list[str | RerankDocument]
+    top_n: int | None = Field(default=None, ge=1)
+    return_documents: bool = False
+    model: str | None = None
+
+
+class TeiRerankRequest(_Body):
+    query: str
+    texts: list[str]
+    return_text: bool = False
+
+
+class _BadRequest(Exception):
+    """A request that parsed but asks for something this server will not do."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+_ENCODER = web.AppKey("encoder", TextEncoder)
+_EXECUTOR = web.AppKey("executor", concurrent.futures.ThreadPoolExecutor)
+_MAX_INPUTS = web.AppKey("max_inputs", int)
+_CREATED = web.AppKey("created", int)
+
+
+def _is_tei(request: web.Request) -> bool:
+    return request.path == "/rerank"
+
+
+def _error(
+    request: web.Request, status: int, message: str, param: str | None = None
+) -> web.Response:
+    """OpenAI's error shape; TEI's on TEI's route, so each client reads what it expects."""
+    if _is_tei(request):
+        kind = "Validation" if status in (400, 413, 422) else "Backend"
+        return web.json_response({"error": message, "error_type": kind}, status=status)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    code = HTTPStatus(status).phrase.lower().replace(" ", "_")  # e.g. "bad_request"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every failure answers JSON: clients parse error bodies, not HTML."""
+    try:
+        return await handler(request)
+    except _BadRequest as e:
+        return _error(request, 422 if _is_tei(request) else 400, str(e), e.param)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        places = [".".join(str(p) for p in err["loc"]) for err in errors]
+        message = "; ".join(
+            f"{place}: {err['msg']}" if place else err["msg"]
+            for place, err in zip(places[:3], errors, strict=False)
+        )
+        return _error(request, 422 if _is_tei(request) else 400, message, places[0] or None)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        message = e.text if e.status == 413 else f"{e.reason}: {request.method} {request.path}"
+        return _error(request, e.status, message)
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return _error(request, 500, "internal error in the local model server")
+
+
+_Req = TypeVar("_Req", bound=BaseModel)
+
+
+async def _parse(request: web.Request, model: type[_Req]) -> _Req:
+    return model.model_validate_json(await request.read())
+
+
+def _check_count(request: web.Request, n: int, param: str) -> None:
+    if n == 0:
+        raise _BadRequest(f"{param} must not be empty", param)
+    limit = request.app[_MAX_INPUTS]
+    if n > limit:
+        raise _BadRequest(f"{param} has {n} items; this server takes at most {limit}", param)
+
+
+async def _encode(request: web.Request, texts: list[str]) -> Encoded:
+    """Run the model on the worker thread, keeping the event loop free for /health."""
+    app = request.app
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(app[_EXECUTOR], app[_ENCODER].encode, texts)
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "model": request.app[_ENCODER].model_id})
+
+
+async def models(request: web.Request) -> web.Response:
+    encoder = request.app[_ENCODER]
+    created = request.app[_CREATED]
+    entries = [
+        {
+            "id": encoder.model_id,
+            "object": "model",
+            "created": created,
+            "owned_by": "metis-local",
+            "max_model_len": MAX_TOKENS,
+            "metis": {
+                "embedding": True,
+                "dimensions": encoder.dimensions,
+                "rerank": RERANK_NOTE,
+                "cross_encoder": False,
+            },
+        },
+        {
+            "id": RERANKER_ID,
+            "object": "model",
+            "created": created,
+            "owned_by": "metis-local",
+            "max_model_len": MAX_TOKENS,
+            "metis": {
+                "embedding": False,
+                "rerank": RERANK_NOTE,
+                "cross_encoder": False,
+                "base_model": encoder.model_id,
+                "scores": "cosine similarity, in [-1, 1]",
+            },
+        },
+    ]
+    return web.json_response({"object": "list", "data": entries})
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    body = await _parse(request, EmbeddingsRequest)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    _check_count(request, len(texts), "input")
+    encoder = request.app[_ENCODER]
+    if body.dimensions is not None and body.dimensions != encoder.dimensions:
+        raise _BadRequest(
+            f"dimensions: this model gives {encoder.dimensions}, not {body.dimensions}",
+            "dimensions",
+        )
+    encoded = await _encode(request, texts)
+    if body.encoding_format == "base64":
+        rows: list[Any] = [
+            base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in encoded.vectors
+        ]
+    else:
+        rows = encoded.vectors.tolist()
+    data = [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)]
+    usage = {"prompt_tokens": encoded.tokens, "total_tokens": encoded.tokens}
+    return web.json_response(
+        {"object": "list", "data": data, "model": encoder.model_id, "usage": usage}
+    )
+
+
+async def _scores(request: web.Request, query: str, texts: list[str]) -> tuple[np.ndarray, int]:
+    """Cosine of each text with the query; vectors are unit length, so a dot product."""
+    encoded = await _encode(request, [query, *texts])
+    return encoded.vectors[1:] @ encoded.vectors[0], encoded.tokens
+
+
+def _ranked(scores: np.ndarray) -> list[int]:
+    """Indices by descending score; ties keep the documents' order."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+
+
+async def rerank(request: web.Request) -> web.Response:
+    body = await _parse(request, RerankRequest)
+    texts = [d if isinstance(d, str) else d.text for d in body.documents]
+    _check_count(request, len(texts), "documents")
+    scores, tokens = await _scores(request, body.query, texts)
+    results: list[dict[str, Any]] = []
+    for i in _ranked(scores)[: body.top_n]:
+        result: dict[str, Any] = {"index": i, "relevance_score": float(scores[i])}
+        if body.return_documents:
+            result["document"] = {"text": texts[i]}
+        results.append(result)
+    return web.json_response(
+        {"model": RERANKER_ID, "results": results, "usage": {"total_tokens": tokens}}
+    )
+
+
+async def tei_rerank(request: web.Request) -> web.Response:
+    body = await _parse(request, TeiRerankRequest)
+    _check_count(request, len(body.texts), "texts")
+    scores, _ = await _scores(request, body.query, body.texts)
+    results: list[dict[str, Any]] = []
+    for i in _ranked(scores):
+        result: dict[str, Any] = {"index": i, "score": float(scores[i])}
+        if body.return_text:
+            result["text"] = body.texts[i]
+        results.append(result)
+    return web.json_response(results)
+
+
+def create_app(
+    encoder: TextEncoder,
+    *,
+    max_inputs: int = DEFAULT_MAX_INPUTS,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> web.Application:
+    """The aiohttp application serving `encoder`; caps inputs per request and body size."""
+    app = web.Application(middlewares=[_errors], client_max_size=max_body_bytes)
+    app[_ENCODER] = encoder
+    app[_MAX_INPUTS] = max_inputs
+    app[_CREATED] = int(time.time())
+
+    async def executor(app: web.Application) -> AsyncIterator[None]:
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="metis-model")
+        app[_EXECUTOR] = pool
+        yield
+        pool.shutdown(wait=True, cancel_futures=True)
+
+    app.cleanup_ctx.append(executor)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/rerank", rerank)
+    app.router.add_post("/rerank", tei_rerank)
+    return app
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def _run(app: web.Application, host: str, port: int) -> None:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1]  # the real port when asked for port 0
+        print(f"metis models: serving all-MiniLM-L6-v2 on {_url(host, bound)}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve(
+    host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, threads: int | None = None
+) -> None:
+    """Load the model and serve it until SIGINT or SIGTERM.
+
+    Raises `ModelNotInstalled` when the wheel or the `models` extra is missing,
+    and `OSError` when the address cannot be bound.
+    """
+    encoder = Encoder.load(threads=threads)
+    asyncio.run(_run(create_app(encoder), host, port))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`metis models` / `python -m metis_indexer.localmodel`; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="metis models",
+        description="Serve all-MiniLM-L6-v2 locally: OpenAI embeddings, Cohere/Jina and TEI "
+        "rerank (the embedding model's cosine, not a cross-encoder).",
+    )
+    parser.add_argument("--host", default=DEFAULT_HOST, help="address to bind (%(default)s)")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help="port; 0 picks a free one (%(default)s)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="onnxruntime threads (default: CPUs, at most 4)"
+    )
+    args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        serve(args.host, args.port, threads=args.threads)
+    except ModelNotInstalled as e:
+        print(f"metis models: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"metis models: cannot serve on {_url(args.host, args.port)}: {e}", file=sys.stderr)
+        return 1
+    return 0
