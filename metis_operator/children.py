@@ -1,0 +1,260 @@
+"""The four children of a base (DESIGN.md), built as plain manifests by pure functions:
+ConfigMap, PersistentVolumeClaim, Deployment and Service, all named `metis-<name>`,
+owned by the base (the garbage collector deletes them with it) and labelled
+with the `app.kubernetes.io/*` labels.
+
+`needs_apply` decides whether a child as it is in the cluster must be applied
+again: the manifest's hash (an annotation) tells when the operator's wish
+changed, and a subset comparison tells when someone changed a field it owns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from metis_indexer.config import IndexerConfig
+from metis_operator.settings import Settings
+from metis_operator.spec import DRIVES_ROOT, INDEX_DIR, KnowledgeBaseSpec
+
+GROUP = "metis.astraeus.io"
+VERSION = "v1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "KnowledgeBase"
+PLURAL = "knowledgebases"
+APP = "metis-indexer"
+MANAGER = "metis-operator"
+HASH_ANNOTATION = f"{GROUP}/applied-hash"
+CONFIG_DIR = "/etc/metis"
+CONFIG_FILE = "config.json"
+RUN_AS = 10001
+"""The indexer image's non-root user and group (indexer_image/Dockerfile)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """The base the children belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> Owner:
+        meta = body["metadata"]
+        return cls(meta["name"], meta["namespace"], meta["uid"])
+
+    @property
+    def child(self) -> str:
+        return child_name(self.name)
+
+
+def child_name(name: str) -> str:
+    return f"metis-{name}"
+
+
+def selector(name: str) -> dict[str, str]:
+    """The labels that pick a base's indexer pods (a Deployment's immutable selector)."""
+    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": name}
+
+
+def labels(name: str, component: str) -> dict[str, str]:
+    return {
+        **selector(name),
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "metis",
+        "app.kubernetes.io/managed-by": MANAGER,
+    }
+
+
+def _meta(owner: Owner, component: str) -> dict[str, Any]:
+    return {
+        "name": owner.child,
+        "namespace": owner.namespace,
+        "labels": labels(owner.name, component),
+        "ownerReferences": [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def config_map(owner: Owner, config: IndexerConfig) -> dict[str, Any]:
+    """The indexer's configuration; the pod mounts it whole (not with subPath), so an
+    update reaches the running indexer, which re-reads it and starts a pass."""
+    text = config.model_dump_json(indent=2, exclude_none=True)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(owner, "config"),
+        "data": {CONFIG_FILE: text + "\n"},
+    }
+
+
+def index_claim(owner: Owner, settings: Settings) -> dict[str, Any]:
+    """The base's own drive. ReadWriteOnce: one indexer writes it at a time."""
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": settings.indexer.index_storage}},
+    }
+    if settings.indexer.storage_class:
+        spec["storageClassName"] = settings.indexer.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(owner, "index"),
+        "spec": spec,
+    }
+
+
+def volume_name(drive: str) -> str:
+    """A volume name (a DNS label) for any drive name, stable when sources are reordered."""
+    return "drive-" + hashlib.sha256(drive.encode()).hexdigest()[:12]
+
+
+def _affinity(machines: list[str]) -> dict[str, Any]:
+    term = {"key": "kubernetes.io/hostname", "operator": "In", "values": list(machines)}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [term]}]
+            }
+        }
+    }
+
+
+def deployment(owner: Owner, spec: KnowledgeBaseSpec, settings: Settings) -> dict[str, Any]:
+    """One indexer pod. Recreate, because the index drive is ReadWriteOnce: a
+    replacement starts once the old pod is gone (the base shows Starting meanwhile).
+    The pod template holds no configuration hash: configuration changes reach the
+    running indexer through the ConfigMap mount; only new mounts or placement
+    replace the pod."""
+    ix = settings.indexer
+    place = spec.placement
+    memory = f"{place.memory_gb}Gi"
+    volumes: list[dict[str, Any]] = [
+        {"name": volume_name(d), "persistentVolumeClaim": {"claimName": d, "readOnly": True}}
+        for d in spec.drives
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": volume_name(d), "mountPath": f"{DRIVES_ROOT}/{d}", "readOnly": True}
+        for d in spec.drives
+    ]
+    volumes += [
+        {"name": "index", "persistentVolumeClaim": {"claimName": owner.child}},
+        {"name": "config", "configMap": {"name": owner.child}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts += [
+        {"name": "index", "mountPath": INDEX_DIR},
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    probe = {"path": "/healthz", "port": "http"}
+    container = {
+        "name": "indexer",
+        "image": ix.image,
+        "imagePullPolicy": ix.image_pull_policy,
+        "command": ["metis", "serve", "--config", f"{CONFIG_DIR}/{CONFIG_FILE}"],
+        "ports": [{"name": "http", "containerPort": ix.port, "protocol": "TCP"}],
+        "resources": {
+            "requests": {"cpu": str(place.cpu_cores), "memory": memory},
+            "limits": {"memory": memory},
+        },
+        "livenessProbe": {"httpGet": probe, "periodSeconds": 10, "failureThreshold": 6},
+        "readinessProbe": {"httpGet": {**probe, "path": "/readyz"}, "periodSeconds": 5},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+    }
+    pod: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "fsGroup": RUN_AS,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if place.labels:
+        pod["nodeSelector"] = dict(sorted(place.labels.items()))
+    if place.machines:
+        pod["affinity"] = _affinity(place.machines)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(owner, "indexer"),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector(owner.name)},
+            "template": {"metadata": {"labels": labels(owner.name, "indexer")}, "spec": pod},
+        },
+    }
+
+
+def service(owner: Owner, settings: Settings) -> dict[str, Any]:
+    """`http://metis-<name>:7700/v1/search` for the namespace's workloads."""
+    port = settings.indexer.port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(owner, "search"),
+        "spec": {
+            "selector": selector(owner.name),
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def with_hash(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest, annotated with a hash of itself (without the annotation)."""
+    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
+    meta = manifest["metadata"]
+    annotations = {**meta.get("annotations", {}), HASH_ANNOTATION: digest}
+    return {**manifest, "metadata": {**meta, "annotations": annotations}}
+
+
+def is_subset(want: Any, have: Any) -> bool:
+    """Whether every field of `want` is in `have` with the same value (lists item by
+    item); fields the server added (defaults, status) do not count."""
+    if isinstance(want, Mapping):
+        return isinstance(have, Mapping) and all(
+            k in have and is_subset(v, have[k]) for k, v in want.items()
+        )
+    if isinstance(want, list):
+        return (
+            isinstance(have, list)
+            and len(want) == len(have)
+            and all(is_subset(w, h) for w, h in zip(want, have, strict=True))
+        )
+    return bool(want == have)
+
+
+def needs_apply(desired: Mapping[str, Any], actual: Mapping[str, Any] | None) -> bool:
+    """Apply when the child is missing, the wish changed (hash), or a field drifted.
+
+    `desired` carries its hash (`with_hash`). The hash catches what a subset test
+    cannot: a field the operator no longer sets (a placement label removed)."""
+    if actual is None:
+        return True
+    want_hash = desired["metadata"]["annotations"][HASH_ANNOTATION]
+    have_hash = (actual.get("metadata", {}).get("annotations") or {}).get(HASH_ANNOTATION)
+    return want_hash != have_hash or not is_subset(desired, actual)

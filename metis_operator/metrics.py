@@ -1,0 +1,63 @@
+"""The operator's Prometheus metrics, in a registry of its own (tests start several):
+reconciliations started and failed (by trigger), how long one takes, and
+`metis_operator_knowledge_bases{state}`, the bases per state (every state listed,
+0 too, so a dashboard's series never vanish)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from metis_operator.state import State
+
+
+@dataclasses.dataclass
+class Metrics:
+    registry: CollectorRegistry
+    reconciliations: Counter
+    errors: Counter
+    seconds: Histogram
+    bases: Gauge
+    states: dict[tuple[str, str], State] = dataclasses.field(default_factory=dict)
+    """The last state of each base (namespace, name), which `bases` counts."""
+
+    @classmethod
+    def create(cls) -> Metrics:
+        r = CollectorRegistry()
+        m = cls(
+            registry=r,
+            reconciliations=Counter(
+                "metis_operator_reconciliations", "Reconciliations of a base", ["trigger"],
+                registry=r,
+            ),
+            errors=Counter(
+                "metis_operator_reconcile_errors", "Reconciliations that failed with an error",
+                ["trigger"], registry=r,
+            ),
+            seconds=Histogram(
+                "metis_operator_reconcile_seconds", "Seconds one reconciliation took",
+                registry=r,
+            ),
+            bases=Gauge("metis_operator_knowledge_bases", "Knowledge bases per state",
+                        ["state"], registry=r),
+        )  # fmt: skip
+        m._count()
+        return m
+
+    def record(self, key: tuple[str, str], state: State) -> None:
+        self.states[key] = state
+        self._count()
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self.states.pop(key, None)
+        self._count()
+
+    def _count(self) -> None:
+        for s in State:
+            self.bases.labels(state=s.value).set(sum(1 for v in self.states.values() if v is s))
+
+    def serve(self, port: int) -> None:
+        """Expose `/metrics` on `port` (a daemon thread); 0: do not."""
+        if port:
+            start_http_server(port, registry=self.registry)

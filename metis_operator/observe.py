@@ -1,0 +1,118 @@
+"""Readings of Kubernetes objects as the state derivation needs them; pure functions
+over the API server's JSON, so each reading is table-tested without a cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from metis_operator.state import PodView
+
+REVISION = "metis.astraeus.io/revision"
+"""On a source PVC: the revision of its data source that the base must read."""
+DEPLOYMENT_REVISION = "deployment.kubernetes.io/revision"
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return _meta(obj).get("annotations") or {}
+
+
+def claim_bound(claim: Mapping[str, Any] | None) -> bool:
+    return claim is not None and (claim.get("status") or {}).get("phase") == "Bound"
+
+
+def from_data_source(claim: Mapping[str, Any]) -> bool:
+    """A drive from a data source carries the revision annotation, empty until listed."""
+    return REVISION in _annotations(claim)
+
+
+def revision(claim: Mapping[str, Any]) -> str:
+    return _annotations(claim).get(REVISION, "").strip()
+
+
+def _waiting(status: Mapping[str, Any]) -> str | None:
+    if status.get("phase") == "Failed":
+        detail = " ".join(s for s in (status.get("reason"), status.get("message")) if s)
+        return f"the pod failed: {detail}" if detail else "the pod failed"
+    for c in status.get("containerStatuses") or []:
+        waiting = (c.get("state") or {}).get("waiting")
+        if waiting:
+            text = waiting.get("reason") or "waiting"
+            return f"{text}: {waiting['message']}" if waiting.get("message") else text
+    return None
+
+
+def pod_view(pods: Sequence[Mapping[str, Any]]) -> PodView | None:
+    """The newest pod that is not going away; else the newest going away."""
+    live = [p for p in pods if not _meta(p).get("deletionTimestamp")]
+    candidates = live or list(pods)
+    if not candidates:
+        return None
+    pod = max(candidates, key=lambda p: _meta(p).get("creationTimestamp", ""))
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    scheduled = conditions.get("PodScheduled") or {}
+    unschedulable = None
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        unschedulable = scheduled.get("message") or "no machine can run it"
+    return PodView(
+        name=_meta(pod).get("name", ""),
+        node=(pod.get("spec") or {}).get("nodeName"),
+        unschedulable=unschedulable,
+        running=status.get("phase") == "Running",
+        ready=(conditions.get("Ready") or {}).get("status") == "True",
+        waiting=_waiting(status),
+        terminating=bool(_meta(pod).get("deletionTimestamp")),
+    )
+
+
+def replacing(deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> bool:
+    """A pod going away, or a changed template (revision 2 and on) not rolled out yet."""
+    if any(_meta(p).get("deletionTimestamp") for p in pods):
+        return True
+    if deployment is None:
+        return False
+    try:
+        rollout = int(_annotations(deployment).get(DEPLOYMENT_REVISION, "0"))
+    except ValueError:
+        rollout = 0
+    status = deployment.get("status") or {}
+    wanted = (deployment.get("spec") or {}).get("replicas", 1)
+    return rollout > 1 and (
+        status.get("observedGeneration", 0) < _meta(deployment).get("generation", 0)
+        or status.get("updatedReplicas", 0) < wanted
+    )
+
+
+def pod_failure(deployment: Mapping[str, Any] | None) -> str | None:
+    """Why the Deployment cannot create its pod (a quota, an admission policy)."""
+    for c in (deployment or {}).get("status", {}).get("conditions") or []:
+        if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
+            return str(c.get("message") or c.get("reason") or "ReplicaFailure")
+    return None
+
+
+def scaled_to_zero(
+    selector: Mapping[str, str], workloads: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """`Deployment bge-m3` for each workload behind a Service's selector with 0 replicas."""
+    if not selector:
+        return []
+    out = []
+    for w in workloads:
+        labels = ((w.get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels")
+        matches = all((labels or {}).get(k) == v for k, v in selector.items())
+        if matches and (w.get("spec") or {}).get("replicas", 1) == 0:
+            out.append(f"{w.get('kind', 'workload')} {_meta(w).get('name')}")
+    return out
+
+
+def service_port(svc: Mapping[str, Any]) -> int:
+    """The port to call a model Service on: the one named http, else the first."""
+    ports = (svc.get("spec") or {}).get("ports") or []
+    named = [p for p in ports if p.get("name") == "http"]
+    return int((named or ports or [{"port": 80}])[0]["port"])

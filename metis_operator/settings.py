@@ -1,0 +1,147 @@
+"""The operator's settings: one tree of dataclasses, read once at start-up and then
+passed explicitly (in kopf's memo) to whatever needs it; nothing reads them from
+module globals.
+
+Every field has a default, a unit and an environment variable; each variable is
+also a flag (`METIS_POLL_SECONDS` → `--poll-seconds`), and a flag wins:
+
+    metis-operator --url-template 'http://127.0.0.1:{port}' --poll-seconds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def _env(name: str, default: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"env": name})
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexerSettings:
+    """How each base's indexer runs."""
+
+    image: str = _env("METIS_INDEXER_IMAGE", "ghcr.io/astraeus/metis-indexer:0.1.0")
+    """The indexer image every base runs (`metis serve --config /etc/metis/config.json`)."""
+
+    image_pull_policy: str = _env("METIS_INDEXER_IMAGE_PULL_POLICY", "IfNotPresent")
+    """Kubernetes' imagePullPolicy of the indexer container."""
+
+    port: int = _env("METIS_INDEXER_PORT", 7700)
+    """TCP port of the indexer's API: in the pod, its Service and its configuration.
+    DESIGN.md fixes 7700; tests set a free port because every indexer they run
+    shares one loopback."""
+
+    index_storage: str = _env("METIS_INDEX_STORAGE", "10Gi")
+    """Size asked for each base's own drive (PVC `metis-<name>`), a Kubernetes
+    quantity. An index takes about 5 KB a chunk at 1024 dimensions: 10 GiB holds
+    about two million chunks. Read when the drive is created, never changed after."""
+
+    storage_class: str = _env("METIS_STORAGE_CLASS", "")
+    """StorageClass of the index drives; empty: the cluster's default."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReachSettings:
+    """How the operator reaches indexers and model Services over HTTP."""
+
+    url_template: str = _env("METIS_URL_TEMPLATE", "http://{name}.{namespace}.svc:{port}")
+    """Base URL of a Service, from its name, namespace and port. Out of a cluster
+    (tests, a laptop with port-forwards) point it elsewhere: `http://127.0.0.1:{port}`.
+    The model URLs written into an indexer's configuration come from it too."""
+
+    timeout_seconds: float = _env("METIS_HTTP_TIMEOUT_SECONDS", 5.0)
+    """Seconds a status poll or a model probe may take: past it, it does not answer."""
+
+    evaluate_timeout_seconds: float = _env("METIS_EVALUATE_TIMEOUT_SECONDS", 90.0)
+    """Seconds an evaluation may take: the indexer stops its own at 60 s (spec 001)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PollSettings:
+    """How often each base is looked at again."""
+
+    interval_seconds: float = _env("METIS_POLL_SECONDS", 10.0)
+    """Seconds between two reconciliations of a base: its children, model Services
+    and the indexer's `GET /v1/status`. Spec changes are handled at once besides."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeSettings:
+    """The operator process itself."""
+
+    namespaces: tuple[str, ...] = _env("METIS_NAMESPACES", ())
+    """Namespaces to serve, comma-separated; empty: every namespace (cluster-wide)."""
+
+    metrics_port: int = _env("METIS_METRICS_PORT", 9090)
+    """Port of the Prometheus metrics (`/metrics`); 0: none."""
+
+    health_port: int = _env("METIS_HEALTH_PORT", 8080)
+    """Port of kopf's liveness endpoint (`/healthz`); 0: none."""
+
+    field_manager: str = _env("METIS_FIELD_MANAGER", "metis-operator")
+    """The server-side-apply field manager that owns the children's fields."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The whole tree."""
+
+    indexer: IndexerSettings = dataclasses.field(default_factory=IndexerSettings)
+    reach: ReachSettings = dataclasses.field(default_factory=ReachSettings)
+    poll: PollSettings = dataclasses.field(default_factory=PollSettings)
+    runtime: RuntimeSettings = dataclasses.field(default_factory=RuntimeSettings)
+
+    def url(self, name: str, namespace: str, port: int) -> str:
+        """The base URL of Service `name` on `port`, by the template."""
+        return self.reach.url_template.format(name=name, namespace=namespace, port=port)
+
+
+def _flag(env: str) -> str:
+    return "--" + env.removeprefix("METIS_").lower().replace("_", "-")
+
+
+def _convert(raw: str, default: Any, env: str) -> Any:
+    try:
+        if isinstance(default, tuple):
+            return tuple(p.strip() for p in raw.split(",") if p.strip())
+        if isinstance(default, bool):
+            return raw.lower() in ("1", "true", "yes")
+        return type(default)(raw)
+    except ValueError:
+        raise ValueError(f"{env}={raw!r}: expected {type(default).__name__}") from None
+
+
+def load(environ: Mapping[str, str], argv: Sequence[str] | None = None) -> Settings:
+    """Settings from the environment, then flags; a bad value raises ValueError naming it."""
+    groups = {f.name: f.default_factory() for f in dataclasses.fields(Settings)}  # type: ignore[misc]
+    parser = argparse.ArgumentParser(
+        prog="metis-operator", description="Reconciles Metis KnowledgeBase resources."
+    )
+    for group in groups.values():
+        for f in dataclasses.fields(group):
+            env = f.metadata["env"]
+            help_ = f"env {env}, default {f.default!r}"
+            parser.add_argument(_flag(env), dest=env, metavar="VALUE", help=help_)
+    flags = vars(parser.parse_args(argv or []))
+    values: dict[str, Any] = {}
+    for name, group in groups.items():
+        changes = {}
+        for f in dataclasses.fields(group):
+            env = f.metadata["env"]
+            raw = flags.get(env) if flags.get(env) is not None else environ.get(env)
+            if raw is not None:
+                changes[f.name] = _convert(raw, f.default, env)
+        values[name] = dataclasses.replace(group, **changes)
+    settings = Settings(**values)
+    try:
+        settings.url("probe", "default", 1)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(
+            f"METIS_URL_TEMPLATE={settings.reach.url_template!r} is not a template of "
+            f"{{name}}, {{namespace}} and {{port}}: {e!r}"
+        ) from None
+    return settings

@@ -1,0 +1,237 @@
+"""A base's state, derived from what the operator observed by a pure function.
+
+`derive` walks DESIGN.md's table in its priority order (Failed, Pending, Starting,
+Waiting, Indexing, Ready) with early returns; the first row that holds wins and
+says why in a sentence a person can act on. No I/O here: `reconcile` gathers an
+`Observation`, this module decides (tests/operator/test_state.py is the table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from pydantic import BaseModel, ConfigDict
+
+from metis_operator.spec import Placement
+
+
+class State(enum.StrEnum):
+    """The states of spec 001, in DESIGN.md's priority order."""
+
+    FAILED = "Failed"
+    """It cannot run as asked: the spec, a drive or a model Service is wrong."""
+    PENDING = "Pending"
+    """Waiting for a machine, a drive's volume, or a data source's first listing."""
+    STARTING = "Starting"
+    """Its pod starts, its index loads, or a replacement takes over."""
+    WAITING = "Waiting"
+    """Its index waits for something, its embedding model most often."""
+    INDEXING = "Indexing"
+    """Reading documents; searches are answered from what is indexed."""
+    READY = "Ready"
+    """Everything indexed; watching its sources."""
+
+
+class Model(enum.StrEnum):
+    """What a probe of a model Service found."""
+
+    AVAILABLE = "Available"
+    NOT_FOUND = "ServiceNotFound"
+    NOT_ANSWERING = "NotAnswering"
+    SERVES_ELSE = "ServesSomethingElse"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCheck:
+    """One model Service: `role` is "embedding model" or "reranker"."""
+
+    role: str
+    service: str
+    result: Model
+    detail: str = ""
+    """Why it is not available, or what it serves when it is."""
+    warnings: tuple[str, ...] = ()
+    """What a user should know even when it answers (scaled to zero)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PodView:
+    """The base's newest indexer pod, as far as state goes."""
+
+    name: str
+    node: str | None = None
+    unschedulable: str | None = None
+    """The scheduler's message when it cannot place the pod."""
+    running: bool = False
+    ready: bool = False
+    waiting: str | None = None
+    """Why a container waits (`ImagePullBackOff: ...`), when it does."""
+    terminating: bool = False
+
+
+class IndexerStatus(BaseModel):
+    """The part of the indexer's `GET /v1/status` the operator reads; never names."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    phase: str
+    reason: str = ""
+    documents: int = 0
+    chunks: int = 0
+    failed: int = 0
+    pass_total: int = 0
+    pass_done: int = 0
+    passes: int = 0
+    last_indexed_at: str | None = None
+    dimensions: int | None = None
+    revisions: dict[str, str] = {}
+    indexed_revisions: dict[str, str] = {}
+    warnings: list[str] = []
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """Everything `derive` looks at; defaults describe a base that has just appeared."""
+
+    invalid: str | None = None
+    placement: Placement = dataclasses.field(default_factory=Placement)
+    missing_drives: tuple[str, ...] = ()
+    unlisted_drives: tuple[str, ...] = ()
+    """Drives from a data source (revision annotation present) with no revision yet."""
+    unbound_drives: tuple[str, ...] = ()
+    embedding: ModelCheck | None = None
+    reranker: ModelCheck | None = None
+    index_drive: str = ""
+    index_drive_bound: bool = False
+    pod_failure: str | None = None
+    """Why the Deployment cannot create its pod (its ReplicaFailure condition)."""
+    replacing: bool = False
+    """A changed pod template is rolling out, or the old pod is going away."""
+    pod: PodView | None = None
+    indexer: IndexerStatus | None = None
+    indexer_error: str | None = None
+    """Why `GET /v1/status` did not answer, when the pod runs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    state: State
+    reason: str
+
+
+def _failures(o: Observation) -> list[str]:
+    out = []
+    if o.invalid:
+        out.append(f"the spec is invalid: {o.invalid}")
+    out += [
+        f"drive {d} does not exist (no PersistentVolumeClaim {d} in this namespace)"
+        for d in o.missing_drives
+    ]
+    for m in (o.embedding, o.reranker):
+        if m is None:
+            continue
+        if m.result is Model.NOT_FOUND:
+            out.append(
+                f"{m.role} {m.service} does not exist (no Service {m.service} in this namespace)"
+            )
+        elif m.result is Model.SERVES_ELSE:
+            out.append(f"{m.role} Service {m.service} {m.detail}")
+    return out
+
+
+def _placement(p: Placement) -> str:
+    parts = []
+    if p.labels:
+        parts.append("labels " + ", ".join(f"{k}={v}" for k, v in sorted(p.labels.items())))
+    if p.machines:
+        parts.append("machines " + ", ".join(p.machines))
+    return " and ".join(parts) or "(none set)"
+
+
+def unschedulable(message: str, placement: Placement) -> str:
+    """The scheduler's message as what to do about it, followed by the message itself."""
+    said = message.split(" preemption:")[0].strip()
+    why = []
+    if "node affinity/selector" in said or "didn't match" in said:
+        why.append(f"no machine matches placement {_placement(placement)}")
+    if "Insufficient memory" in said:
+        why.append(f"no machine has {placement.memory_gb} GiB of memory free (placement.memory_gb)")
+    if "Insufficient cpu" in said:
+        why.append(f"no machine has {placement.cpu_cores} CPU cores free (placement.cpu_cores)")
+    if "PersistentVolumeClaim" in said:
+        why.append("its drives are not bound to volumes yet")
+    if "no nodes available" in said:
+        why.append("the cluster has no machine to run it")
+    head = "; ".join(why) or "no machine can run it"
+    return f"{head} (scheduler: {said})" if said else head
+
+
+def _pending(o: Observation) -> str | None:
+    if o.unlisted_drives:
+        return "; ".join(
+            f"drive {d} waits for its data source's first listing" for d in o.unlisted_drives
+        )
+    if o.unbound_drives:
+        return "; ".join(f"drive {d} is not bound to a volume yet" for d in o.unbound_drives)
+    if not o.index_drive_bound:
+        return f"its index drive {o.index_drive} is not bound to a volume yet"
+    if o.pod_failure:
+        return f"its pod cannot be created: {o.pod_failure}"
+    if o.pod is None:
+        return None if o.replacing else "its pod is not created yet"
+    if o.pod.unschedulable is not None:
+        return unschedulable(o.pod.unschedulable, o.placement)
+    if o.pod.node is None and not o.pod.terminating:
+        return "its pod waits for a machine"
+    return None
+
+
+def _starting(o: Observation) -> str | None:
+    pod = o.pod
+    if o.replacing or pod is None or pod.terminating:
+        where = f" on machine {pod.node}" if pod is not None and pod.node else ""
+        return f"a replacement is taking over after a change{where}"
+    if not pod.running:
+        if pod.waiting:
+            return f"its indexer container waits on machine {pod.node}: {pod.waiting}"
+        return f"its indexer is starting on machine {pod.node}"
+    if o.indexer is None:
+        return None if pod.ready else f"its indexer does not answer yet: {o.indexer_error}"
+    if o.indexer.phase == "loading":
+        return "loading its index"
+    if o.indexer.phase == "standby":
+        return "a replacement is taking over; searches are answered meanwhile"
+    return None
+
+
+def _waiting(o: Observation) -> str | None:
+    e = o.embedding
+    if e is not None and e.result is Model.NOT_ANSWERING:
+        return f"waiting for embedding model {e.service}: {e.detail}"
+    if o.indexer is None:
+        return f"the operator cannot reach its indexer: {o.indexer_error}"
+    if o.indexer.phase == "waiting":
+        return o.indexer.reason or "its index waits"
+    if o.indexer.phase not in ("scanning", "indexing", "ready"):
+        return f"its indexer reports an unknown phase {o.indexer.phase!r}"
+    return None
+
+
+def derive(o: Observation) -> Verdict:
+    """The state and its reason; the table's rows in order, the first that holds wins."""
+    if failures := _failures(o):
+        return Verdict(State.FAILED, "; ".join(failures))
+    if reason := _pending(o):
+        return Verdict(State.PENDING, reason)
+    if reason := _starting(o):
+        return Verdict(State.STARTING, reason)
+    if reason := _waiting(o):
+        return Verdict(State.WAITING, reason)
+    assert o.indexer is not None  # _waiting returned for a missing status
+    # A rescan after a finished pass scans without reading anything: still Ready.
+    if o.indexer.phase == "indexing" or (o.indexer.phase == "scanning" and not o.indexer.passes):
+        return Verdict(
+            State.INDEXING, "reading documents; searches are answered from what is indexed so far"
+        )
+    return Verdict(State.READY, "everything is indexed; watching its sources")

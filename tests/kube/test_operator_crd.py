@@ -1,0 +1,208 @@
+"""The KnowledgeBase CRD as the API server enforces it: each limit of spec 001 is
+refused at `kubectl apply` with a message that names the field, defaults are
+filled in, and the printer columns are those of DESIGN.md."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.kube.controlplane import ControlPlane, wait_for
+from tests.kube.operator_support import ROOT, install, kb
+
+GOOD: dict[str, Any] = {
+    "sources": [{"drive": "docs", "path": "handbook"}, {"drive": "runbooks"}],
+    "embedding": {"deployment": "bge-m3"},
+}
+
+
+def spec(**changes: Any) -> dict[str, Any]:
+    out = copy.deepcopy(GOOD)
+    out.update(changes)
+    return out
+
+
+@pytest.fixture(scope="module")
+def crd(kube: ControlPlane) -> Iterator[None]:
+    install(kube)
+    yield
+
+
+def apply(kube: ControlPlane, namespace: str, body: dict[str, Any]) -> tuple[int, str]:
+    done = kube.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body), check=False)
+    return done.returncode, done.stderr + done.stdout
+
+
+REFUSED = [
+    pytest.param("-handbook", GOOD, "metadata.name", id="name-starts-with-dash"),
+    pytest.param("handbook-", GOOD, "metadata.name", id="name-ends-with-dash"),
+    pytest.param("h" * 41, GOOD, "metadata.name must be at most 40 characters", id="name-41"),
+    pytest.param("hb", spec(sources=[]), "spec.sources", id="no-source"),
+    pytest.param(
+        "hb",
+        spec(sources=[{"drive": f"d{i}"} for i in range(17)]),
+        "spec.sources",
+        id="17-sources",
+    ),
+    pytest.param(
+        "hb",
+        spec(sources=[{"drive": "docs", "path": "a/../b"}]),
+        "spec.sources[0].path",
+        id="dotdot-part",
+    ),
+    pytest.param(
+        "hb",
+        spec(sources=[{"drive": "docs", "path": "./a"}]),
+        "spec.sources[0].path",
+        id="dot-part",
+    ),
+    pytest.param(
+        "hb",
+        spec(sources=[{"drive": "docs", "path": "/etc"}]),
+        "spec.sources[0].path",
+        id="absolute-path",
+    ),
+    pytest.param(
+        "hb",
+        spec(sources=[{"drive": "docs", "path": "hb"}, {"drive": "docs", "path": "hb/hr"}]),
+        "spec.sources: two sources of one drive may not overlap",
+        id="nested-sources",
+    ),
+    pytest.param(
+        "hb",
+        spec(sources=[{"drive": "docs"}, {"drive": "docs", "path": "hr"}]),
+        "spec.sources: two sources of one drive may not overlap",
+        id="whole-drive-and-folder",
+    ),
+    pytest.param(
+        "hb",
+        spec(sources=[{"drive": "docs"}, {"drive": "docs"}]),
+        "spec.sources: two sources of one drive may not overlap",
+        id="same-source-twice",
+    ),
+    pytest.param("hb", spec(chunking={"size": 199}), "spec.chunking.size", id="chunk-199"),
+    pytest.param("hb", spec(chunking={"size": 4001}), "spec.chunking.size", id="chunk-4001"),
+    pytest.param(
+        "hb",
+        spec(chunking={"size": 400, "overlap": 200}),
+        "spec.chunking.overlap must be less than half of spec.chunking.size",
+        id="overlap-half",
+    ),
+    pytest.param(
+        "hb",
+        spec(chunking={"overlap": 600}),
+        "spec.chunking.overlap must be less than half",
+        id="overlap-default-size",
+    ),
+    pytest.param("hb", spec(placement={"cpu_cores": 0}), "spec.placement.cpu_cores", id="cpu-0"),
+    pytest.param("hb", spec(placement={"cpu_cores": 65}), "spec.placement.cpu_cores", id="cpu-65"),
+    pytest.param("hb", spec(placement={"memory_gb": 0}), "spec.placement.memory_gb", id="mem-0"),
+    pytest.param(
+        "hb", spec(placement={"memory_gb": 257}), "spec.placement.memory_gb", id="mem-257"
+    ),
+    pytest.param("hb", spec(rescan_seconds=9), "spec.rescan_seconds", id="rescan-9"),
+    pytest.param("hb", spec(rescan_seconds=86_401), "spec.rescan_seconds", id="rescan-86401"),
+    pytest.param("hb", spec(rescan_seconds=-1), "spec.rescan_seconds", id="rescan-negative"),
+    pytest.param("hb", spec(embedding={}), "spec.embedding.deployment", id="no-embedding-model"),
+    pytest.param(
+        "hb",
+        spec(embedding={"deployment": "BGE_M3"}),
+        "spec.embedding.deployment",
+        id="model-not-a-service-name",
+    ),
+    pytest.param(
+        "hb",
+        spec(placement={"labels": {"pool": "has space"}}),
+        "spec.placement.labels.pool",
+        id="label-value",
+    ),
+    pytest.param(
+        "hb",
+        spec(placement={"labels": {"bad key": "x"}}),
+        "spec.placement.labels",
+        id="label-key",
+    ),
+    pytest.param("hb", spec(chunking={"sise": 800}), "sise", id="unknown-field"),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "words"), REFUSED)
+def test_each_limit_is_refused_naming_the_field(
+    kube: ControlPlane, crd: None, namespace: str, name: str, body: dict[str, Any], words: str
+) -> None:
+    code, said = apply(kube, namespace, kb(name, body))
+    assert code != 0, f"accepted: {said}"
+    assert words in said
+    assert "is invalid" in said or "unknown field" in said
+
+
+def test_a_valid_base_is_accepted_with_the_spec_defaults(
+    kube: ControlPlane, crd: None, namespace: str
+) -> None:
+    edge = spec(
+        sources=[{"drive": "docs", "path": "handbook"}, {"drive": "docs", "path": "handbook2"}]
+        + [{"drive": f"d{i}"} for i in range(14)],
+        rescan_seconds=0,
+        chunking={"size": 4000, "overlap": 1999},
+        placement={"cpu_cores": 64, "memory_gb": 256, "labels": {"metis.io/pool": "cpu"}},
+    )
+    for name, body in (("h" * 40, edge), ("handbook", GOOD)):
+        code, said = apply(kube, namespace, kb(name, body))
+        assert code == 0, said
+    stored = kube.rest().get(
+        f"/apis/metis.astraeus.io/v1/namespaces/{namespace}/knowledgebases/handbook"
+    )["spec"]
+    assert stored["chunking"] == {"size": 1200, "overlap": 200}
+    assert stored["placement"] == {"cpu_cores": 1, "memory_gb": 2}
+    assert stored["rescan_seconds"] == 60
+    headers = kube.kubectl("get", "kb", "-n", namespace).stdout.splitlines()[0].split()
+    assert headers == ["NAME", "STATE", "DOCUMENTS", "CHUNKS", "PROGRESS", "LAST", "INDEXED", "AGE"]
+    wide = kube.kubectl("get", "knowledgebases", "-n", namespace, "-o", "wide").stdout
+    assert "REASON" in wide.splitlines()[0]
+
+
+def test_the_manifests_install_an_admitted_least_privilege_operator(
+    kube: ControlPlane, crd: None
+) -> None:
+    # The restricted Pod Security Standard of metis-system admits the operator's pod.
+    wait_for(
+        lambda: kube.rest().get(
+            "/api/v1/namespaces/metis-system/pods?labelSelector=app.kubernetes.io/name=metis-operator"
+        )["items"],
+        timeout=60,
+        what="the operator's pod to be admitted",
+    )
+    operator = "--as=system:serviceaccount:metis-system:metis-operator"
+
+    def can(*args: str) -> bool:
+        said = kube.kubectl("auth", "can-i", *args, operator, check=False).stdout.strip()
+        return said == "yes"
+
+    assert can("patch", "knowledgebases.metis.astraeus.io/status", "-n", "team-a")
+    assert can("create", "deployments.apps", "-n", "team-a")
+    assert can("list", "pods", "-n", "team-a")
+    assert not can("create", "knowledgebases.metis.astraeus.io", "-n", "team-a")
+    assert not can("delete", "deployments.apps", "-n", "team-a")
+    assert not can("get", "secrets", "-n", "team-a")
+    assert not can("update", "pods", "-n", "team-a")
+    # People: namespace editors manage bases (the aggregated edit role), viewers read them.
+    wait_for(
+        lambda: any(
+            "knowledgebases" in r.get("resources", [])
+            for r in kube.rest().get("/apis/rbac.authorization.k8s.io/v1/clusterroles/edit")[
+                "rules"
+            ]
+        ),
+        timeout=60,
+        what="the edit role to aggregate knowledgebases",
+    )
+
+
+def test_the_examples_are_accepted(kube: ControlPlane, crd: None, namespace: str) -> None:
+    for example in ("handbook.yaml", "embedding-tei.yaml"):
+        path = ROOT / "manifests" / "examples" / example
+        kube.kubectl("apply", "-n", namespace, "--dry-run=server", "-f", str(path))

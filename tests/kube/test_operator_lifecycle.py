@@ -1,0 +1,478 @@
+"""The operator against the real control plane, with real indexers and a real model
+server as local processes: `kubectl apply` a base, watch it go from Pending to
+Ready, ask it to reindex and evaluate, change it, break its model, restart the
+operator, delete it.
+
+The operator runs as `metis-operator` with its service account's RBAC and reaches
+Services through `http://127.0.0.1:{port}`; tests/kube/operator_support.py plays
+the kubelet for the indexer pods.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.kube.controlplane import ControlPlane, free_port, wait_for
+from tests.kube.operator_support import (
+    Kubelet,
+    Operator,
+    get_kb,
+    gone,
+    install,
+    kb,
+    kb_path,
+    make_drive,
+    model_service,
+    running_operator,
+    state_events,
+    wait_state,
+)
+from tests.support.model_server import ModelServer, start_model_server
+from tests.support.processes import Process
+
+TOPICS = ("vacation", "expenses", "onboarding", "security", "travel", "payroll")
+
+
+def write_documents(folder: Path, count: int) -> list[str]:
+    """`count` Markdown documents and an evaluation set; the documents' names."""
+    names = []
+    for i in range(count):
+        topic = TOPICS[i % len(TOPICS)]
+        name = f"{topic}-guide-{i:03d}.md"
+        body = f"# {topic.title()} guide {i}\n\n" + (
+            f"This page explains the {topic} rules of team {i}. Ask the {topic} desk. " * 12
+        )
+        (folder / name).write_text(body)
+        names.append(name)
+    evals = folder / ".metis"
+    evals.mkdir()
+    cases = [
+        {"question": f"What are the {t} rules?", "expected": [f"docs/{t}-guide-{i:03d}.md"]}
+        for i, t in enumerate(TOPICS)
+    ]
+    (evals / "evals.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
+    return names
+
+
+@pytest.fixture(scope="module")
+def installed(kube: ControlPlane) -> None:
+    install(kube)
+
+
+@pytest.fixture
+def models() -> Iterator[ModelServer]:
+    server = start_model_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def restricted(kube: ControlPlane, namespace: str) -> str:
+    """The test namespace under the restricted Pod Security Standard: the indexer
+    pods the operator makes must be admitted there."""
+    kube.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    return namespace
+
+
+@pytest.fixture
+def operator(kube: ControlPlane, installed: None, tmp_path: Path) -> Iterator[Operator]:
+    workdir = tmp_path / "operator"
+    workdir.mkdir()
+    with running_operator(kube, workdir, free_port()) as op:
+        yield op
+
+
+@pytest.fixture
+def kubelet(kube: ControlPlane, restricted: str, tmp_path: Path) -> Iterator[Kubelet]:
+    with Kubelet(kube, restricted, tmp_path / "kubelet") as k:
+        yield k
+
+
+@pytest.fixture
+def node(kube: ControlPlane) -> Iterator[tuple[str, str]]:
+    """A node with a pool label of this test's own: (node name, pool)."""
+    tag = secrets.token_hex(3)
+    name, pool = f"cpu-{tag}", f"cpu-{tag}"
+    kube.add_node(name, {"pool": pool})
+    yield name, pool
+    kube.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+def apply_kb(kube: ControlPlane, namespace: str, body: dict[str, Any]) -> None:
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
+
+
+def children(kube: ControlPlane, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    api, child = kube.rest(), f"metis-{name}"
+    paths = {
+        "ConfigMap": f"/api/v1/namespaces/{namespace}/configmaps/{child}",
+        "PersistentVolumeClaim": f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{child}",
+        "Deployment": f"/apis/apps/v1/namespaces/{namespace}/deployments/{child}",
+        "Service": f"/api/v1/namespaces/{namespace}/services/{child}",
+    }
+    return {kind: api.get(path) for kind, path in paths.items() if not gone(kube, path)}
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+def test_what_only_the_operator_can_check(
+    kube: ControlPlane,
+    operator: Operator,
+    kubelet: Kubelet,
+    node: tuple[str, str],
+    restricted: str,
+    models: ModelServer,
+    tmp_path: Path,
+) -> None:
+    ns, pool = restricted, f"gpu-{secrets.token_hex(3)}"
+    port = models.base_url.rsplit(":", 1)[1]
+    model_service(kube, ns, "minilm", int(port))
+    web_port = free_port()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("<html><title>Team wiki</title></html>")
+    web = Process(
+        f"http://127.0.0.1:{web_port}",
+        [sys.executable, "-m", "http.server", str(web_port), "--bind", "127.0.0.1",
+         "--directory", str(site)],
+        tmp_path / "web.log",
+    ).start()  # fmt: skip
+    try:
+        web.wait_for("the web server", lambda: web.get("/").status_code == 200)
+        model_service(kube, ns, "wiki", web_port)
+        docs = tmp_path / "docs"
+        docs.mkdir()
+        make_drive(kube, ns, "docs", docs)
+        bases = {
+            "no-drive": {"sources": [{"drive": "absent"}], "embedding": {"deployment": "minilm"}},
+            "no-model": {"sources": [{"drive": "docs"}], "embedding": {"deployment": "bge-m3"}},
+            "not-a-model": {"sources": [{"drive": "docs"}], "embedding": {"deployment": "wiki"}},
+            "on-gpu": {
+                "sources": [{"drive": "docs"}],
+                "embedding": {"deployment": "minilm"},
+                "reranker": {"deployment": "minilm"},
+                "placement": {"labels": {"pool": pool}},
+            },
+        }
+        for name, spec in bases.items():
+            apply_kb(kube, ns, kb(name, spec))
+        alive = operator.check_alive
+        s = wait_state(kube, ns, "no-drive", "Failed", alive=alive)
+        assert "drive absent does not exist" in s["reason"]
+        s = wait_state(kube, ns, "no-model", "Failed", alive=alive)
+        assert "embedding model bge-m3 does not exist (no Service bge-m3" in s["reason"]
+        assert condition(s, "EmbeddingModelAvailable")["reason"] == "ServiceNotFound"
+        s = wait_state(kube, ns, "not-a-model", "Failed", alive=alive)
+        assert "embedding model Service wiki answers HTTP (SimpleHTTP" in s["reason"]
+        assert "serves no model API" in s["reason"]
+        assert condition(s, "Ready") | {"lastTransitionTime": None} == {
+            "type": "Ready", "status": "False", "reason": "Failed", "message": s["reason"],
+            "observedGeneration": 1, "lastTransitionTime": None,
+        }  # fmt: skip
+        s = wait_state(kube, ns, "on-gpu", "Pending", alive=alive,
+                       check=lambda s: "scheduler" in s["reason"])  # fmt: skip
+        assert s["reason"].startswith(f"no machine matches placement labels pool={pool} ")
+        assert "(scheduler: 0/" in s["reason"] and "node affinity/selector" in s["reason"]
+        assert condition(s, "RerankerAvailable")["status"] == "True"
+        assert condition(s, "EmbeddingModelAvailable")["message"].endswith(
+            "all-MiniLM-L6-v2 (384 dimensions)"
+        )
+        # A Failed base gets no children; a valid one gets all four, owned by it.
+        assert children(kube, ns, "no-model") == {}
+        owned = children(kube, ns, "on-gpu")
+        uid = get_kb(kube, ns, "on-gpu")["metadata"]["uid"]
+        assert sorted(owned) == ["ConfigMap", "Deployment", "PersistentVolumeClaim", "Service"]
+        for obj in owned.values():
+            (ref,) = obj["metadata"]["ownerReferences"]
+            assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+                "KnowledgeBase", "on-gpu", uid, True)  # fmt: skip
+            labels = obj["metadata"]["labels"]
+            assert labels["app.kubernetes.io/instance"] == "on-gpu"
+            assert labels["app.kubernetes.io/managed-by"] == "metis-operator"
+        warnings = [e for e in state_events(kube, ns, "no-model") if e[0] == "Failed"]
+        assert len(warnings) == 1
+        # The missing drive appears: the base leaves Failed by itself.
+        absent = tmp_path / "absent"
+        absent.mkdir()
+        make_drive(kube, ns, "absent", absent)
+        wait_for(
+            lambda: get_kb(kube, ns, "no-drive")["status"]["state"] != "Failed",
+            timeout=60, what="no-drive to leave Failed",
+        )  # fmt: skip
+        assert "metis-no-drive" in kube.kubectl("get", "deployments", "-n", ns).stdout
+    finally:
+        web.stop()
+
+
+def indexer_totals(kubelet: Kubelet) -> dict[str, Any]:
+    return kubelet.indexer().status()
+
+
+def test_a_base_indexes_answers_and_follows_changes(
+    kube: ControlPlane,
+    operator: Operator,
+    kubelet: Kubelet,
+    node: tuple[str, str],
+    models: ModelServer,
+    tmp_path: Path,
+) -> None:
+    ns, (machine, pool) = kubelet.namespace, node
+    alive = operator.check_alive
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    names = write_documents(docs, 100)  # enough for a pass to be seen Indexing
+    make_drive(kube, ns, "docs", docs)
+    model_port = int(models.base_url.rsplit(":", 1)[1])
+    model_service(kube, ns, "minilm", model_port, selector={"app": "minilm"})
+    kube.rest().post(f"/apis/apps/v1/namespaces/{ns}/deployments", {
+        "metadata": {"name": "minilm"},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "minilm"}},
+            "template": {"metadata": {"labels": {"app": "minilm"}}, "spec": {
+                "containers": [{"name": "tei", "image": "registry.invalid/tei:1"}]}},
+        },
+    })  # fmt: skip
+    spec = {
+        "sources": [{"drive": "docs"}],
+        "embedding": {"deployment": "minilm"},
+        "placement": {"labels": {"pool": f"gpu-{pool}"}},
+        "rescan_seconds": 0,
+    }
+    apply_kb(kube, ns, kb("handbook", spec))
+    s = wait_state(kube, ns, "handbook", "Pending", alive=alive,
+                   check=lambda s: "scheduler" in s["reason"])  # fmt: skip
+    assert s["reason"].startswith(f"no machine matches placement labels pool=gpu-{pool}")
+
+    # The pod the operator made: the drives read-only, the index at /index, no root.
+    deployment = children(kube, ns, "handbook")["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/drives/docs"]["readOnly"] is True and "readOnly" not in mounts["/index"]
+    claims = {v["name"]: v.get("persistentVolumeClaim") for v in pod["volumes"]}
+    assert claims[mounts["/drives/docs"]["name"]] == {"claimName": "docs", "readOnly": True}
+    assert claims[mounts["/index"]["name"]] == {"claimName": "metis-handbook"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["resources"] == {
+        "requests": {"cpu": "1", "memory": "2Gi"},
+        "limits": {"memory": "2Gi"},
+    }
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+
+    # A machine matches: the pod is placed and starts (the kubelet holds it a moment).
+    kubelet.hold = True
+    spec["placement"] = {"labels": {"pool": pool}}
+    apply_kb(kube, ns, kb("handbook", spec))
+    s = wait_state(kube, ns, "handbook", "Starting", alive=alive)
+    assert s["reason"] == f"its indexer is starting on machine {machine}"
+    kubelet.hold = False
+    s = wait_state(kube, ns, "handbook", "Ready", alive=alive, timeout=120)
+    kubelet.check()
+    totals = indexer_totals(kubelet)
+    index = s["observed"]["index"]
+    assert {k: index[k] for k in ("documents", "chunks", "failed")} == {
+        k: totals[k] for k in ("documents", "chunks", "failed")
+    }
+    assert index["documents"] == len(names) and index["dimensions"] == 384
+    assert index["last_indexed_at"] == totals["last_indexed_at"]
+    assert s["observed"]["machine"] == machine
+    assert s["observed"]["address"] == f"http://metis-handbook.{ns}.svc:{operator.indexer_port}"
+    assert s["observed"]["warnings"] == [
+        "embedding model minilm: Deployment minilm is scaled to zero; the base does not wake "
+        "it (keep one replica)"
+    ]
+    assert condition(s, "Ready")["status"] == "True"
+    assert condition(s, "EmbeddingModelAvailable")["status"] == "True"
+    assert s["observedGeneration"] == get_kb(kube, ns, "handbook")["metadata"]["generation"]
+    states = [reason for reason, _ in state_events(kube, ns, "handbook")]
+    assert states[:2] == ["Pending", "Starting"] and states[-1] == "Ready"
+    assert "Indexing" in states
+    wait = kube.kubectl("wait", "--for=condition=Ready", "kb/handbook", "-n", ns, "--timeout=10s")
+    assert "condition met" in wait.stdout
+    row = kube.kubectl("get", "kb", "handbook", "-n", ns).stdout.splitlines()[1].split()
+    assert row[:4] == ["handbook", "Ready", str(index["documents"]), str(index["chunks"])]
+
+    # Reindex and evaluate by annotation; each runs again only when its value changes.
+    passes = totals["passes"]
+    kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/reindex=1")
+    wait_for(lambda: indexer_totals(kubelet)["passes"] == passes + 1, timeout=30,
+             what="a pass after the reindex annotation")  # fmt: skip
+    kube.kubectl("annotate", "kb", "handbook", "-n", ns, "--overwrite",
+                 "metis.astraeus.io/reindex=full-2")  # fmt: skip
+    wait_for(lambda: indexer_totals(kubelet)["passes"] == passes + 2, timeout=30,
+             what="a full pass")  # fmt: skip
+    assert indexer_totals(kubelet)["last_pass"]["read"] == len(names)
+    kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/evaluate=k=5")
+    s = wait_state(kube, ns, "handbook", "Ready", check=lambda s: "evaluation" in s)
+    evaluation = s["evaluation"]
+    assert set(evaluation) == {"k", "cases", "recall_at_k", "mrr", "at"}
+    assert (evaluation["k"], evaluation["cases"]) == (5, len(TOPICS))
+    assert 0 < evaluation["recall_at_k"] <= 1
+
+    # A data source's new revision: the indexer reads it, the status says so.
+    kube.rest().patch(
+        f"/api/v1/namespaces/{ns}/persistentvolumeclaims/docs",
+        {"metadata": {"annotations": {"metis.astraeus.io/revision": "r7"}}},
+    )
+    s = wait_state(
+        kube,
+        ns,
+        "handbook",
+        "Ready",
+        timeout=60,
+        check=lambda s: s["observed"].get("indexed_revisions") == {"docs": "r7"},
+    )
+    assert s["observed"]["revisions"] == {"docs": "r7"}
+
+    # The embedding model stops: Waiting, with why; back: Ready again.
+    models.stop()
+    s = wait_state(kube, ns, "handbook", "Waiting", alive=alive)
+    assert s["reason"] == "waiting for embedding model minilm: connection refused"
+    assert condition(s, "EmbeddingModelAvailable")["reason"] == "NotAnswering"
+    restarted = start_model_server(port=model_port)
+    try:
+        wait_state(kube, ns, "handbook", "Ready", alive=alive)
+        # Chunking changes: every document is read again, by the running indexer.
+        spec["chunking"] = {"size": 400, "overlap": 50}
+        apply_kb(kube, ns, kb("handbook", spec))
+        s = wait_state(
+            kube,
+            ns,
+            "handbook",
+            "Ready",
+            alive=alive,
+            timeout=120,
+            check=lambda s: s["observed"]["index"]["chunks"] > index["chunks"],
+        )
+        assert indexer_totals(kubelet)["last_pass"]["read"] == len(names)
+        assert s["observedGeneration"] == 3
+
+        # A new source changes the mounts: a replacement takes over, then Ready.
+        more = tmp_path / "runbooks"
+        more.mkdir()
+        (more / "restart-guide.md").write_text("# Restarting\n\nHow to restart the service.\n")
+        make_drive(kube, ns, "runbooks", more)
+        before = len(state_events(kube, ns, "handbook"))
+        spec["sources"].append({"drive": "runbooks"})
+        apply_kb(kube, ns, kb("handbook", spec))
+        s = wait_state(
+            kube,
+            ns,
+            "handbook",
+            "Ready",
+            alive=alive,
+            timeout=120,
+            check=lambda s: s["observed"]["index"]["documents"] == len(names) + 1,
+        )
+        later = [reason for reason, _ in state_events(kube, ns, "handbook")[before:]]
+        assert "Starting" in later and later[-1] == "Ready"
+
+        # Nothing in the resource or its Events names a document.
+        dumped = kube.kubectl("get", "kb", "handbook", "-n", ns, "-o", "yaml").stdout
+        dumped += yaml.safe_dump(state_events(kube, ns, "handbook"))
+        for name in [*names, "restart-guide.md"]:
+            assert name.removesuffix(".md") not in dumped
+
+        metrics = operator.metrics()
+        assert 'metis_operator_knowledge_bases{state="Ready"} 1.0' in metrics
+        assert "metis_operator_reconciliations_total" in metrics
+
+        # Deleting the base deletes its children (the garbage collector, by owner).
+        owned = children(kube, ns, "handbook")
+        assert len(owned) == 4
+        kube.kubectl("delete", "kb", "handbook", "-n", ns, "--timeout=60s")
+        wait_for(lambda: children(kube, ns, "handbook") == {}, timeout=120, interval=1,
+                 what="the children to be garbage-collected")  # fmt: skip
+        assert gone(kube, kb_path(ns, "handbook"))
+        wait_for(
+            lambda: 'metis_operator_knowledge_bases{state="Ready"} 0.0' in operator.metrics(),
+            timeout=30,
+            what="the deleted base to leave the metrics",
+        )
+    finally:
+        restarted.stop()
+
+
+def reconciliations(op: Operator) -> float:
+    """Timer reconciliations the running operator process has made."""
+    for line in op.metrics().splitlines():
+        if line.startswith('metis_operator_reconciliations_total{trigger="timer"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_restarting_the_operator_creates_nothing_twice_and_does_not_flap(
+    kube: ControlPlane,
+    operator: Operator,
+    kubelet: Kubelet,
+    node: tuple[str, str],
+    models: ModelServer,
+    tmp_path: Path,
+) -> None:
+    ns, (_, pool) = kubelet.namespace, node
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    write_documents(docs, 12)
+    make_drive(kube, ns, "docs", docs)
+    model_service(kube, ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
+    kubelet.hold = True
+    spec = {"sources": [{"drive": "docs"}], "embedding": {"deployment": "minilm"},
+            "placement": {"labels": {"pool": pool}}, "rescan_seconds": 0}  # fmt: skip
+    apply_kb(kube, ns, kb("handbook", spec))
+
+    # Killed as soon as it has made its first child, before it made them all.
+    cm = f"/api/v1/namespaces/{ns}/configmaps/metis-handbook"
+    wait_for(lambda: not gone(kube, cm), timeout=60, interval=0.05, what="the first child")
+    operator.stop(signal.SIGKILL)
+    operator.start()
+    wait_state(kube, ns, "handbook", "Starting", alive=operator.check_alive)
+    first = {kind: o["metadata"]["uid"] for kind, o in children(kube, ns, "handbook").items()}
+    assert len(first) == 4
+
+    def unchanged_while_restarted(sig: int) -> None:
+        status = get_kb(kube, ns, "handbook")["status"]
+        events = state_events(kube, ns, "handbook")
+        operator.stop(sig)
+        operator.start()
+        wait_for(lambda: reconciliations(operator) >= 4, timeout=30, what="4 reconciliations")
+        assert get_kb(kube, ns, "handbook")["status"] == status
+        assert state_events(kube, ns, "handbook") == events
+
+    unchanged_while_restarted(signal.SIGKILL)  # while Starting
+    kubelet.hold = False
+    wait_state(kube, ns, "handbook", "Ready", alive=operator.check_alive, timeout=120)
+    unchanged_while_restarted(signal.SIGTERM)  # while Ready
+
+    now = {kind: o["metadata"]["uid"] for kind, o in children(kube, ns, "handbook").items()}
+    assert now == first
+    selector = "app.kubernetes.io/instance=handbook"
+    for collection in (
+        "api/v1/namespaces/{ns}/configmaps",
+        "api/v1/namespaces/{ns}/services",
+        "api/v1/namespaces/{ns}/persistentvolumeclaims",
+        "apis/apps/v1/namespaces/{ns}/deployments",
+        "apis/apps/v1/namespaces/{ns}/replicasets",
+        "api/v1/namespaces/{ns}/pods",
+    ):
+        found = kube.rest().get(f"/{collection.format(ns=ns)}?labelSelector={selector}")["items"]
+        assert len(found) == 1, (collection, [o["metadata"]["name"] for o in found])
+    states = [reason for reason, _ in state_events(kube, ns, "handbook")]
+    assert states.count("Starting") == 1 and states[-1] == "Ready", states
+    assert all(a != b for a, b in itertools.pairwise(states)), states

@@ -1,0 +1,171 @@
+"""The four children as pure manifests, and when one must be applied again."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from metis_operator import children
+from metis_operator import spec as spec_mod
+from metis_operator.settings import IndexerSettings, Settings
+
+OWNER = children.Owner("handbook", "team-a", "uid-1")
+SETTINGS = Settings(indexer=IndexerSettings(image="registry.example/metis-indexer:1", port=7700))
+
+
+def parse(**changes: Any) -> spec_mod.KnowledgeBaseSpec:
+    body = {
+        "sources": [
+            {"drive": "docs", "path": "handbook"},
+            {"drive": "docs", "path": "faq"},
+            {"drive": "runbooks"},
+        ],
+        "embedding": {"deployment": "bge-m3"},
+        **changes,
+    }
+    return spec_mod.parse("handbook", body)  # fmt: skip
+
+
+def every_child(spec: spec_mod.KnowledgeBaseSpec) -> list[dict[str, Any]]:
+    config = spec_mod.to_indexer_config(
+        "handbook", spec, port=7700, embedding_url="http://bge-m3.team-a.svc:80",
+        reranker_url=None, revisions={},
+    )  # fmt: skip
+    return [
+        children.config_map(OWNER, config),
+        children.index_claim(OWNER, SETTINGS),
+        children.deployment(OWNER, spec, SETTINGS),
+        children.service(OWNER, SETTINGS),
+    ]
+
+
+def test_each_child_is_named_labelled_and_owned_by_the_base() -> None:
+    for child in every_child(parse()):
+        meta = child["metadata"]
+        assert (meta["name"], meta["namespace"]) == ("metis-handbook", "team-a")
+        assert meta["ownerReferences"] == [{
+            "apiVersion": "metis.astraeus.io/v1", "kind": "KnowledgeBase", "name": "handbook",
+            "uid": "uid-1", "controller": True, "blockOwnerDeletion": True,
+        }]  # fmt: skip
+        labels = meta["labels"]
+        assert labels["app.kubernetes.io/name"] == "metis-indexer"
+        assert labels["app.kubernetes.io/instance"] == "handbook"
+        assert labels["app.kubernetes.io/managed-by"] == "metis-operator"
+        assert labels["app.kubernetes.io/part-of"] == "metis"
+
+
+def test_the_pod_mounts_each_drive_once_read_only_and_runs_unprivileged() -> None:
+    dep = children.deployment(OWNER, parse(), SETTINGS)
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert sorted(mounts) == ["/drives/docs", "/drives/runbooks", "/etc/metis", "/index", "/tmp"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for drive in ("docs", "runbooks"):
+        m = mounts[f"/drives/{drive}"]
+        assert m["readOnly"] is True
+        assert volumes[m["name"]]["persistentVolumeClaim"] == {"claimName": drive, "readOnly": True}
+    assert volumes[mounts["/index"]["name"]]["persistentVolumeClaim"] == {
+        "claimName": "metis-handbook"
+    }
+    assert volumes[mounts["/etc/metis"]["name"]]["configMap"] == {"name": "metis-handbook"}
+    assert "subPath" not in mounts["/etc/metis"]  # so ConfigMap updates reach the pod
+    assert c["image"] == "registry.example/metis-indexer:1"
+    assert c["command"] == ["metis", "serve", "--config", "/etc/metis/config.json"]
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+    }  # fmt: skip
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    assert c["ports"] == [{"name": "http", "containerPort": 7700, "protocol": "TCP"}]
+    assert dep["spec"]["strategy"] == {"type": "Recreate"} and dep["spec"]["replicas"] == 1
+    assert dep["spec"]["selector"]["matchLabels"] == children.selector("handbook")
+
+
+@pytest.mark.parametrize(
+    ("placement", "expected"),
+    [
+        ({}, {}),
+        ({"labels": {"pool": "gpu"}}, {"nodeSelector": {"pool": "gpu"}}),
+        ({"machines": ["n1", "n2"]}, {"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                       "values": ["n1", "n2"]}]}]}}}}),
+    ],
+    ids=["anywhere", "labels", "machines"],
+)  # fmt: skip
+def test_placement(placement: dict[str, Any], expected: dict[str, Any]) -> None:
+    pod = children.deployment(OWNER, parse(placement=placement), SETTINGS)["spec"]["template"]
+    got = {k: pod["spec"][k] for k in ("nodeSelector", "affinity") if k in pod["spec"]}
+    assert got == expected
+
+
+def test_cpu_is_requested_and_memory_requested_and_limited() -> None:
+    dep = children.deployment(OWNER, parse(placement={"cpu_cores": 4, "memory_gb": 16}), SETTINGS)
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["resources"] == {"requests": {"cpu": "4", "memory": "16Gi"},
+                              "limits": {"memory": "16Gi"}}  # fmt: skip
+
+
+def test_a_configuration_change_does_not_replace_the_pod_but_a_new_source_does() -> None:
+    base = children.deployment(OWNER, parse(), SETTINGS)
+    rechunked = parse(chunking={"size": 800}, rescan_seconds=0)
+    assert children.deployment(OWNER, rechunked, SETTINGS) == base
+    reordered = parse(sources=[{"drive": "runbooks"}, {"drive": "docs"}])
+    assert children.deployment(OWNER, reordered, SETTINGS) == children.deployment(
+        OWNER, parse(sources=[{"drive": "docs"}, {"drive": "runbooks"}]), SETTINGS
+    )
+    grown = parse(sources=[{"drive": "docs"}, {"drive": "runbooks"}, {"drive": "wiki"}])
+    assert children.deployment(OWNER, grown, SETTINGS) != base
+
+
+def test_the_configmap_holds_the_indexers_configuration() -> None:
+    cm = every_child(parse())[0]
+    config = json.loads(cm["data"]["config.json"])
+    assert config["index_dir"] == "/index" and config["sources"][0]["root"] == "/drives/docs"
+
+
+def test_volume_names_are_dns_labels_for_any_drive_name() -> None:
+    name = children.volume_name("a." * 100 + "b")
+    assert len(name) <= 63 and name == children.volume_name("a." * 100 + "b")
+
+
+def test_index_claim_class_only_when_set() -> None:
+    assert "storageClassName" not in children.index_claim(OWNER, SETTINGS)["spec"]
+    fast = Settings(indexer=IndexerSettings(storage_class="fast", index_storage="50Gi"))
+    spec = children.index_claim(OWNER, fast)["spec"]
+    assert spec["storageClassName"] == "fast"
+    assert spec["resources"] == {"requests": {"storage": "50Gi"}}
+
+
+def served(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The object as the API server returns it: defaults and status added."""
+    out = copy.deepcopy(manifest)
+    out["metadata"] |= {"uid": "u", "resourceVersion": "7", "managedFields": []}
+    out["spec"]["progressDeadlineSeconds"] = 600
+    c = out["spec"]["template"]["spec"]["containers"][0]
+    c["terminationMessagePath"] = "/dev/termination-log"
+    c["livenessProbe"]["httpGet"]["scheme"] = "HTTP"
+    out["status"] = {"replicas": 1}
+    return out
+
+
+def test_needs_apply() -> None:
+    desired = children.with_hash(children.deployment(OWNER, parse(), SETTINGS))
+    actual = served(desired)
+    assert children.needs_apply(desired, None)
+    assert not children.needs_apply(desired, actual)
+
+    drifted = copy.deepcopy(actual)
+    drifted["spec"]["replicas"] = 3  # someone scaled it
+    assert children.needs_apply(desired, drifted)
+
+    # A placement label removed: the subset test cannot see it, the hash does.
+    labelled = children.with_hash(
+        children.deployment(OWNER, parse(placement={"labels": {"pool": "a"}}), SETTINGS)
+    )
+    assert children.needs_apply(desired, served(labelled))

@@ -1,0 +1,42 @@
+"""One settings tree: defaults, the environment, flags over the environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from metis_operator import settings as settings_mod
+
+
+def test_defaults() -> None:
+    s = settings_mod.load({})
+    assert s.indexer.port == 7700 and s.poll.interval_seconds == 10.0
+    assert s.runtime.namespaces == ()
+    assert s.url("bge-m3", "team-a", 80) == "http://bge-m3.team-a.svc:80"
+
+
+def test_environment_then_flags() -> None:
+    env = {
+        "METIS_URL_TEMPLATE": "http://127.0.0.1:{port}",
+        "METIS_INDEXER_PORT": "17700",
+        "METIS_POLL_SECONDS": "0.5",
+        "METIS_NAMESPACES": "team-a, team-b,",
+    }
+    s = settings_mod.load(env, ["--poll-seconds", "2", "--indexer-image", "img:2"])
+    assert s.url("x", "y", 81) == "http://127.0.0.1:81"
+    assert s.indexer.port == 17700 and s.indexer.image == "img:2"
+    assert s.poll.interval_seconds == 2.0
+    assert s.runtime.namespaces == ("team-a", "team-b")
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"METIS_INDEXER_PORT": "seventy"}, "METIS_INDEXER_PORT='seventy': expected int"),
+        ({"METIS_URL_TEMPLATE": "http://{host}:{port}"}, "is not a template of"),
+    ],
+    ids=["not-a-number", "unknown-placeholder"],
+)
+def test_a_bad_value_is_named(env: dict[str, str], words: str) -> None:
+    with pytest.raises(ValueError, match="METIS_") as e:
+        settings_mod.load(env)
+    assert words in str(e.value)

@@ -1,0 +1,169 @@
+"""DESIGN.md's state table, row by row and in its priority order, as named cases of
+the pure `derive`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from metis_operator.spec import Placement
+from metis_operator.state import (
+    IndexerStatus,
+    Model,
+    ModelCheck,
+    Observation,
+    PodView,
+    State,
+    derive,
+    unschedulable,
+)
+
+EMBEDDING = ModelCheck("embedding model", "bge-m3", Model.AVAILABLE, "serves BAAI/bge-m3")
+RUNNING = PodView("metis-hb-1", node="node-a", running=True, ready=True)
+
+
+def ix(phase: str, **kw: object) -> IndexerStatus:
+    return IndexerStatus.model_validate({"phase": phase, **kw})
+
+
+HEALTHY = Observation(
+    embedding=EMBEDDING,
+    index_drive="metis-hb",
+    index_drive_bound=True,
+    pod=RUNNING,
+    indexer=ix("ready", passes=1),
+)
+
+
+def given(**changes: object) -> Observation:
+    return dataclasses.replace(HEALTHY, **changes)  # type: ignore[arg-type]
+
+
+CASES = [
+    # Failed: what cannot run as asked, before anything else.
+    ("invalid-spec", given(invalid="spec.rescan_seconds: is 5"), State.FAILED,
+     "the spec is invalid: spec.rescan_seconds: is 5"),
+    ("missing-drive", given(missing_drives=("docs",)), State.FAILED,
+     "drive docs does not exist (no PersistentVolumeClaim docs in this namespace)"),
+    ("missing-model", given(embedding=ModelCheck("embedding model", "bge-m3", Model.NOT_FOUND)),
+     State.FAILED, "embedding model bge-m3 does not exist (no Service bge-m3 in this namespace)"),
+    ("model-serves-else",
+     given(embedding=ModelCheck("embedding model", "web", Model.SERVES_ELSE,
+                                "serves reranker bge-reranker, not an embedding model")),
+     State.FAILED,
+     "embedding model Service web serves reranker bge-reranker, not an embedding model"),
+    ("reranker-missing",
+     given(reranker=ModelCheck("reranker", "rr", Model.NOT_FOUND)), State.FAILED,
+     "reranker rr does not exist (no Service rr in this namespace)"),
+    ("failures-add-up",
+     given(missing_drives=("a", "b")), State.FAILED,
+     "drive a does not exist (no PersistentVolumeClaim a in this namespace); "
+     "drive b does not exist (no PersistentVolumeClaim b in this namespace)"),
+    ("failed-beats-pending", given(missing_drives=("docs",), pod=None), State.FAILED, None),
+    # Pending: no machine, no volume, no listing yet.
+    ("unlisted-data-source", given(unlisted_drives=("bucket",)), State.PENDING,
+     "drive bucket waits for its data source's first listing"),
+    ("unbound-drive", given(unbound_drives=("docs",)), State.PENDING,
+     "drive docs is not bound to a volume yet"),
+    ("unbound-index-drive", given(index_drive_bound=False), State.PENDING,
+     "its index drive metis-hb is not bound to a volume yet"),
+    ("pod-cannot-be-created", given(pod=None, pod_failure="exceeded quota: mem"), State.PENDING,
+     "its pod cannot be created: exceeded quota: mem"),
+    ("no-pod-yet", given(pod=None), State.PENDING, "its pod is not created yet"),
+    ("unschedulable",
+     given(placement=Placement(labels={"pool": "gpu"}),
+           pod=PodView("p", unschedulable="0/3 nodes are available: 3 node(s) didn't match "
+                       "Pod's node affinity/selector. preemption: 0/3 nodes are available")),
+     State.PENDING,
+     "no machine matches placement labels pool=gpu (scheduler: 0/3 nodes are available: "
+     "3 node(s) didn't match Pod's node affinity/selector.)"),
+    ("not-yet-scheduled", given(pod=PodView("p")), State.PENDING, "its pod waits for a machine"),
+    ("pending-beats-starting", given(unbound_drives=("docs",), replacing=True), State.PENDING,
+     None),
+    ("unschedulable-replacement-is-pending",
+     given(replacing=True, pod=PodView("p", unschedulable="0/1 nodes are available: 1 "
+                                       "Insufficient memory.")),
+     State.PENDING, None),
+    # Starting: the pod starts, the index loads, a replacement takes over.
+    ("between-two-pods", given(pod=None, replacing=True), State.STARTING,
+     "a replacement is taking over after a change"),
+    ("old-pod-going", given(pod=dataclasses.replace(RUNNING, terminating=True)), State.STARTING,
+     "a replacement is taking over after a change on machine node-a"),
+    ("new-template-rolling-out", given(replacing=True), State.STARTING,
+     "a replacement is taking over after a change on machine node-a"),
+    ("container-not-started", given(pod=PodView("p", node="node-a")), State.STARTING,
+     "its indexer is starting on machine node-a"),
+    ("image-pull", given(pod=PodView("p", node="node-a", waiting="ImagePullBackOff: not found")),
+     State.STARTING, "its indexer container waits on machine node-a: ImagePullBackOff: not found"),
+    ("api-not-up-yet", given(pod=dataclasses.replace(RUNNING, ready=False), indexer=None,
+                              indexer_error="connection refused"),
+     State.STARTING, "its indexer does not answer yet: connection refused"),
+    ("loading", given(indexer=ix("loading")), State.STARTING, "loading its index"),
+    ("standby", given(indexer=ix("standby")), State.STARTING,
+     "a replacement is taking over; searches are answered meanwhile"),
+    ("starting-beats-waiting",
+     given(indexer=ix("loading"),
+           embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING)),
+     State.STARTING, None),
+    # Waiting: for the embedding model most often.
+    ("model-not-answering",
+     given(embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING,
+                                         detail="connection refused")),
+     State.WAITING, "waiting for embedding model bge-m3: connection refused"),
+    ("indexer-waits", given(indexer=ix("waiting", reason="waiting for embedding model x: 503")),
+     State.WAITING, "waiting for embedding model x: 503"),
+    ("ready-pod-unreachable", given(indexer=None, indexer_error="timed out"), State.WAITING,
+     "the operator cannot reach its indexer: timed out"),
+    ("unknown-phase", given(indexer=ix("dreaming")), State.WAITING,
+     "its indexer reports an unknown phase 'dreaming'"),
+    ("waiting-beats-indexing",
+     given(indexer=ix("indexing"),
+           embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING)),
+     State.WAITING, None),
+    ("reranker-down-is-not-waiting",
+     given(reranker=ModelCheck("reranker", "rr", Model.NOT_ANSWERING, "timed out")),
+     State.READY, None),
+    # Indexing, then Ready.
+    ("indexing", given(indexer=ix("indexing", pass_total=9, pass_done=2)), State.INDEXING,
+     "reading documents; searches are answered from what is indexed so far"),
+    ("first-scan", given(indexer=ix("scanning", passes=0)), State.INDEXING, None),
+    ("rescan-after-a-pass-stays-ready", given(indexer=ix("scanning", passes=3)), State.READY,
+     None),
+    ("ready", HEALTHY, State.READY, "everything is indexed; watching its sources"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("o", "state", "reason"), [pytest.param(*c[1:], id=c[0]) for c in CASES])
+def test_the_state_table(o: Observation, state: State, reason: str | None) -> None:
+    verdict = derive(o)
+    assert verdict.state is state
+    if reason is not None:
+        assert verdict.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("message", "placement", "starts"),
+    [
+        ("0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.",
+         Placement(machines=["gpu-1", "gpu-2"]), "no machine matches placement machines gpu-1, "
+         "gpu-2 (scheduler:"),
+        ("0/2 nodes are available: 2 Insufficient memory.", Placement(memory_gb=64),
+         "no machine has 64 GiB of memory free (placement.memory_gb)"),
+        ("0/2 nodes are available: 2 Insufficient cpu.", Placement(cpu_cores=16),
+         "no machine has 16 CPU cores free (placement.cpu_cores)"),
+        ("0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims.",
+         Placement(), "its drives are not bound to volumes yet"),
+        ("no nodes available to schedule pods", Placement(),
+         "the cluster has no machine to run it"),
+        ("0/1 nodes are available: 1 node(s) had untolerated taint {x: y}.", Placement(),
+         "no machine can run it (scheduler: 0/1 nodes are available: 1 node(s) had untolerated"),
+    ],
+    ids=["machines", "memory", "cpu", "volumes", "no-nodes", "other"],
+)  # fmt: skip
+def test_the_schedulers_message_says_what_to_do(
+    message: str, placement: Placement, starts: str
+) -> None:
+    said = unschedulable(message, placement)
+    assert said.startswith(starts)
+    assert message.split(" preemption:")[0] in said

@@ -1,0 +1,163 @@
+"""Composing a status: conditions that keep their time unless they changed, totals
+that survive a moment without the indexer, no folder names, and a merge patch that
+is empty when nothing changed (so nothing is written)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from metis_operator import status as status_mod
+from metis_operator.state import (
+    IndexerStatus,
+    Model,
+    ModelCheck,
+    Observation,
+    PodView,
+    State,
+    Verdict,
+)
+
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+EMBEDDING = ModelCheck("embedding model", "bge-m3", Model.AVAILABLE, "serves BAAI/bge-m3 (1024)")
+STATUS = IndexerStatus(
+    phase="ready", documents=40, chunks=120, failed=1, passes=2,
+    last_indexed_at=T0, dimensions=1024, indexed_revisions={"docs": "r1"},
+)  # fmt: skip
+READY = Verdict(State.READY, "everything is indexed; watching its sources")
+OBSERVED = Observation(
+    embedding=EMBEDDING, index_drive_bound=True,
+    pod=PodView("p", node="node-a", running=True, ready=True), indexer=STATUS,
+)  # fmt: skip
+
+
+def compose(previous: dict[str, Any], verdict: Verdict = READY, o: Observation = OBSERVED,
+            now: str = T1, with_reranker: bool = False) -> dict[str, Any]:  # fmt: skip
+    return status_mod.compose(
+        previous, verdict, o, generation=3, address="http://metis-hb.ns.svc:7700",
+        revisions={"docs": "r1"}, with_reranker=with_reranker, now=now,
+    )  # fmt: skip
+
+
+def test_a_ready_base() -> None:
+    s = compose({})
+    assert s["state"] == "Ready" and s["observedGeneration"] == 3
+    assert s["observed"] == {
+        "index": {"phase": "ready", "documents": 40, "chunks": 120, "failed": 1,
+                  "pass_total": 0, "pass_done": 0, "last_indexed_at": T0, "dimensions": 1024},
+        "machine": "node-a",
+        "address": "http://metis-hb.ns.svc:7700",
+        "revisions": {"docs": "r1"},
+        "indexed_revisions": {"docs": "r1"},
+    }  # fmt: skip
+    assert [(c["type"], c["status"], c["reason"]) for c in s["conditions"]] == [
+        ("Ready", "True", "Ready"),
+        ("EmbeddingModelAvailable", "True", "Available"),
+    ]
+    assert all(c["lastTransitionTime"] == T1 for c in s["conditions"])
+    assert "progress" not in s and "evaluation" not in s
+
+
+def test_an_unchanged_base_composes_the_same_status_so_nothing_is_written() -> None:
+    first = compose({}, now=T0)
+    again = compose(first, now=T1)
+    assert again == first
+    assert status_mod.merge_patch(first, again) == {}
+
+
+def test_a_condition_keeps_its_time_unless_status_or_message_change() -> None:
+    first = compose({}, now=T0)
+    waiting = Verdict(State.WAITING, "waiting for embedding model bge-m3: connection refused")
+    later = compose(first, verdict=waiting, now=T1)
+    times = {c["type"]: c["lastTransitionTime"] for c in later["conditions"]}
+    assert times == {"Ready": T1, "EmbeddingModelAvailable": T0}
+    reworded = compose(later, verdict=Verdict(State.WAITING, "waiting for x"), now="later")
+    assert next(c for c in reworded["conditions"] if c["type"] == "Ready")[
+        "lastTransitionTime"] == "later"  # fmt: skip
+
+
+def test_progress_while_a_pass_reads() -> None:
+    o = Observation(indexer=IndexerStatus(phase="indexing", pass_total=40, pass_done=12))
+    s = compose({}, verdict=Verdict(State.INDEXING, "reading"), o=o)
+    assert s["progress"] == "12/40"
+
+
+def test_totals_survive_a_moment_without_the_indexer_but_its_phase_does_not() -> None:
+    before = compose({})
+    s = compose(before, verdict=Verdict(State.STARTING, "a replacement"), o=Observation())
+    assert s["observed"]["index"] == {
+        "documents": 40,
+        "chunks": 120,
+        "failed": 1,
+        "last_indexed_at": T0,
+        "dimensions": 1024,
+    }
+    assert s["observed"]["indexed_revisions"] == {"docs": "r1"}
+    assert "machine" not in s["observed"]
+
+
+def test_the_evaluation_is_kept_only_an_evaluation_writes_it() -> None:
+    evaluation = {"k": 5, "cases": 6, "recall_at_k": 0.8, "mrr": 0.7, "at": T0}
+    s = compose({**compose({}), "evaluation": evaluation})
+    assert s["evaluation"] == evaluation
+
+
+def test_reranker_condition_only_with_a_reranker() -> None:
+    rr = ModelCheck("reranker", "rr", Model.NOT_FOUND)
+    o = Observation(embedding=EMBEDDING, reranker=rr)
+    s = compose({}, o=o, with_reranker=True)
+    cond = next(c for c in s["conditions"] if c["type"] == "RerankerAvailable")
+    assert (cond["status"], cond["reason"], cond["message"]) == (
+        "False",
+        "ServiceNotFound",
+        "no Service rr in this namespace",
+    )
+
+
+def test_an_invalid_spec_leaves_the_models_unchecked() -> None:
+    s = compose({}, verdict=Verdict(State.FAILED, "the spec is invalid"), o=Observation())
+    cond = next(c for c in s["conditions"] if c["type"] == "EmbeddingModelAvailable")
+    assert (cond["status"], cond["reason"]) == ("False", "NotChecked")
+
+
+def test_warnings_count_folders_instead_of_naming_them() -> None:
+    idle = ModelCheck(
+        "embedding model",
+        "bge-m3",
+        Model.AVAILABLE,
+        warnings=("embedding model bge-m3: Deployment bge-m3 is scaled to zero",),
+    )
+    o = Observation(
+        embedding=idle,
+        reranker=ModelCheck("reranker", "rr", Model.NOT_ANSWERING, "timed out"),
+        indexer=IndexerStatus(phase="ready", warnings=[
+            "source docs: cannot list hr/salaries-2026", "source docs: cannot list legal/x",
+            "source wiki: the drive at /drives/wiki is not a folder",
+        ]),
+    )  # fmt: skip
+    assert status_mod.warnings(o) == [
+        "embedding model bge-m3: Deployment bge-m3 is scaled to zero",
+        "reranker rr does not answer (timed out): results come in the fused order",
+        "source wiki: the drive at /drives/wiki is not a folder",
+        "source docs: 2 folder(s) cannot be listed",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "patch"),
+    [
+        ({}, {}, {}),
+        ({"a": 1}, {"a": 1}, {}),
+        ({"a": 1}, {"a": 2}, {"a": 2}),
+        ({"a": 1, "b": 2}, {"a": 1}, {"b": None}),
+        ({"o": {"x": 1, "y": 2}}, {"o": {"x": 1, "y": 3}}, {"o": {"y": 3}}),
+        ({"o": {"x": 1}}, {"o": {}}, {"o": {"x": None}}),
+        ({"l": [1, 2]}, {"l": [1]}, {"l": [1]}),
+        ({"a": None}, {"a": None}, {}),
+    ],
+    ids=["empty", "same", "changed", "removed", "nested", "nested-removed", "list-whole",
+         "same-null"],
+)  # fmt: skip
+def test_merge_patch(old: dict[str, Any], new: dict[str, Any], patch: dict[str, Any]) -> None:
+    assert status_mod.merge_patch(old, new) == patch
