@@ -27,21 +27,6 @@ _KIND_WORDS = {
 }
 
 
-def describe(e: BaseException) -> str:
-    """A transport error in a few words. httpx's async connect error says "All
-    connection attempts failed"; the refusal is further down its chain."""
-    cause: BaseException | None = e
-    while cause is not None:
-        if isinstance(cause, ConnectionRefusedError):
-            return "connection refused"
-        cause = cause.__cause__ or cause.__context__
-    if isinstance(e, httpx.ConnectError):
-        return "connection refused" if "refused" in str(e).lower() else f"cannot connect: {e}"
-    if isinstance(e, httpx.TimeoutException):
-        return "timed out"
-    return str(e) or type(e).__name__
-
-
 def _what(info: clients.ModelInfo) -> str:
     words = list(dict.fromkeys(_KIND_WORDS[k] for k in info.kinds if k in _KIND_WORDS))
     return f"{' and '.join(words) or 'model'} {info.id}"
@@ -60,7 +45,7 @@ async def _discover(client: httpx.AsyncClient, url: str) -> clients.ModelInfo | 
     try:
         answer = await client.get(f"{url}/")
     except httpx.HTTPError as e:
-        return Model.NOT_ANSWERING, describe(e)
+        return Model.NOT_ANSWERING, clients.describe(e)
     if _unavailable(answer.status_code):
         return Model.NOT_ANSWERING, f"HTTP {answer.status_code}"
     server = answer.headers.get("server")
@@ -80,7 +65,7 @@ async def embedding(client: httpx.AsyncClient, url: str) -> tuple[Model, str]:
     try:
         answer = await client.post(f"{url}/v1/embeddings", json=body)
     except httpx.HTTPError as e:
-        return Model.NOT_ANSWERING, describe(e)
+        return Model.NOT_ANSWERING, clients.describe(e)
     if _unavailable(answer.status_code):
         return Model.NOT_ANSWERING, f"POST /v1/embeddings answered HTTP {answer.status_code}"
     if not answer.is_success:
@@ -115,7 +100,7 @@ async def reranker(client: httpx.AsyncClient, url: str) -> tuple[Model, str]:
     try:
         route, answer = await _rerank_call(client, url)
     except httpx.HTTPError as e:
-        return Model.NOT_ANSWERING, describe(e)
+        return Model.NOT_ANSWERING, clients.describe(e)
     if _unavailable(answer.status_code):
         return Model.NOT_ANSWERING, f"{route} answered HTTP {answer.status_code}"
     if not answer.is_success:

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from metis_indexer import clients
 from metis_indexer.config import IndexerConfig
 from metis_operator import children, kube, observe, probes
 from metis_operator import spec as spec_mod
@@ -136,7 +137,7 @@ async def _indexer_status(
     except httpx.HTTPStatusError as e:
         return None, f"GET /v1/status answered HTTP {e.response.status_code}"
     except (httpx.HTTPError, ValueError) as e:
-        return None, probes.describe(e)
+        return None, clients.describe(e)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,7 +250,7 @@ async def _ask(
         answer = await ctx.http.post(url, json=dict(body), timeout=timeout)
     except httpx.HTTPError as e:
         raise IndexerError(
-            f"its indexer does not answer: {probes.describe(e)}", temporary=True
+            f"its indexer does not answer: {clients.describe(e)}", temporary=True
         ) from None
     if answer.is_success:
         return answer.json()

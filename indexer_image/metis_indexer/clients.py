@@ -3,6 +3,8 @@
     ModelUnavailable   the server did not answer, or answered with an error
      └── ModelRefused  it answered, but refused this input (a 4xx): retrying won't help
 
+Their messages say what went wrong, not which model: callers name the model.
+
 Embeddings: OpenAI-compatible `POST /v1/embeddings` (TEI, vLLM, Infinity, Ollama);
 the model's id from `GET /v1/models` or TEI's `GET /info`. Reranking: `POST
 /v1/rerank` (Cohere/Jina/vLLM/Infinity shape), else TEI's `POST /rerank`.
@@ -48,7 +50,14 @@ class ModelInfo:
     kinds: tuple[str, ...] = ()
 
 
-def _describe(e: Exception) -> str:
+def describe(e: BaseException) -> str:
+    """What went wrong, in a few words for a reason or a warning. httpx's async connect
+    error says "All connection attempts failed"; the refusal is further down its chain."""
+    cause: BaseException | None = e
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        cause = cause.__cause__ or cause.__context__
     if isinstance(e, httpx.ConnectError):
         return "connection refused" if "refused" in str(e).lower() else f"cannot connect: {e}"
     if isinstance(e, httpx.TimeoutException):
@@ -80,9 +89,11 @@ async def discover(client: httpx.AsyncClient, base_url: str) -> ModelInfo:
         model_type = body.get("model_type")
         kinds = tuple(model_type) if isinstance(model_type, dict) else ()
         return ModelInfo(str(body["model_id"]), tuple(k.lower() for k in kinds))
-    except (httpx.HTTPError, ValueError, KeyError, AttributeError) as e:
+    except (httpx.TransportError, httpx.HTTPStatusError) as e:
+        raise ModelUnavailable(describe(e)) from None
+    except (ValueError, KeyError, AttributeError):
         raise ModelUnavailable(
-            f"{base_url} does not say what model it serves: {_describe(e)}"
+            "it answers, but names no model at GET /v1/models or GET /info"
         ) from None
 
 
@@ -131,10 +142,7 @@ class EmbeddingClient:
 
     async def connect(self) -> ModelInfo:
         """Learn the model's id (which chooses the default prefixes)."""
-        try:
-            info = await discover(self._client, self.base_url)
-        except ModelUnavailable as e:
-            raise ModelUnavailable(f"{self.name}: {e}") from None
+        info = await discover(self._client, self.base_url)
         self.model = info.id
         return info
 
@@ -163,18 +171,14 @@ class EmbeddingClient:
             rows = sorted(answer["data"], key=lambda d: d["index"])
             vectors = np.array([r["embedding"] for r in rows], dtype=np.float32)
         except (KeyError, TypeError, ValueError) as e:
-            raise ModelUnavailable(
-                f"{self.name} answered embeddings in an unknown shape: {e}"
-            ) from None
+            raise ModelUnavailable(f"embeddings in an unknown shape: {e}") from None
         if vectors.ndim != 2 or len(vectors) != len(texts):
-            raise ModelUnavailable(
-                f"{self.name} answered {len(vectors)} embeddings for {len(texts)} inputs"
-            )
+            raise ModelUnavailable(f"{len(vectors)} embeddings for {len(texts)} inputs")
         if self.dimensions is None:
             self.dimensions = int(vectors.shape[1])
         elif vectors.shape[1] != self.dimensions:
             raise ModelUnavailable(
-                f"{self.name} answered {vectors.shape[1]} dimensions, earlier {self.dimensions}"
+                f"embeddings of {vectors.shape[1]} dimensions, earlier {self.dimensions}"
             )
         return vectors
 
@@ -186,12 +190,12 @@ class EmbeddingClient:
             except httpx.HTTPStatusError as e:
                 status = e.response.status_code
                 if 400 <= status < 500 and status not in (408, 429):
-                    raise ModelRefused(f"{self.name} refused the input: {_describe(e)}") from None
+                    raise ModelRefused(f"refused the input: {describe(e)}") from None
                 error: Exception = e
             except (httpx.HTTPError, ValueError) as e:
                 error = e
             if attempt == tries:
-                raise ModelUnavailable(f"{self.name}: {_describe(error)}") from None
+                raise ModelUnavailable(describe(error)) from None
             await asyncio.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")
@@ -233,7 +237,7 @@ class RerankClient:
             self._tei = True
             return scores
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-            raise ModelUnavailable(f"{self.name}: {_describe(e)}") from None
+            raise ModelUnavailable(describe(e)) from None
 
     async def _cohere(self, query: str, passages: list[str]) -> list[float]:
         body = {"query": query, "documents": passages, "top_n": len(passages),

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from metis_indexer import clients
 from metis_operator import probes
 from metis_operator.state import Model
 
@@ -127,6 +128,6 @@ def test_a_refused_connection_is_said_so() -> None:
 
 
 def test_describe() -> None:
-    assert probes.describe(httpx.ReadTimeout("slow")) == "timed out"
-    assert probes.describe(httpx.ConnectError("Name or service not known")) == (
+    assert clients.describe(httpx.ReadTimeout("slow")) == "timed out"
+    assert clients.describe(httpx.ConnectError("Name or service not known")) == (
         "cannot connect: Name or service not known")  # fmt: skip
