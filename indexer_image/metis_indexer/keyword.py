@@ -32,9 +32,9 @@ class Segment:
     tfs: npt.NDArray[np.uint16]
     """Counts of a term in a chunk: a chunk holds at most 4,000 characters."""
     weights: npt.NDArray[np.float32] | None = None
-    """tf · (k1 + 1) / (tf + k1 · (1 − b + b · length / avgdl)) of each posting, for
-    `weights_avgdl`: what bm25s computes once, kept until the average length moves."""
-    weights_avgdl: float = -1.0
+    """Each posting's whole BM25 term score, idf · tf · (k1 + 1) / (tf + k1 · (1 − b +
+    b · length / avgdl)): what bm25s computes once at index time, kept here until rows
+    come or go (which moves N, df and the average length)."""
 
     @classmethod
     def build(
@@ -61,16 +61,6 @@ class Segment:
                 out.append(slice(int(self.indptr[pos]), int(self.indptr[pos + 1])))
         return out
 
-    def weighted(
-        self, lengths: npt.NDArray[np.float32], avgdl: float, k1: float, b: float
-    ) -> npt.NDArray[np.float32]:
-        if self.weights is None or self.weights_avgdl != avgdl:
-            tfs = self.tfs.astype(np.float32)
-            norm = k1 * (1.0 - b + b * lengths[self.rows] / avgdl)
-            self.weights = (tfs * (k1 + 1.0) / (tfs + norm)).astype(np.float32)
-            self.weights_avgdl = avgdl
-        return self.weights
-
 
 def _merged(segments: Sequence[Segment], alive: npt.NDArray[np.bool_]) -> Segment:
     rows = np.concatenate([s.rows for s in segments])
@@ -78,6 +68,12 @@ def _merged(segments: Sequence[Segment], alive: npt.NDArray[np.bool_]) -> Segmen
     tfs = np.concatenate([s.tfs for s in segments])
     keep = alive[rows]
     return Segment.build(rows[keep], terms[keep], tfs[keep])
+
+
+def _per_term(seg: Segment, flags: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
+    """How many postings of each term of `seg` are flagged."""
+    counts = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
+    return counts[seg.indptr[1:]] - counts[seg.indptr[:-1]]
 
 
 def idf(n_docs: int, df: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -101,6 +97,9 @@ class KeywordIndex:
         self.lengths = np.zeros(0, dtype=np.float32)
         self.live_rows = 0
         self.live_length = 0.0
+        self._weighted_at = -1
+        self._generation = 0
+        """Bumped whenever rows come or go: the cached weights are of one generation."""
 
     def ensure_capacity(self, rows: int) -> None:
         if rows > len(self.lengths):
@@ -127,12 +126,14 @@ class KeywordIndex:
         self.lengths[rows] = lengths
         self.live_rows += len(rows)
         self.live_length += float(lengths.sum())
+        self._generation += 1
         self.segments.append(Segment.build(row_of.astype(np.int32), term_ids, counts))
 
     def drop(self, rows: npt.NDArray[np.int64]) -> None:
         """Rows the caller marked dead: they leave the statistics now, the postings later."""
         self.live_rows -= len(rows)
         self.live_length -= float(self.lengths[rows].sum())
+        self._generation += 1
 
     def compact(self, alive: npt.NDArray[np.bool_]) -> None:
         """Merge the newest segment into the one before while it is at least half its size.
@@ -160,6 +161,26 @@ class KeywordIndex:
             term_of = np.repeat(seg.terms, np.diff(seg.indptr))
             self.segments = [Segment.build(new_row[seg.rows].astype(np.int32), term_of, seg.tfs)]
 
+    def _weigh(self, alive: npt.NDArray[np.bool_], all_alive: bool) -> None:
+        """Every posting's BM25 term score for the live rows as they are now."""
+        stale = [seg for seg in self.segments if seg.weights is None]
+        if self._weighted_at == self._generation and not stale:
+            return
+        n_terms = max((int(seg.terms[-1]) + 1 for seg in self.segments if len(seg.terms)),
+                      default=0)
+        df = np.zeros(n_terms, dtype=np.float64)
+        for seg in self.segments:
+            live = np.diff(seg.indptr) if all_alive else _per_term(seg, alive[seg.rows])
+            np.add.at(df, seg.terms, live)
+        term_idf = idf(self.live_rows, df)
+        avgdl = self.live_length / self.live_rows or 1.0
+        for seg in self.segments:
+            tfs = seg.tfs.astype(np.float32)
+            norm = self.k1 * (1.0 - self.b + self.b * self.lengths[seg.rows] / avgdl)
+            scale = term_idf[np.repeat(seg.terms, np.diff(seg.indptr))] * (self.k1 + 1.0)
+            seg.weights = (scale * tfs / (tfs + norm)).astype(np.float32)
+        self._weighted_at = self._generation
+
     def scores(
         self,
         term_ids: npt.NDArray[np.int32],
@@ -173,27 +194,19 @@ class KeywordIndex:
         """
         if len(term_ids) == 0 or self.live_rows <= 0:
             return None
-        avgdl = self.live_length / self.live_rows or 1.0
+        self._weigh(alive, all_alive)
         scores = np.zeros(len(alive), dtype=np.float32)
         matched = False
         term_ids = term_ids.astype(np.int32)
-        per_segment = [(seg, seg.spans(term_ids)) for seg in self.segments]
-        for i in range(len(term_ids)):
-            found = [(seg, spans[i]) for seg, spans in per_segment if spans[i] is not None]
-            if not found:
-                continue
-            df = sum(
-                span.stop - span.start if all_alive
-                else int(np.count_nonzero(alive[seg.rows[span]]))
-                for seg, span in found
-            )
-            term_idf = np.float32(idf(self.live_rows, np.float64(df)))
-            for seg, span in found:
-                rows = seg.rows[span]
-                weights = seg.weighted(self.lengths, avgdl, self.k1, self.b)[span]
+        for seg in self.segments:
+            assert seg.weights is not None
+            for span in seg.spans(term_ids):
+                if span is None:
+                    continue
+                rows, weights = seg.rows[span], seg.weights[span]
                 if not all_alive:
                     ok = alive[rows]
                     rows, weights = rows[ok], weights[ok]
-                np.add.at(scores, rows, weights * term_idf)  # numpy ≥ 1.25: ufunc.at is fast
+                np.add.at(scores, rows, weights)  # numpy ≥ 1.25 makes ufunc.at fast
                 matched = True
         return scores if matched else None

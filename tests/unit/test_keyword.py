@@ -107,10 +107,13 @@ def test_merging_segments_changes_no_score(docs):
 def test_adding_one_row_at_a_time_keeps_few_segments_and_exact_scores(docs):
     vocab, index = Vocabulary(), KeywordIndex()
     alive = np.ones(len(docs), dtype=bool)
+    q = words("python generator expressions")
     for r in range(len(docs)):
         add(vocab, index, [r], docs)
         index.compact(alive)
+        if r == 30:  # a query between adds: the cached weights must follow the new rows
+            partial = dense(index, vocab.lookup(q), alive)[:31]
+            assert np.allclose(partial, reference_scores(docs[:31], q), rtol=1e-4, atol=1e-5)
         assert len(index.segments) <= math.log2(r + 1) + 1
-    q = words("python generator expressions")
     assert np.allclose(dense(index, vocab.lookup(q), alive), reference_scores(docs, q),
                        rtol=1e-4, atol=1e-5)
