@@ -158,7 +158,8 @@ def rank(
                 if filtering(req.filters):  # without filters, `scores` is 0 for dead rows
                     scores[~mask] = 0
                 rows = top_positive(scores, k)
-            keyword = {r: (float(scores[r]), i) for i, r in enumerate(rows, start=1)}
+            values = scores[rows].tolist() if rows else []
+            keyword = {r: (v, i) for i, (r, v) in enumerate(zip(rows, values, strict=True), 1)}
             rankings.append(rows)
             took.keyword = _ms(t)
     t = time.perf_counter()

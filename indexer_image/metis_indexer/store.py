@@ -254,10 +254,15 @@ class Store:
 
         Ids never change until `clear`, so the words of recent questions are kept.
         """
-        wanted = set(words)
         cache = self._word_cache
-        ids = {cache[w] for w in wanted if w in cache}
-        missing = {w for w in wanted if w not in cache}
+        ids: set[int] = set()
+        missing: set[str] = set()
+        for w in words:
+            i = cache.get(w)
+            if i is None:
+                missing.add(w)
+            else:
+                ids.add(i)
         if missing:
             found = _select_words(self._reader, missing)
             if len(cache) + len(found) > WORD_CACHE:
