@@ -143,6 +143,9 @@ class Store:
         self._write_lock = threading.Lock()
         self._writer = self._connect()
         self._word_cache: dict[str, int] = {}
+        self._unknown: dict[str, int] = {}
+        """Words no chunk had, with the generation of words they were looked up in."""
+        self._words_generation = 0
         with self._writer:
             self._writer.executescript(SCHEMA)
 
@@ -187,6 +190,7 @@ class Store:
             self._writer.execute("DELETE FROM terms")
             self._writer.execute("COMMIT")
             self._word_cache.clear()
+            self._words_generation += 1
 
     # -- files -----------------------------------------------------------------------------
 
@@ -207,7 +211,7 @@ class Store:
             db = self._writer
             db.execute("BEGIN IMMEDIATE")
             try:
-                ids = self._word_ids(db, {w for c in chunks for w in c.words})
+                ids, new_words = self._word_ids(db, {w for c in chunks for w in c.words})
                 file_id = self._upsert_file(db, record)
                 db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
                 written = Written(file_id, [], [], [])
@@ -235,11 +239,13 @@ class Store:
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
+            if new_words:  # after the commit: a question's lookup from now on sees them
+                self._words_generation += 1
         return written
 
     @staticmethod
-    def _word_ids(db: sqlite3.Connection, words: set[str]) -> dict[str, int]:
-        """Ids of `words`, giving new words the next free ids."""
+    def _word_ids(db: sqlite3.Connection, words: set[str]) -> tuple[dict[str, int], bool]:
+        """Ids of `words`, giving new words the next free ids; and whether any was new."""
         ids = dict(_select_words(db, words))
         new = sorted(words - ids.keys())
         if new:
@@ -247,28 +253,32 @@ class Store:
             rows = [(start + i, w) for i, w in enumerate(new)]
             db.executemany("INSERT INTO terms (id, word) VALUES (?, ?)", rows)
             ids.update((w, i) for i, w in rows)
-        return ids
+        return ids, bool(new)
 
     def word_ids(self, words: Iterable[str]) -> npt.NDArray[np.int32]:
         """Ids of the known words among `words` (an unknown word matches nothing).
 
-        Ids never change until `clear`, so the words of recent questions are kept.
+        Ids never change until `clear`, so the words of recent questions are kept, and
+        so are the words no chunk has until a document brings new words.
         """
-        cache = self._word_cache
+        cache, unknown, generation = self._word_cache, self._unknown, self._words_generation
         ids: set[int] = set()
         missing: set[str] = set()
         for w in words:
             i = cache.get(w)
-            if i is None:
-                missing.add(w)
-            else:
+            if i is not None:
                 ids.add(i)
+            elif unknown.get(w) != generation:
+                missing.add(w)
         if missing:
-            found = _select_words(self._reader, missing)
+            found = dict(_select_words(self._reader, missing))
             if len(cache) + len(found) > WORD_CACHE:
                 cache.clear()
+            if len(unknown) > WORD_CACHE:
+                unknown.clear()
             cache.update(found)
-            ids.update(i for _, i in found)
+            unknown.update((w, generation) for w in missing - found.keys())
+            ids.update(found.values())
         return np.array(sorted(ids), dtype=np.int32)
 
     @staticmethod

@@ -136,3 +136,11 @@ def test_a_kill_at_any_moment_loses_at_most_the_document_in_flight(tmp_path):
         count = index.store._reader.execute("PRAGMA integrity_check").fetchone()[0]
         assert count == "ok"
         index.store.close()
+
+
+def test_a_word_unknown_to_a_question_is_found_once_a_document_brings_it(tmp_path):
+    index = new_index(tmp_path)
+    index.put_document(record("a.md"), [chunk("alpha")], None)
+    assert keyword_rows(index, "zebra") == []
+    index.put_document(record("b.md"), [chunk("zebra crossing")], None)
+    assert len(keyword_rows(index, "zebra")) == 1
