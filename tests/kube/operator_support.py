@@ -34,6 +34,7 @@ import httpx
 import yaml
 
 from tests.kube.controlplane import ControlPlane, KubeApiError, free_port, wait_for
+from tests.support import processes
 from tests.support.processes import Process, metis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,14 +191,7 @@ class Operator:
             return "(no log)"
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        processes.stop(self.proc, sig)
 
     def metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics").text

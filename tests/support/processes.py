@@ -31,6 +31,18 @@ def _kill_all() -> None:
             proc.kill()
 
 
+def stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
+    """Signal a child and reap it; SIGKILL if it is still there after 20 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -59,14 +71,7 @@ class Process:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop(self.proc, sig)
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
