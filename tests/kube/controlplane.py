@@ -1078,3 +1078,14 @@ def running(bin_dir: Path | None = None, **kwargs: Any) -> Iterator[ControlPlane
     cp = ControlPlane(bin_dir or ensure_binaries(), **kwargs)
     with cp:
         yield cp
+
+
+def gone(kube: ControlPlane, path: str) -> bool:
+    """True once GET `path` answers 404."""
+    try:
+        kube.rest().get(path)
+    except KubeApiError as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False

@@ -62,16 +62,6 @@ def kb(name: str, spec: dict[str, Any], **annotations: str) -> dict[str, Any]:
     return {"apiVersion": f"{GROUP}/v1", "kind": "KnowledgeBase", "metadata": meta, "spec": spec}
 
 
-def gone(kube: ControlPlane, path: str) -> bool:
-    try:
-        kube.rest().get(path)
-    except KubeApiError as exc:
-        if exc.status == 404:
-            return True
-        raise
-    return False
-
-
 # --------------------------------------------------------------------------- objects
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kube.controlplane import ControlPlane, KubeApiError, wait_for
+from tests.kube.controlplane import ControlPlane, KubeApiError, gone, wait_for
 
 GROUP = "kubetest.metis.io"
 CRD_NAME = f"gadgets.{GROUP}"
@@ -81,17 +81,6 @@ def gadget(name: str, lo: int, hi: int) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"minReplicas": lo, "maxReplicas": hi},
     }
-
-
-def gone(kube: ControlPlane, path: str) -> bool:
-    """True once GET `path` answers 404."""
-    try:
-        kube.rest().get(path)
-    except KubeApiError as exc:
-        if exc.status == 404:
-            return True
-        raise
-    return False
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kube.controlplane import ControlPlane, free_port, wait_for
+from tests.kube.controlplane import ControlPlane, free_port, gone, wait_for
 from tests.kube.operator_support import (
     Kubelet,
     Operator,
     get_kb,
-    gone,
     install,
     kb,
     kb_path,
