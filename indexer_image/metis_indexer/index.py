@@ -44,6 +44,11 @@ class Settings:
     chunk_size: int
     chunk_overlap: int
 
+    @property
+    def key(self) -> str:
+        """What a file's chunks record they were made with."""
+        return f"{self.model}|{self.dimensions}|{self.chunk_size}|{self.chunk_overlap}"
+
     def as_meta(self) -> dict[str, str]:
         return {
             "format": "1",
@@ -133,6 +138,22 @@ class Index:
             self.store.set_meta(settings.as_meta())
             self.dimensions = settings.dimensions
             self._clear_memory()
+
+    def adopt(self, settings: Settings) -> None:
+        """Take new settings and keep what is indexed: its files are read again one by one
+        (their records say what they were built with), and until then their chunks are
+        found by words, and by meaning too where the embedding model did not change."""
+        with self.lock:
+            before = self.settings()
+            self.store.set_meta(settings.as_meta())
+            if before is not None and (before.model, before.dimensions) == (
+                settings.model, settings.dimensions
+            ):
+                return
+            self.store.drop_vectors()
+            self.dimensions = settings.dimensions
+            self.has_vector[:] = False
+            self.vectors = np.zeros((len(self.alive), self.dimensions), dtype=np.float32)
 
     # -- writing ---------------------------------------------------------------------------
 

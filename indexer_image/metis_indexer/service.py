@@ -176,7 +176,7 @@ class Indexer:
         if current != settings:
             if current is not None and self.index.chunk_count:
                 log.info("index built with %s; now %s: reading everything again", current, settings)
-            await asyncio.to_thread(self.index.reset, settings)
+            await asyncio.to_thread(self.index.adopt, settings)
         listing, unseen = await asyncio.to_thread(self._walk)
         known = {(f.record.source, f.record.path): f.record for f in self.index.files.values()}
         gone = [key for key in known if key not in listing and not _under(key, unseen)]
@@ -186,6 +186,7 @@ class Indexer:
             for key, item in sorted(listing.items())
             if full
             or key not in known
+            or known[key].built_with != settings.key
             or (known[key].size, known[key].mtime_ns) != (item.size, item.mtime_ns)
         ]
         self.state.total, self.state.done = len(todo), 0
@@ -283,7 +284,12 @@ class Indexer:
             digest = ""
             result: list[Chunk] | ReadFailed = ReadFailed(FailReason.UNREADABLE, str(e))
         else:
-            if before is not None and before.hash == digest and not full:
+            if (
+                before is not None
+                and before.hash == digest
+                and before.built_with == settings.key
+                and not full
+            ):
                 await asyncio.to_thread(
                     self.index.touch_file,
                     dataclasses.replace(before, size=item.size, mtime_ns=item.mtime_ns),
@@ -298,6 +304,7 @@ class Indexer:
         record = FileRecord(
             source=drive, path=path, kind=item.kind.value, size=item.size,
             mtime_ns=item.mtime_ns, hash=digest, state="indexed", indexed_at=now(),
+            built_with=settings.key,
         )
         vectors = None
         chunks: list[Chunk] = []

@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS files (
     title TEXT,
     chunks INTEGER NOT NULL DEFAULT 0,
     indexed_at TEXT NOT NULL,
+    built_with TEXT NOT NULL DEFAULT '',
     UNIQUE (source, path)
 );
 CREATE TABLE IF NOT EXISTS chunks (
@@ -75,6 +76,9 @@ class FileRecord:
     detail: str | None = None
     title: str | None = None
     chunks: int = 0
+    built_with: str = ""
+    """The index settings its chunks were made with (`Settings.key`): a change of
+    model or chunking re-reads the file even though the file did not change."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -148,6 +152,11 @@ class Store:
         self._words_generation = 0
         with self._writer:
             self._writer.executescript(SCHEMA)
+            columns = {row[1] for row in self._writer.execute("PRAGMA table_info(files)")}
+            if "built_with" not in columns:  # an index written before files recorded it
+                self._writer.execute(
+                    "ALTER TABLE files ADD COLUMN built_with TEXT NOT NULL DEFAULT ''"
+                )
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -181,8 +190,14 @@ class Store:
             )
             self._writer.execute("COMMIT")
 
+    def drop_vectors(self) -> None:
+        """Forget every vector (another embedding model's); the chunks stay searchable by
+        words until their documents are read again."""
+        with self._write_lock:
+            self._writer.execute("UPDATE chunks SET vector = NULL WHERE vector IS NOT NULL")
+
     def clear(self) -> None:
-        """Forget every file and chunk (a changed model or chunking re-reads everything)."""
+        """Forget every file and chunk."""
         with self._write_lock:
             self._writer.execute("BEGIN IMMEDIATE")
             self._writer.execute("DELETE FROM chunks")
@@ -197,7 +212,7 @@ class Store:
     def files(self) -> list[tuple[int, FileRecord]]:
         rows = self._reader.execute(
             "SELECT id, source, path, kind, size, mtime_ns, hash, state, indexed_at, reason,"
-            " detail, title, chunks FROM files ORDER BY id"
+            " detail, title, chunks, built_with FROM files ORDER BY id"
         ).fetchall()
         return [(r[0], FileRecord(*r[1:])) for r in rows]
 
@@ -285,12 +300,13 @@ class Store:
     def _upsert_file(db: sqlite3.Connection, r: FileRecord) -> int:
         row = db.execute(
             "INSERT INTO files (source, path, kind, size, mtime_ns, hash, state, indexed_at,"
-            " reason, detail, title, chunks) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " reason, detail, title, chunks, built_with)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (source, path) DO UPDATE SET kind = excluded.kind,"
             " size = excluded.size, mtime_ns = excluded.mtime_ns, hash = excluded.hash,"
             " state = excluded.state, indexed_at = excluded.indexed_at,"
             " reason = excluded.reason, detail = excluded.detail, title = excluded.title,"
-            " chunks = excluded.chunks RETURNING id",
+            " chunks = excluded.chunks, built_with = excluded.built_with RETURNING id",
             dataclasses.astuple(r),
         ).fetchone()
         return int(row[0])

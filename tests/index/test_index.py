@@ -144,3 +144,20 @@ def test_a_word_unknown_to_a_question_is_found_once_a_document_brings_it(tmp_pat
     assert keyword_rows(index, "zebra") == []
     index.put_document(record("b.md"), [chunk("zebra crossing")], None)
     assert len(keyword_rows(index, "zebra")) == 1
+
+
+def test_new_chunking_keeps_the_index_and_a_new_model_keeps_its_chunks(tmp_path):
+    index = new_index(tmp_path)
+    index.put_document(record("a.md"), [chunk("alpha words")], np.stack([axis(0)]))
+    index.adopt(Settings("test-model", 8, 400, 100))
+    assert index.chunk_count == 1 and index.has_vector[0], "same model: vectors stay"
+    index.adopt(Settings("other-model", 4, 400, 100))
+    assert index.chunk_count == 1 and not index.has_vector[: index.n_rows].any()
+    assert keyword_rows(index, "alpha") == [0], "still found by words"
+    index.put_document(record("b.md"), [chunk("beta")], np.ones((1, 4), np.float32))
+    again = Index(tmp_path)
+    again.load()
+    assert again.settings() == Settings("other-model", 4, 400, 100)
+    assert again.vectors.shape[1] == 4 and again.has_vector[: again.n_rows].tolist() == [
+        False, True,
+    ]

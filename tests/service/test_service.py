@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ from metis_indexer.chunking import chunk_document
 from metis_indexer.documents import FailReason, ReadFailed
 from metis_indexer.readers import kind_of, read_document
 from tests.support.model_server import ModelServer, start_model_server
-from tests.support.processes import free_port, indexer, running, wait_ready
+from tests.support.processes import Process, free_port, indexer, metis, running, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDBOOK = ROOT / "examples" / "handbook"
@@ -70,7 +71,7 @@ def torture_slice(folder: Path, per_kind: int = 3) -> dict[str, str | None]:
     return expect
 
 
-def expected_chunks(folder: Path) -> int:
+def expected_chunks(folder: Path, size: int = 1200, overlap: int = 200) -> int:
     """What a clean run gives: every readable file read and cut in this process."""
     total = 0
     for path in sorted(folder.rglob("*")):
@@ -78,7 +79,7 @@ def expected_chunks(folder: Path) -> int:
         if kind is None or not path.is_file():
             continue
         with contextlib.suppress(ReadFailed):
-            total += len(chunk_document(read_document(path, kind)))
+            total += len(chunk_document(read_document(path, kind), size, overlap))
     return total
 
 
@@ -261,3 +262,33 @@ def test_sigterm_stops_the_indexer_cleanly(models, tmp_path):
         assert p.proc is not None
         p.proc.send_signal(signal.SIGTERM)
         assert p.proc.wait(30) == 0
+
+
+def test_a_new_chunking_reads_everything_again_and_keeps_answering(models, tmp_path):
+    drive = perf_drive(tmp_path)
+    config = tmp_path / "config.json"
+    port = free_port()
+
+    def write(size: int, overlap: int) -> None:
+        config.write_text(json.dumps({
+            "name": "peps", "index_dir": str(tmp_path / "index"), "port": port,
+            "sources": [{"drive": "peps", "root": str(drive)}],
+            "embedding": {"url": models.base_url, "name": "minilm"},
+            "chunking": {"size": size, "overlap": overlap}, "rescan_seconds": 0,
+        }))
+
+    write(1200, 200)
+    p = Process(f"http://127.0.0.1:{port}", metis("serve", "--config", str(config)),
+                tmp_path / "indexer.log")
+    with running(p):
+        first = wait_ready(p)
+        assert first["chunks"] == expected_chunks(drive)
+        write(400, 100)
+        during = p.wait_status("the pass of the new chunking",
+                               lambda s: s["passes"] == 1 and s["phase"] == "indexing")
+        assert during["documents"] == 24 and during["pass_done"] < 24, "every document stays"
+        answer = p.post("/v1/search", {"query": "python enhancement proposal"}).json()
+        assert answer["results"], "the index is kept while it is read again"
+        second = p.wait_status("ready again", lambda s: s["passes"] == 2 and s["phase"] == "ready")
+    assert second["last_pass"]["read"] == 24
+    assert second["chunks"] == expected_chunks(drive, 400, 100) > first["chunks"]
