@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import fcntl
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +44,9 @@ WAIT_FIRST, WAIT_MAX = 1.0, 30.0
 IN_FLIGHT_DOCUMENTS = 4
 """Documents read, embedded and written at once: keeps both the workers and the model busy."""
 DOCUMENT_STATES = ("indexed", "failed")
+LOCK_FILE = "writer.lock"
+STANDBY_LOOK = 1.0
+"""Seconds between looks, in standby, at whether the writing indexer has stopped."""
 
 
 def now() -> str:
@@ -97,6 +102,7 @@ class Indexer:
         self._model_lock = asyncio.Lock()
         self._pool: ReaderPool | None = None
         self.on_progress: Callable[[PassState], None] | None = None
+        self._lock_fd: int | None = None
         self.metrics.set_phase("loading")
 
     def _clients_for(self, config: IndexerConfig) -> None:
@@ -125,11 +131,15 @@ class Indexer:
             if client is not None:
                 await client.close()
         self.index.store.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
 
     async def _run(self) -> None:
         await asyncio.to_thread(self.index.load)
         self.loaded = True
         self._publish()
+        if not self._take_index():
+            await self._stand_by()
         while True:
             full, self._full = self._full, False
             self._wake.clear()
@@ -145,6 +155,31 @@ class Indexer:
             wait = self.config.rescan_seconds or None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
+
+    def _take_index(self) -> bool:
+        """Become the one indexer writing this index folder (a lock the system drops when
+        the process ends, however it ends)."""
+        fd = os.open(self.config.index_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        return True
+
+    async def _stand_by(self) -> None:
+        """Another indexer writes this index (the one a replacement takes over from):
+        answer searches from the index as loaded until it stops, then take over."""
+        self._set_phase(
+            "standby", "another indexer is writing this index; searches are answered from it "
+            "until that one stops"
+        )
+        while not self._take_index():
+            await asyncio.sleep(STANDBY_LOOK)
+        log.info("the other indexer stopped: taking over the index")
+        await asyncio.to_thread(self.index.load)
+        self._set_phase("loading", "")
 
     def request_pass(self, full: bool = False) -> None:
         if self.state.phase == "standby":

@@ -292,3 +292,21 @@ def test_a_new_chunking_reads_everything_again_and_keeps_answering(models, tmp_p
         second = p.wait_status("ready again", lambda s: s["passes"] == 2 and s["phase"] == "ready")
     assert second["last_pass"]["read"] == 24
     assert second["chunks"] == expected_chunks(drive, 400, 100) > first["chunks"]
+
+
+def test_a_second_indexer_on_one_index_stands_by_then_takes_over(models, tmp_path):
+    index_dir = tmp_path / "index"
+    first = indexer({"handbook": HANDBOOK}, index_dir, models.base_url)
+    second = indexer({"handbook": HANDBOOK}, index_dir, models.base_url)
+    with running(first):
+        wait_ready(first)
+        with running(second):
+            standby = second.wait_status("standby", lambda s: s["phase"] == "standby")
+            assert standby["documents"] == 6 and "another indexer" in standby["reason"]
+            answer = second.post("/v1/search", {"query": "vacation days", "mode": "keyword"})
+            assert answer.json()["results"], "a standby answers searches from the index"
+            refused = second.post("/v1/reindex", {})
+            assert refused.status_code == 409 and refused.json()["error"]["code"] == "STANDBY"
+            first.stop()
+            took_over = wait_ready(second)
+            assert took_over["documents"] == 6 and took_over["last_pass"]["read"] == 0
