@@ -101,9 +101,9 @@ def config_map(owner: Owner, config: IndexerConfig) -> dict[str, Any]:
 
 
 def index_claim(owner: Owner, settings: Settings) -> dict[str, Any]:
-    """The base's own drive. ReadWriteOnce: one indexer writes it at a time."""
+    """The base's own drive (one indexer writes it at a time: the indexer locks it)."""
     spec: dict[str, Any] = {
-        "accessModes": ["ReadWriteOnce"],
+        "accessModes": [settings.indexer.index_access_mode],
         "resources": {"requests": {"storage": settings.indexer.index_storage}},
     }
     if settings.indexer.storage_class:
@@ -132,9 +132,17 @@ def _affinity(machines: list[str]) -> dict[str, Any]:
     }
 
 
+def _strategy(settings: Settings) -> dict[str, Any]:
+    if settings.indexer.index_access_mode == "ReadWriteMany":
+        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    return {"type": "Recreate"}
+
+
 def deployment(owner: Owner, spec: KnowledgeBaseSpec, settings: Settings) -> dict[str, Any]:
-    """One indexer pod. Recreate, because the index drive is ReadWriteOnce: a
-    replacement starts once the old pod is gone (the base shows Starting meanwhile).
+    """One indexer pod. When two pods can mount the index drive (ReadWriteMany), a
+    replacement starts beside the old one, answers searches in standby and takes over
+    when the old one stops (the base shows Starting meanwhile); otherwise Recreate: the
+    replacement starts once the old pod is gone.
     The pod template holds no configuration hash: configuration changes reach the
     running indexer through the ConfigMap mount; only new mounts or placement
     replace the pod."""
@@ -203,7 +211,7 @@ def deployment(owner: Owner, spec: KnowledgeBaseSpec, settings: Settings) -> dic
         "metadata": _meta(owner, "indexer"),
         "spec": {
             "replicas": 1,
-            "strategy": {"type": "Recreate"},
+            "strategy": _strategy(settings),
             "selector": {"matchLabels": selector(owner.name)},
             "template": {"metadata": {"labels": labels(owner.name, "indexer")}, "spec": pod},
         },

@@ -15,6 +15,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+ACCESS_MODES = ("ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany")
+
 
 def _env(name: str, default: Any) -> Any:
     return dataclasses.field(default=default, metadata={"env": name})
@@ -42,6 +44,11 @@ class IndexerSettings:
 
     storage_class: str = _env("METIS_STORAGE_CLASS", "")
     """StorageClass of the index drives; empty: the cluster's default."""
+
+    index_access_mode: str = _env("METIS_INDEX_ACCESS_MODE", "ReadWriteOnce")
+    """Access mode of the index drives. With `ReadWriteMany` (a storage class that
+    offers it), a replacement indexer starts beside the old one and answers searches in
+    standby until it takes over; otherwise the old pod stops first (Recreate)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +144,11 @@ def load(environ: Mapping[str, str], argv: Sequence[str] | None = None) -> Setti
                 changes[f.name] = _convert(raw, f.default, env)
         values[name] = dataclasses.replace(group, **changes)
     settings = Settings(**values)
+    if settings.indexer.index_access_mode not in ACCESS_MODES:
+        raise ValueError(
+            f"METIS_INDEX_ACCESS_MODE={settings.indexer.index_access_mode!r}: expected one of "
+            f"{', '.join(ACCESS_MODES)}"
+        )
     try:
         settings.url("probe", "default", 1)
     except (KeyError, IndexError, ValueError) as e:

@@ -142,6 +142,16 @@ def test_index_claim_class_only_when_set() -> None:
     assert spec["resources"] == {"requests": {"storage": "50Gi"}}
 
 
+def test_a_shared_index_drive_lets_a_replacement_start_beside_the_old_pod() -> None:
+    assert children.index_claim(OWNER, SETTINGS)["spec"]["accessModes"] == ["ReadWriteOnce"]
+    shared = Settings(indexer=IndexerSettings(index_access_mode="ReadWriteMany"))
+    assert children.index_claim(OWNER, shared)["spec"]["accessModes"] == ["ReadWriteMany"]
+    dep = children.deployment(OWNER, parse(), shared)
+    assert dep["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+
+
 def served(manifest: dict[str, Any]) -> dict[str, Any]:
     """The object as the API server returns it: defaults and status added."""
     out = copy.deepcopy(manifest)

@@ -33,8 +33,9 @@ def test_environment_then_flags() -> None:
     [
         ({"METIS_INDEXER_PORT": "seventy"}, "METIS_INDEXER_PORT='seventy': expected int"),
         ({"METIS_URL_TEMPLATE": "http://{host}:{port}"}, "is not a template of"),
+        ({"METIS_INDEX_ACCESS_MODE": "Shared"}, "expected one of ReadWriteOnce"),
     ],
-    ids=["not-a-number", "unknown-placeholder"],
+    ids=["not-a-number", "unknown-placeholder", "unknown-access-mode"],
 )
 def test_a_bad_value_is_named(env: dict[str, str], words: str) -> None:
     with pytest.raises(ValueError, match="METIS_") as e:
