@@ -111,6 +111,8 @@ class Index:
         self.files: dict[int, FileEntry] = {}
         self.by_key: dict[tuple[str, str], int] = {}
         self.dead = 0
+        self.failed_files = 0
+        """Files recorded as failed: kept as files come and go, as status reads it often."""
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -222,12 +224,13 @@ class Index:
     def _add_file(self, file_id: int, record: FileRecord) -> None:
         self.files[file_id] = FileEntry(file_id, record)
         self.by_key[(record.source, record.path)] = file_id
+        self.failed_files += record.state == "failed"
 
     def _drop_file(self, key: tuple[str, str]) -> None:
         file_id = self.by_key.pop(key, None)
         if file_id is None:
             return
-        del self.files[file_id]
+        self.failed_files -= self.files.pop(file_id).record.state == "failed"
         rows = np.flatnonzero(self.alive[: self.n_rows] & (self.row_file[: self.n_rows] == file_id))
         self.alive[rows] = False
         self.keyword.drop(rows)

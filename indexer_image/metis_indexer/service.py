@@ -108,7 +108,7 @@ class Indexer:
     def _clients_for(self, config: IndexerConfig) -> None:
         e, r = config.embedding, config.reranker
         self.embedder = None if e is None else EmbeddingClient(
-            e.url, query_prefix=e.query_prefix, document_prefix=e.document_prefix, name=e.name
+            e.url, query_prefix=e.query_prefix, document_prefix=e.document_prefix
         )
         self.reranker = None if r is None else RerankClient(
             r.url, query_prefix=r.query_prefix, name=r.name
@@ -419,13 +419,12 @@ class Indexer:
     # -- what the API asks -----------------------------------------------------------------
 
     def counts(self) -> dict[str, int]:
-        documents = failed = 0
-        for f in list(self.index.files.values()):
-            if f.record.state == "failed":
-                failed += 1
-            else:
-                documents += 1
-        return {"documents": documents, "chunks": self.index.chunk_count, "failed": failed}
+        failed = self.index.failed_files
+        return {
+            "documents": len(self.index.files) - failed,
+            "chunks": self.index.chunk_count,
+            "failed": failed,
+        }
 
     def status(self) -> dict[str, Any]:
         s = self.state
