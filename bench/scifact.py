@@ -38,6 +38,7 @@ import httpx
 
 from metis_indexer import search
 from metis_indexer.config import IndexerConfig
+from metis_indexer.evaluation import ranked_documents
 from metis_indexer.index import Index
 from metis_indexer.schema import SearchAnswer, SearchRequest
 from metis_indexer.service import Indexer
@@ -94,10 +95,8 @@ def mrr_at(ranked: list[str], rels: dict[str, int], k: int = 10) -> float:
 
 
 def doc_ids(answer: SearchAnswer) -> list[str]:
-    seen: dict[str, None] = {}
-    for r in answer.results:
-        seen.setdefault(r.citation.document.removesuffix(".md"))
-    return list(seen)
+    """Corpus ids in the order of their first chunk, as evaluations count documents."""
+    return [d.removeprefix("scifact/").removesuffix(".md") for d in ranked_documents(answer)]
 
 
 def ranked_ids(index: Index, rows: list[int]) -> list[str]:

@@ -57,14 +57,10 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error(500, "INTERNAL", "the indexer failed on this request; see its log")
 
 
-async def _body(request: web.Request) -> bytes:
-    return await request.read()
-
-
 async def search(request: web.Request) -> web.Response:
     indexer = request.app[indexer_key]
     try:
-        req = parse_body(SearchRequest, await _body(request))
+        req = parse_body(SearchRequest, await request.read())
     except BadRequest:
         indexer.metrics.searches.labels(mode="unknown", outcome="error").inc()
         raise
@@ -100,13 +96,13 @@ async def documents(request: web.Request) -> web.Response:
 
 
 async def reindex(request: web.Request) -> web.Response:
-    req = parse_body(ReindexRequest, await _body(request))
+    req = parse_body(ReindexRequest, await request.read())
     request.app[indexer_key].request_pass(full=req.full)
     return web.json_response({"accepted": True, "full": req.full}, status=202)
 
 
 async def evaluate(request: web.Request) -> web.Response:
-    req = parse_body(EvaluateRequest, await _body(request))
+    req = parse_body(EvaluateRequest, await request.read())
     result = await request.app[indexer_key].evaluate(req.k)
     return web.json_response(text=result.model_dump_json())
 

@@ -106,7 +106,6 @@ class EmbeddingClient:
         *,
         query_prefix: str | None = None,
         document_prefix: str | None = None,
-        name: str | None = None,
         client: httpx.AsyncClient | None = None,
         batch: int = BATCH,
         in_flight: int = IN_FLIGHT,
@@ -116,7 +115,6 @@ class EmbeddingClient:
         self.base_url = base_url.rstrip("/")
         self._query_prefix = query_prefix
         self._document_prefix = document_prefix
-        self.name = name or self.base_url
         self.model: str | None = None
         self.dimensions: int | None = None
         self._client = client or httpx.AsyncClient(timeout=TIMEOUT)

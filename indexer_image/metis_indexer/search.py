@@ -60,7 +60,6 @@ class Ranked:
     dense: dict[int, tuple[float, int]]
     keyword: dict[int, tuple[float, int]]
     took: Took
-    warnings: list[str]
 
 
 def leg_size(top_k: int) -> int:
@@ -102,19 +101,10 @@ def allowed_rows(index: Index, filters: Filters | None) -> npt.NDArray[np.bool_]
 
 def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> list[int]:
     """Rows of the k best scores among `mask`, best first (ties: lower row first)."""
-    candidates = np.flatnonzero(mask)
-    return candidates[best(candidates, scores[candidates], k)].tolist()
-
-
-def best(
-    candidates: npt.NDArray[np.int64], values: npt.NDArray[np.float32], k: int
-) -> npt.NDArray[np.int64]:
-    """Positions of the k candidates of highest value, best first (ties: lower row first)."""
-    positions = np.arange(len(candidates))
-    if len(candidates) > k:
-        positions = np.argpartition(-values, k - 1)[:k]
-    order = np.lexsort((candidates[positions], -values[positions]))
-    return positions[order]
+    rows = np.flatnonzero(mask)
+    if len(rows) > k:
+        rows = rows[np.argpartition(-scores[rows], k - 1)[:k]]
+    return rows[np.lexsort((rows, -scores[rows]))].tolist()
 
 
 def top_positive(scores: npt.NDArray[np.float32], k: int) -> list[int]:
@@ -133,7 +123,6 @@ def rank(
 ) -> Ranked:
     """Both legs and their fusion; a leg is skipped when the mode or the models say so."""
     took = Took()
-    warnings: list[str] = []
     with index.lock:
         n = index.n_rows
         mask = allowed_rows(index, req.filters)
@@ -165,7 +154,7 @@ def rank(
     t = time.perf_counter()
     fused = fusion.reciprocal_rank(rankings)
     took.fuse = _ms(t)
-    return Ranked([r for r, _ in fused], dict(fused), dense, keyword, took, warnings)
+    return Ranked([r for r, _ in fused], dict(fused), dense, keyword, took)
 
 
 async def search(
@@ -203,7 +192,7 @@ async def search(
         results=results,
         mode=mode,
         reranked=bool(rerank_scores),
-        warnings=warnings + ranked.warnings,
+        warnings=warnings,
         took=ranked.took.model_copy(update={k: round(v, 3) for k, v in ranked.took}),
     )
 
