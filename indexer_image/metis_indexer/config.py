@@ -76,6 +76,9 @@ class IndexerConfig(_Model):
     port: int = Field(default=7700, ge=0, le=65535)
     workers: int = Field(default=2, ge=1, le=64)
     revisions: dict[str, str] = Field(default_factory=dict)
+    generation: int | None = None
+    """The base's metadata.generation this configuration was written for (by the operator):
+    reported back so the operator knows when the indexer runs the current spec."""
 
     @field_validator("rescan_seconds")
     @classmethod

@@ -73,6 +73,7 @@ class PassState:
     completed: int = 0
     skipped: dict[str, int] = dataclasses.field(default_factory=dict)
     indexed_revisions: dict[str, str] = dataclasses.field(default_factory=dict)
+    indexed_generation: int | None = None
     read: int = 0
     unchanged: int = 0
     dropped: int = 0
@@ -205,6 +206,7 @@ class Indexer:
     async def _pass(self, full: bool) -> None:
         started = time.monotonic()
         revisions = dict(self.config.revisions)
+        generation = self.config.generation
         self._set_phase("scanning", "")
         settings = await self._settings()
         current = self.index.settings()
@@ -243,6 +245,7 @@ class Indexer:
         self.state.last_indexed_at = now()
         self.state.completed += 1
         self.state.indexed_revisions = revisions
+        self.state.indexed_generation = generation
         self.metrics.pass_seconds.observe(time.monotonic() - started)
         self._set_phase("ready", "")
         log.info(
@@ -443,6 +446,8 @@ class Indexer:
             "skipped": dict(sorted(s.skipped.items())),
             "revisions": dict(self.config.revisions),
             "indexed_revisions": s.indexed_revisions,
+            "generation": self.config.generation,
+            "indexed_generation": s.indexed_generation,
             "last_pass": {"read": s.read, "unchanged": s.unchanged, "dropped": s.dropped},
             "warnings": list(s.problems),
         }
