@@ -1,7 +1,8 @@
 """Clients of the team's model servers, over their public protocols only.
 
-    ModelUnavailable   the server did not answer, or answered with an error
-     └── ModelRefused  it answered, but refused this input (a 4xx): retrying won't help
+    ModelUnavailable         the server did not answer, or answered with an error
+     └── ModelRefused        it answered, but refused this input (a 4xx): retrying won't help
+          └── Unencodable    the input cannot even be sent (text JSON cannot carry)
 
 Their messages say what went wrong, not which model: callers name the model.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,12 +28,19 @@ from metis_indexer.prefixes import default_prefixes
 BATCH = 32
 """Passages per embeddings request: large enough to amortise, small enough to retry."""
 IN_FLIGHT = 4
-"""Embedding requests sent at once: a server batches them; more only queue."""
+"""Embedding requests of a pass sent at once: a server batches them; more only queue."""
+QUERY_IN_FLIGHT = 8
+"""Questions embedded at once. Their own slots: a search never queues behind a pass."""
+RERANK_IN_FLIGHT = 4
+"""Rerank calls at once; one more is shed at once (the search answers in the fused
+order) rather than queued behind calls whose searches may already be gone."""
 RETRIES = 4
 """Tries of one request before the model counts as not answering."""
 BACKOFF = 0.5
 """Seconds before the first retry; doubled each time."""
-TIMEOUT = httpx.Timeout(60.0, connect=5.0)
+TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+"""A model that has not answered in 30 s is not answering: the pass says it waits
+(spec 000) instead of trying again for minutes."""
 
 
 class ModelUnavailable(Exception):
@@ -40,6 +49,10 @@ class ModelUnavailable(Exception):
 
 class ModelRefused(ModelUnavailable):
     """The model answered but refused the input: the same input will be refused again."""
+
+
+class Unencodable(ModelRefused):
+    """The input could not be put into a request at all: no server was asked."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,6 +85,11 @@ async def _json(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> 
     response = await client.request(method, url, **kw)
     response.raise_for_status()
     return response.json()
+
+
+async def _post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Any:
+    headers = {"Content-Type": "application/json"}
+    return await _json(client, "POST", url, content=encode(body), headers=headers)
 
 
 async def discover(client: httpx.AsyncClient, base_url: str) -> ModelInfo:
@@ -120,6 +138,7 @@ class EmbeddingClient:
         self._client = client or httpx.AsyncClient(timeout=TIMEOUT)
         self._batch = batch
         self._slots = asyncio.Semaphore(in_flight)
+        self._query_slots = asyncio.Semaphore(QUERY_IN_FLIGHT)
         self._retries = retries
         self._backoff = backoff
 
@@ -150,7 +169,9 @@ class EmbeddingClient:
             await self.connect()
         prefixed = [self.document_prefix + t for t in texts]
         batches = [prefixed[i : i + self._batch] for i in range(0, len(prefixed), self._batch)]
-        parts = await asyncio.gather(*(self._embed_batch(b, self._retries) for b in batches))
+        parts = await asyncio.gather(
+            *(self._embed_batch(b, self._retries, self._slots) for b in batches)
+        )
         if not parts:
             return np.zeros((0, self.dimensions or 0), dtype=np.float32)
         return np.concatenate(parts)
@@ -159,11 +180,25 @@ class EmbeddingClient:
         """A question's vector, with the query prefix; one try (searches have a deadline)."""
         if self.model is None:
             await self.connect()
-        return (await self._embed_batch([self.query_prefix + text], 1))[0]
+        return (await self._embed_batch([self.query_prefix + text], 1, self._query_slots))[0]
 
-    async def _embed_batch(self, texts: list[str], tries: int) -> npt.NDArray[np.float32]:
+    async def answers(self, timeout: float) -> bool:
+        """Whether the model embeds a word within `timeout` seconds: one try, for a pass
+        that waits for it to come back."""
+        try:
+            async with asyncio.timeout(timeout):
+                if self.model is None:
+                    await self.connect()
+                await self._embed_batch(["ping"], 1, self._query_slots)
+        except (ModelUnavailable, TimeoutError):
+            return False
+        return True
+
+    async def _embed_batch(
+        self, texts: list[str], tries: int, slots: asyncio.Semaphore
+    ) -> npt.NDArray[np.float32]:
         body = {"input": texts, "model": self.model, "encoding_format": "float"}
-        async with self._slots:
+        async with slots:
             answer = await self._post(f"{self.base_url}/v1/embeddings", body, tries)
         try:
             rows = sorted(answer["data"], key=lambda d: d["index"])
@@ -181,15 +216,18 @@ class EmbeddingClient:
         return vectors
 
     async def _post(self, url: str, body: dict[str, Any], tries: int) -> Any:
+        encode(body)  # an input no request can carry fails before any try
         delay = self._backoff
         for attempt in range(1, tries + 1):
             try:
-                return await _json(self._client, "POST", url, json=body)
+                return await _post_json(self._client, url, body)
             except httpx.HTTPStatusError as e:
                 status = e.response.status_code
                 if 400 <= status < 500 and status not in (408, 429):
                     raise ModelRefused(f"refused the input: {describe(e)}") from None
                 error: Exception = e
+            except httpx.TimeoutException as e:  # not answering: the caller decides to wait
+                raise ModelUnavailable(describe(e)) from None
             except (httpx.HTTPError, ValueError) as e:
                 error = e
             if attempt == tries:
@@ -197,6 +235,15 @@ class EmbeddingClient:
             await asyncio.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")
+
+
+def encode(body: dict[str, Any]) -> bytes:
+    """A JSON body as bytes, or Unencodable: text with lone surrogates cannot be sent,
+    and that is the input's fault, not an outage of the model."""
+    try:
+        return json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise Unencodable(f"the text cannot be sent to a model: {e.reason}") from None
 
 
 class RerankClient:
@@ -209,19 +256,28 @@ class RerankClient:
         query_prefix: str = "",
         name: str | None = None,
         client: httpx.AsyncClient | None = None,
+        in_flight: int = RERANK_IN_FLIGHT,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.query_prefix = query_prefix
         self.name = name or self.base_url
         self._client = client or httpx.AsyncClient(timeout=TIMEOUT)
         self._tei: bool | None = None
+        self._slots = asyncio.Semaphore(in_flight)
+        self._in_flight = in_flight
 
     async def close(self) -> None:
         await self._client.aclose()
 
     async def rerank(self, query: str, passages: list[str]) -> list[float]:
-        """One score per passage, in the passages' order."""
-        query = self.query_prefix + query
+        """One score per passage, in the passages' order; shed at once when every slot
+        is taken."""
+        if self._slots.locked():
+            raise ModelUnavailable(f"busy: {self._in_flight} rerank calls already in flight")
+        async with self._slots:
+            return await self._rerank(self.query_prefix + query, passages)
+
+    async def _rerank(self, query: str, passages: list[str]) -> list[float]:
         try:
             if self._tei is not True:
                 try:
@@ -240,12 +296,12 @@ class RerankClient:
     async def _cohere(self, query: str, passages: list[str]) -> list[float]:
         body = {"query": query, "documents": passages, "top_n": len(passages),
                 "return_documents": False}
-        answer = await _json(self._client, "POST", f"{self.base_url}/v1/rerank", json=body)
+        answer = await _post_json(self._client, f"{self.base_url}/v1/rerank", body)
         return _ordered(answer["results"], "relevance_score", len(passages))
 
     async def _tei_shape(self, query: str, passages: list[str]) -> list[float]:
         body = {"query": query, "texts": passages, "raw_scores": False}
-        answer = await _json(self._client, "POST", f"{self.base_url}/rerank", json=body)
+        answer = await _post_json(self._client, f"{self.base_url}/rerank", body)
         return _ordered(answer, "score", len(passages))
 
 

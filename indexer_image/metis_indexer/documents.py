@@ -37,6 +37,7 @@ class FailReason(enum.StrEnum):
     NOT_A_DOCUMENT = "not a document of its kind"
     UNREADABLE = "could not be read from its drive"
     EMBEDDING_REFUSED = "refused by the embedding model"
+    NOT_STORED = "could not be stored in the index"
 
 
 class ReadFailed(Exception):

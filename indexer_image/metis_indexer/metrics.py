@@ -25,6 +25,7 @@ class Metrics:
     pass_seconds: Histogram
     embed_seconds: Histogram
     embed_failures: Counter
+    index_rebuilds: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -53,6 +54,11 @@ class Metrics:
             pass_seconds=Histogram(
                 "metis_pass_seconds", "Duration of finished passes.", registry=r,
                 buckets=(0.1, 1, 5, 15, 60, 300, 900, 3600, 14400),
+            ),
+            index_rebuilds=Counter(
+                "metis_index_rebuilds_total",
+                "Times a damaged index was moved aside and rebuilt from the sources.",
+                registry=r,
             ),
             embed_seconds=Histogram(
                 "metis_embedding_request_seconds", "Latency of embedding requests for passages.",

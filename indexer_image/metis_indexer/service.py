@@ -6,6 +6,11 @@ size and mtime is left alone, otherwise its content hash decides; new and change
 files are read (in killable worker processes), cut, embedded and committed one
 document at a time; files that are gone are dropped. When the embedding model
 does not answer, the pass waits (phase `waiting`) and resumes where it stopped.
+
+What fails is kept to what it is: a document that cannot be read, embedded or
+stored is recorded as failed with its reason and the pass goes on; a full index
+drive makes the pass wait for space; a damaged index is moved aside and rebuilt
+from the sources (it is derived data).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,13 +32,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import evaluation, search, sources
-from metis_indexer.clients import EmbeddingClient, ModelRefused, ModelUnavailable, RerankClient
+from metis_indexer import evaluation, readers, search, sources, store
+from metis_indexer.clients import (
+    EmbeddingClient,
+    ModelRefused,
+    ModelUnavailable,
+    RerankClient,
+    Unencodable,
+)
 from metis_indexer.config import IndexerConfig
 from metis_indexer.documents import Chunk, FailReason, ReadFailed
 from metis_indexer.errors import BadRequest, Conflict, Unavailable
 from metis_indexer.index import Index, Settings
 from metis_indexer.metrics import Metrics
+from metis_indexer.readers.failures import detail
 from metis_indexer.readers.pool import ReaderPool
 from metis_indexer.schema import SearchAnswer, SearchRequest
 from metis_indexer.store import FileRecord
@@ -40,7 +53,11 @@ from metis_indexer.store import FileRecord
 log = logging.getLogger("metis.indexer")
 
 WAIT_FIRST, WAIT_MAX = 1.0, 30.0
-"""Seconds between looks at a model that does not answer: doubling up to the max."""
+"""Seconds between looks at a model (or a drive) that does not answer: doubling up to
+the max."""
+PROBE_SECONDS = 5.0
+"""A model that fails a request is asked for one word: an answer within this long
+means the failure was passing, and the pass goes on without saying it waits."""
 IN_FLIGHT_DOCUMENTS = 4
 """Documents read, embedded and written at once: keeps both the workers and the model busy."""
 DOCUMENT_STATES = ("indexed", "failed")
@@ -53,12 +70,19 @@ def now() -> str:
     return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def file_hash(path: Path) -> str:
+def file_hash(path: Path, root: Path | None = None) -> str:
+    """The content hash of a file that is still inside its drive (ReadFailed if not)."""
     digest = hashlib.blake2b(digest_size=20)
-    with path.open("rb") as f:
+    with os.fdopen(readers.open_inside(path, root), "rb") as f:
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
+
+
+def failed(record: FileRecord, why: ReadFailed) -> FileRecord:
+    return dataclasses.replace(
+        record, state="failed", reason=why.reason.value, detail=why.detail or None, chunks=0
+    )
 
 
 @dataclasses.dataclass
@@ -104,6 +128,8 @@ class Indexer:
         self._pool: ReaderPool | None = None
         self.on_progress: Callable[[PassState], None] | None = None
         self._lock_fd: int | None = None
+        self._rebuilding = ""
+        """Why every document is being read again, until that pass is done."""
         self.metrics.set_phase("loading")
 
     def _clients_for(self, config: IndexerConfig) -> None:
@@ -136,11 +162,12 @@ class Indexer:
             os.close(self._lock_fd)
 
     async def _run(self) -> None:
-        await asyncio.to_thread(self.index.load)
+        await self._open()
         self.loaded = True
         self._publish()
         if not self._take_index():
             await self._stand_by()
+        delay = WAIT_FIRST
         while True:
             full, self._full = self._full, False
             self._wake.clear()
@@ -149,17 +176,74 @@ class Indexer:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a pass that breaks must not end the service
-                log.exception("pass failed")
-                self._set_phase("waiting", f"the last pass stopped on an error: {e}")
-                await asyncio.sleep(WAIT_MAX)
+                if store.trouble(e) == "damaged":
+                    await self._rebuild(e)
+                    continue
+                self._set_phase("waiting", self._stopped_because(e))
+                await asyncio.sleep(delay)
+                delay = min(WAIT_MAX, delay * 2)
                 continue
+            delay = WAIT_FIRST
             wait = self.config.rescan_seconds or None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
+    def _stopped_because(self, e: Exception) -> str:
+        """The reason a pass that broke shows; it is tried again after a while."""
+        if store.trouble(e) == "full":
+            free = store.free_megabytes(self.config.index_dir)
+            log.warning("the index drive is full (%d MB free): waiting for space", free)
+            return f"the index drive is full ({free} MB free); indexing resumes when there is room"
+        log.exception("pass failed")
+        return f"the last pass stopped on an error: {e}"
+
+    async def _open(self) -> None:
+        """Load the index, waiting (and saying why) while its folder cannot hold it; a
+        damaged one is rebuilt."""
+        delay = WAIT_FIRST
+        while True:
+            try:
+                await asyncio.to_thread(self._check_and_load)
+                return
+            except store.StoreUnavailable as e:
+                log.error("%s", e)
+                self._set_phase("waiting", str(e))
+            except sqlite3.DatabaseError as e:
+                if store.trouble(e) != "damaged":
+                    raise
+                await self._rebuild(e)
+                return
+            await asyncio.sleep(delay)
+            delay = min(WAIT_MAX, delay * 2)
+
+    def _check_and_load(self) -> None:
+        self.index.store.check()
+        self.index.load()
+
+    async def _rebuild(self, error: Exception) -> None:
+        """Move a damaged index aside and start an empty one; the next pass reads every
+        document again. Only the indexer that writes the index may do it."""
+        while not self._take_index():
+            self._set_phase(
+                "standby", "the index is damaged; the indexer writing it will rebuild it"
+            )
+            await asyncio.sleep(STANDBY_LOOK)
+        log.error("the index is damaged (%s): moving it aside and rebuilding it", error)
+        aside = await asyncio.to_thread(self.index.store.move_aside)
+        self.index = Index(self.config.index_dir)
+        await asyncio.to_thread(self.index.load)
+        self.metrics.index_rebuilds.inc()
+        self._rebuilding = (
+            f"rebuilding the index from the sources: it was damaged ({error}); "
+            f"the damaged file was moved aside as {aside.name}"
+        )
+        self._set_phase("loading", "")
+
     def _take_index(self) -> bool:
         """Become the one indexer writing this index folder (a lock the system drops when
         the process ends, however it ends)."""
+        if self._lock_fd is not None:
+            return True
         fd = os.open(self.config.index_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -246,6 +330,7 @@ class Indexer:
         self.state.completed += 1
         self.state.indexed_revisions = revisions
         self.state.indexed_generation = generation
+        self._rebuilding = ""
         self.metrics.pass_seconds.observe(time.monotonic() - started)
         self._set_phase("ready", "")
         log.info(
@@ -315,12 +400,15 @@ class Indexer:
         full: bool,
         settings: Settings,
     ) -> None:
-        """Bring one file up to date; commits it whole or not at all."""
+        """Bring one file up to date; commits it whole or not at all. Whatever fails of
+        this document alone is recorded as its failure, and the pass goes on."""
         try:
-            digest = await asyncio.to_thread(file_hash, item.absolute)
-        except OSError as e:
+            digest = await asyncio.to_thread(file_hash, item.absolute, item.root)
+        except (OSError, ReadFailed) as e:
             digest = ""
-            result: list[Chunk] | ReadFailed = ReadFailed(FailReason.UNREADABLE, str(e))
+            result: list[Chunk] | ReadFailed = (
+                e if isinstance(e, ReadFailed) else ReadFailed(FailReason.UNREADABLE, detail(e))
+            )
         else:
             if (
                 before is not None
@@ -336,7 +424,7 @@ class Indexer:
                 return
             assert self._pool is not None
             result = await self._pool.read_chunks(
-                item.absolute, item.kind, settings.chunk_size, settings.chunk_overlap
+                item.absolute, item.kind, settings.chunk_size, settings.chunk_overlap, item.root
             )
         self.state.read += 1
         record = FileRecord(
@@ -344,25 +432,36 @@ class Indexer:
             mtime_ns=item.mtime_ns, hash=digest, state="indexed", indexed_at=now(),
             built_with=settings.key,
         )
-        vectors = None
-        chunks: list[Chunk] = []
         if isinstance(result, ReadFailed):
-            record = dataclasses.replace(
-                record, state="failed", reason=result.reason.value, detail=result.detail or None
-            )
-        else:
-            chunks = result
-            try:
-                vectors = await self._embed(chunks)
-            except ModelRefused as e:
-                record = dataclasses.replace(
-                    record, state="failed", reason=FailReason.EMBEDDING_REFUSED.value,
-                    detail=str(e),
-                )
-                chunks = []
-            title = chunks[0].title if chunks else None
-            record = dataclasses.replace(record, title=title, chunks=len(chunks))
-        await asyncio.to_thread(self.index.put_document, record, chunks, vectors)
+            await self._put(failed(record, result))
+            return
+        chunks = result
+        try:
+            vectors = await self._embed(chunks)
+        except Unencodable as e:
+            await self._put(failed(record, ReadFailed(FailReason.MALFORMED, str(e))))
+            return
+        except ModelRefused as e:
+            await self._put(failed(record, ReadFailed(FailReason.EMBEDDING_REFUSED, str(e))))
+            return
+        record = dataclasses.replace(
+            record, title=chunks[0].title if chunks else None, chunks=len(chunks)
+        )
+        try:
+            await self._put(record, chunks, vectors)
+        except (sqlite3.Error, ValueError) as e:
+            if store.trouble(e) is not None:
+                raise  # the index's trouble, not this document's
+            log.warning("%s: %s could not be stored: %s", drive, path, e)
+            await self._put(failed(record, ReadFailed(FailReason.NOT_STORED, detail(e))))
+
+    async def _put(
+        self,
+        record: FileRecord,
+        chunks: list[Chunk] | None = None,
+        vectors: npt.NDArray[np.float32] | None = None,
+    ) -> None:
+        await asyncio.to_thread(self.index.put_document, record, chunks or [], vectors)
 
     async def _embed(self, chunks: list[Chunk]) -> npt.NDArray[np.float32] | None:
         if self.embedder is None:
@@ -380,30 +479,27 @@ class Indexer:
                 await self._wait_for_model(e)
 
     async def _wait_for_model(self, error: ModelUnavailable) -> None:
-        """Phase `waiting` until the embedding model answers again; one waiter looks."""
-        assert self.embedder is not None
+        """Phase `waiting` until the embedding model answers again; one waiter looks. A
+        quick look first, so a passing failure does not show as waiting."""
+        embedder = self.embedder
+        assert embedder is not None
         async with self._model_lock:
-            if await self._model_answers():
+            if await embedder.answers(PROBE_SECONDS):
                 return
             before = self.state.phase
             name = self.config.embedding.name if self.config.embedding else "the embedding model"
             self._set_phase("waiting", f"waiting for embedding model {name}: {error}")
+            log.warning("embedding model %s does not answer (%s): the pass waits", name, error)
             delay = WAIT_FIRST
-            while not await self._model_answers():
+            while not await embedder.answers(PROBE_SECONDS):
                 await asyncio.sleep(delay)
                 delay = min(WAIT_MAX, delay * 2)
+            log.info("embedding model %s answers again: the pass resumes", name)
             self._set_phase(before if before != "waiting" else "indexing", "")
 
-    async def _model_answers(self) -> bool:
-        assert self.embedder is not None
-        try:
-            await self.embedder.connect()
-            await self.embedder.embed_documents(["ping"])
-        except ModelUnavailable:
-            return False
-        return True
-
     def _set_phase(self, phase: str, reason: str) -> None:
+        if not reason and phase in ("loading", "scanning", "indexing"):
+            reason = self._rebuilding
         self.state.phase, self.state.reason = phase, reason
         self.metrics.set_phase(phase)
         self._publish()

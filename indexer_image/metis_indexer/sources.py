@@ -40,6 +40,8 @@ class Found:
 
     path: str
     absolute: Path
+    root: Path
+    """The drive's real root: the file opened for reading must still be inside it."""
     kind: Kind
     size: int
     mtime_ns: int
@@ -80,7 +82,7 @@ def walk(drive_root: Path, path: str | None = None) -> Listing:
     folder = check_path(path)
     root = os.path.realpath(drive_root)
     if not os.path.isdir(root):
-        raise SourceError(f"the drive at {drive_root} is not a folder")
+        raise SourceError("the drive is not a folder here (is it mounted?)")
     start = os.path.join(root, *folder.parts)
     real_start = os.path.realpath(start)
     if not _inside(real_start, root):
@@ -176,4 +178,6 @@ class _Walk:
         if kind is None:
             self.skipped[_extension(relative)] += 1
             return
-        self.files.append(Found(relative, Path(absolute), kind, info.st_size, info.st_mtime_ns))
+        self.files.append(
+            Found(relative, Path(absolute), Path(self.root), kind, info.st_size, info.st_mtime_ns)
+        )

@@ -9,12 +9,16 @@ arrays, it never re-tokenises. No pickles: every value is a plain SQL type.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
+import shutil
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -22,8 +26,9 @@ import numpy.typing as npt
 WORD_CACHE = 20_000
 """Word ids kept for questions: about 2 MB, and a question's words skip SQLite."""
 
-FORMAT = "1"
-"""Bumped when the schema changes; an index of another format is rebuilt."""
+DAMAGED_SUFFIX = ".damaged"
+"""A damaged index is moved aside under this suffix (one copy, the latest), for a
+person to look at; the index is derived data, rebuilt from the sources."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -137,43 +142,149 @@ def _terms_blob(term_ids: npt.NDArray[np.int32], counts: npt.NDArray[np.int32]) 
     return np.concatenate([term_ids, counts]).astype("<i4").tobytes()
 
 
+class StoreUnavailable(Exception):
+    """The index cannot be opened where it is (a folder not writable, a missing mount):
+    the message names the path, since the fix is there, not in the index."""
+
+
+Trouble = Literal["full", "damaged"]
+
+
+def trouble(e: BaseException) -> Trouble | None:
+    """What an error says of the index itself rather than of the document being written:
+    a full drive (wait for space), or a damaged file (rebuild it from the sources)."""
+    if not isinstance(e, sqlite3.DatabaseError):
+        return None
+    code = getattr(e, "sqlite_errorcode", None)
+    text = str(e).lower()
+    if code == sqlite3.SQLITE_FULL or "disk is full" in text:
+        return "full"
+    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB) or any(
+        words in text for words in ("malformed", "not a database", "database corrupt")
+    ):
+        return "damaged"
+    return None
+
+
+def free_megabytes(folder: Path) -> int:
+    return shutil.disk_usage(folder).free // 1_000_000
+
+
+class IndexDamaged(sqlite3.DatabaseError):
+    """SQLite's integrity check found the file damaged."""
+
+
 class Store:
-    """SQLite access. One writer connection; readers get a connection per thread."""
+    """SQLite access. One writer connection; readers get a connection per thread.
+
+    The file is opened on first use, so a damaged or unreachable index is an error
+    the indexer can handle where it loads, not one its construction raises.
+    """
 
     def __init__(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
         self.path = folder / "index.sqlite3"
         self._local = threading.local()
         self._write_lock = threading.Lock()
-        self._writer = self._connect()
+        self._open_lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._connections: list[sqlite3.Connection] = []
         self._word_cache: dict[str, int] = {}
         self._unknown: dict[str, int] = {}
         """Words no chunk had, with the generation of words they were looked up in."""
         self._words_generation = 0
-        with self._writer:
-            self._writer.executescript(SCHEMA)
-            columns = {row[1] for row in self._writer.execute("PRAGMA table_info(files)")}
-            if "built_with" not in columns:  # an index written before files recorded it
-                self._writer.execute(
-                    "ALTER TABLE files ADD COLUMN built_with TEXT NOT NULL DEFAULT ''"
-                )
+
+    @property
+    def _writer(self) -> sqlite3.Connection:
+        return self._conn or self.open()
+
+    def open(self) -> sqlite3.Connection:
+        """The writer connection, with the schema in place; StoreUnavailable naming the
+        path when the folder cannot hold it."""
+        with self._open_lock:
+            if self._conn is not None:
+                return self._conn
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                conn = self._connect()
+            except (OSError, sqlite3.OperationalError) as e:
+                raise StoreUnavailable(self._why_not(e)) from None
+            with conn:
+                conn.executescript(SCHEMA)
+                columns = {row[1] for row in conn.execute("PRAGMA table_info(files)")}
+                if "built_with" not in columns:  # an index written before files recorded it
+                    conn.execute("ALTER TABLE files ADD COLUMN built_with TEXT NOT NULL DEFAULT ''")
+            self._conn = conn
+            return conn
+
+    def _why_not(self, e: BaseException) -> str:
+        what = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        if self.folder.is_dir() and not os.access(self.folder, os.W_OK | os.X_OK):
+            what = "the folder is not writable"
+        return f"cannot open the index {self.path}: {what}"
+
+    def check(self) -> None:
+        """SQLite's quick check (structure, not every index entry): IndexDamaged when the
+        file is damaged. Seconds for a large index, once at start."""
+        rows = self._writer.execute("PRAGMA quick_check").fetchall()
+        if [r[0] for r in rows] != ["ok"]:
+            raise IndexDamaged(f"database disk image is malformed: {rows[0][0]}")
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA foreign_keys=ON")
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+        except BaseException:
+            conn.close()
+            raise
+        self._connections.append(conn)
         return conn
 
     @property
     def _reader(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            self.open()  # the schema exists before anything reads
             conn = self._local.conn = self._connect()
         return conn
 
     def close(self) -> None:
-        self._writer.close()
+        """Closes every connection, the readers' too (the file may be moved aside next)."""
+        for conn in self._connections:
+            conn.close()
+        self._connections.clear()
+        self._conn = None
+        self._local = threading.local()
+
+    def move_aside(self) -> Path:
+        """Moves a damaged index out of the way (closing it first); where it went."""
+        self.close()
+        aside = self.path.with_name(self.path.name + DAMAGED_SUFFIX)
+        for suffix in ("", "-wal", "-shm"):
+            part = self.path.with_name(self.path.name + suffix)
+            target = aside.with_name(aside.name + suffix)
+            if part.exists():
+                os.replace(part, target)
+            else:
+                target.unlink(missing_ok=True)
+        return aside
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction. SQLite may already have rolled back (a full disk does),
+        so rolling back is only asked of a transaction still open."""
+        with self._write_lock:
+            db = self._writer
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
 
     # -- settings the index was built with -------------------------------------------------
 
@@ -181,14 +292,12 @@ class Store:
         return dict(self._reader.execute("SELECT key, value FROM meta").fetchall())
 
     def set_meta(self, values: dict[str, str]) -> None:
-        with self._write_lock:
-            self._writer.execute("BEGIN IMMEDIATE")
-            self._writer.executemany(
+        with self._transaction() as db:
+            db.executemany(
                 "INSERT INTO meta (key, value) VALUES (?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 sorted(values.items()),
             )
-            self._writer.execute("COMMIT")
 
     def drop_vectors(self) -> None:
         """Forget every vector (another embedding model's); the chunks stay searchable by
@@ -198,14 +307,12 @@ class Store:
 
     def clear(self) -> None:
         """Forget every file and chunk."""
-        with self._write_lock:
-            self._writer.execute("BEGIN IMMEDIATE")
-            self._writer.execute("DELETE FROM chunks")
-            self._writer.execute("DELETE FROM files")
-            self._writer.execute("DELETE FROM terms")
-            self._writer.execute("COMMIT")
-            self._word_cache.clear()
-            self._words_generation += 1
+        with self._transaction() as db:
+            db.execute("DELETE FROM chunks")
+            db.execute("DELETE FROM files")
+            db.execute("DELETE FROM terms")
+        self._word_cache.clear()
+        self._words_generation += 1
 
     # -- files -----------------------------------------------------------------------------
 
@@ -222,40 +329,33 @@ class Store:
         Words get their ids here, in the same transaction, so the words on disk always
         cover the term ids of the chunks on disk, and memory keeps no vocabulary.
         """
-        with self._write_lock:
-            db = self._writer
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                ids, new_words = self._word_ids(db, {w for c in chunks for w in c.words})
-                file_id = self._upsert_file(db, record)
-                db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
-                written = Written(file_id, [], [], [])
-                for ord_, c in enumerate(chunks):
-                    term_ids = np.fromiter((ids[w] for w in c.words), np.int32, len(c.words))
-                    counts = np.fromiter(c.words.values(), np.int32, len(c.words))
-                    cur = db.execute(
-                        "INSERT INTO chunks (file_id, ord, headings, page, line, text, terms,"
-                        " vector) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (
-                            file_id,
-                            ord_,
-                            json.dumps(c.headings, ensure_ascii=False),
-                            c.page,
-                            c.line,
-                            c.text,
-                            _terms_blob(term_ids, counts),
-                            None if c.vector is None else c.vector.astype("<f4").tobytes(),
-                        ),
-                    )
-                    written.chunk_ids.append(int(cur.lastrowid or 0))
-                    written.term_ids.append(term_ids)
-                    written.counts.append(counts)
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            if new_words:  # after the commit: a question's lookup from now on sees them
-                self._words_generation += 1
+        with self._transaction() as db:
+            ids, new_words = self._word_ids(db, {w for c in chunks for w in c.words})
+            file_id = self._upsert_file(db, record)
+            db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
+            written = Written(file_id, [], [], [])
+            for ord_, c in enumerate(chunks):
+                term_ids = np.fromiter((ids[w] for w in c.words), np.int32, len(c.words))
+                counts = np.fromiter(c.words.values(), np.int32, len(c.words))
+                cur = db.execute(
+                    "INSERT INTO chunks (file_id, ord, headings, page, line, text, terms,"
+                    " vector) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        file_id,
+                        ord_,
+                        json.dumps(c.headings, ensure_ascii=False),
+                        c.page,
+                        c.line,
+                        c.text,
+                        _terms_blob(term_ids, counts),
+                        None if c.vector is None else c.vector.astype("<f4").tobytes(),
+                    ),
+                )
+                written.chunk_ids.append(int(cur.lastrowid or 0))
+                written.term_ids.append(term_ids)
+                written.counts.append(counts)
+        if new_words:  # after the commit: a question's lookup from now on sees them
+            self._words_generation += 1
         return written
 
     @staticmethod
@@ -320,11 +420,8 @@ class Store:
             )
 
     def delete_files(self, keys: Sequence[tuple[str, str]]) -> None:
-        with self._write_lock:
-            db = self._writer
-            db.execute("BEGIN IMMEDIATE")
+        with self._transaction() as db:
             db.executemany("DELETE FROM files WHERE source = ? AND path = ?", keys)
-            db.execute("COMMIT")
 
     # -- chunks ----------------------------------------------------------------------------
 

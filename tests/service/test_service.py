@@ -136,8 +136,10 @@ def test_handbook_and_torture_slice_every_mode_and_documents(models, tmp_path):
         err = p.post("/v1/search", {"question": "x"})
         assert err.status_code == 400 and err.json()["error"]["code"] == "INVALID_BODY"
         evaluation = p.post("/v1/evaluate", {"k": 5}).json()
-        assert evaluation["cases"] == 13 and set(evaluation["modes"]) == {
-            "keyword", "dense", "hybrid", "hybrid+rerank"}
+        # On loaded cores the spec's 60 s can end it early; then it must say so.
+        stopped = [w for w in evaluation["warnings"] if w.startswith("stopped after 60 s")]
+        assert evaluation["cases"] == 13 or (stopped and 1 <= evaluation["cases"] < 13)
+        assert set(evaluation["modes"]) == {"keyword", "dense", "hybrid", "hybrid+rerank"}
         assert evaluation["recall_at_k"] >= 0.8
         metrics = p.get("/metrics").text
         assert 'metis_phase{phase="ready"} 1.0' in metrics

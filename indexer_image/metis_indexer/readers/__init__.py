@@ -1,15 +1,19 @@
 """Readers: one module per kind of document, each turning bytes into a `Document`.
 
-`read_document` is the one entry point: it checks the size limit before reading
-a byte, reads the file, and hands the bytes to the kind's reader. Whatever goes
-wrong comes out as `ReadFailed` with a reason from the fixed vocabulary; no
-other exception escapes. It has no time limit of its own: run it through
-`metis_indexer.readers.pool`, which can stop a parse that runs too long.
+`read_document` is the one entry point: it opens the file (checking that the
+file opened, not the name listed, is inside its drive), checks the size limit
+before reading a byte, hands the bytes to the kind's reader, and makes the text
+storable. Whatever goes wrong comes out as `ReadFailed` with a reason from the
+fixed vocabulary; no other exception escapes. It has no time limit of its own:
+run it through `metis_indexer.readers.pool`, which can stop a parse that runs too
+long.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path, PurePath
 from types import ModuleType
@@ -20,6 +24,13 @@ from metis_indexer.readers.failures import detail
 
 MAX_BYTES = 64 * 1024 * 1024
 """A file larger than this is not read (spec 001: "at most 64 MB")."""
+MAX_TEXT = MAX_BYTES
+"""Characters of text a document may yield: a small compressed file (a DOCX of 600 KB)
+can hold hundreds of MB of XML, and every character becomes index and model work."""
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+"""NULs and lone surrogates (pypdf yields them for some fonts): SQLite and JSON
+encoders refuse them, so one such character would fail a whole document."""
 
 KINDS: Mapping[str, Kind] = {
     **dict.fromkeys((".md", ".markdown", ".mdx"), Kind.MD),
@@ -46,10 +57,66 @@ def kind_of(path: str | PurePath) -> Kind | None:
     return KINDS.get(PurePath(path).suffix.lower())
 
 
-def read_document(path: Path, kind: Kind) -> Document:
-    """The file as a document, or `ReadFailed` saying why not."""
+def open_inside(path: Path, root: Path | None) -> int:
+    """A descriptor of `path`, refused unless the file opened is inside `root`: a name
+    listed as a file may have become a link out of the drive since. (Something else
+    that blocks, a pipe, is what the reader pool's deadline is for.)"""
     try:
-        with path.open("rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise ReadFailed(FailReason.UNREADABLE, detail(e)) from e
+    try:
+        if root is not None:
+            real = _opened(fd, path)
+            top = os.path.realpath(root)
+            inside = real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+            relative = os.path.relpath(real, top)
+            if not inside or any(p.startswith(".") for p in relative.split(os.sep)):
+                raise ReadFailed(
+                    FailReason.UNREADABLE, "it became a link that leads out of its drive"
+                )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _opened(fd: int, path: Path) -> str:
+    """The real path of an open file (Linux names it under /proc), else of its name."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+
+
+def storable(text: str) -> str:
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _storable(document: Document) -> Document:
+    """The document with unstorable characters replaced, refused past `MAX_TEXT`."""
+    total = sum(len(s.text) for s in document.sections)
+    if total > MAX_TEXT:
+        raise ReadFailed(
+            FailReason.TOO_BIG_UNCOMPRESSED,
+            f"{total:,} characters of text; at most {MAX_TEXT:,} are indexed",
+        )
+    title = None if document.title is None else storable(document.title)
+    sections = tuple(
+        dataclasses.replace(
+            s, text=storable(s.text), headings=tuple(storable(h) for h in s.headings)
+        )
+        for s in document.sections
+    )
+    return dataclasses.replace(document, title=title, sections=sections)
+
+
+def read_document(path: Path, kind: Kind, root: Path | None = None) -> Document:
+    """The file as a document, or `ReadFailed` saying why not. With `root`, a file
+    that is not inside it when opened is not read."""
+    fd = open_inside(path, root)
+    try:
+        with os.fdopen(fd, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > MAX_BYTES:
                 raise ReadFailed(FailReason.TOO_LARGE, f"{size:,} bytes")
@@ -66,4 +133,4 @@ def read_document(path: Path, kind: Kind) -> Document:
         raise ReadFailed(FailReason.TOO_BIG_UNCOMPRESSED, "ran out of memory reading it") from e
     except Exception as e:  # a parser's own bug must not stop a pass
         raise ReadFailed(FailReason.MALFORMED, detail(e)) from e
-    return document
+    return _storable(document)

@@ -7,8 +7,10 @@ _LONGEST = 300
 
 
 def detail(e: BaseException, context: str = "") -> str:
-    """The exception's type and message, after `context` ("page 3")."""
-    text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    """The exception's type and message, after `context` ("page 3"). An OS error says
+    what happened without its file name: the pod's path means nothing to a user."""
+    message = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    text = f"{type(e).__name__}: {message}" if message else type(e).__name__
     if context:
         text = f"{context}: {text}"
     return text if len(text) <= _LONGEST else text[: _LONGEST - 1] + "…"

@@ -77,6 +77,7 @@ class _Task:
     id: int
     path: Path
     kind: Kind
+    root: Path | None
     chunking: tuple[int, int] | None
     future: Future[Done[Any]]
 
@@ -130,22 +131,24 @@ class ReaderPool:
 
     # -- submitting -------------------------------------------------------------------------
 
-    def submit_read(self, path: Path, kind: Kind) -> Future[Done[Document]]:
-        """Reads `path` as `kind` in a worker."""
-        return self._submit(path, kind, None)
+    def submit_read(
+        self, path: Path, kind: Kind, root: Path | None = None
+    ) -> Future[Done[Document]]:
+        """Reads `path` as `kind` in a worker; with `root`, only if it is inside it."""
+        return self._submit(path, kind, root, None)
 
     def submit_chunks(
-        self, path: Path, kind: Kind, size: int, overlap: int
+        self, path: Path, kind: Kind, size: int, overlap: int, root: Path | None = None
     ) -> Future[Done[list[Chunk]]]:
         """Reads and chunks `path` in a worker, so only chunks come back."""
         chunking.chunk_text("", size, overlap)  # bad settings fail here, not per document
-        return self._submit(path, kind, (size, overlap))
+        return self._submit(path, kind, root, (size, overlap))
 
     async def read_chunks(
-        self, path: Path, kind: Kind, size: int, overlap: int
+        self, path: Path, kind: Kind, size: int, overlap: int, root: Path | None = None
     ) -> list[Chunk] | ReadFailed:
         """`submit_chunks` for asyncio callers; the result alone."""
-        done = await asyncio.wrap_future(self.submit_chunks(path, kind, size, overlap))
+        done = await asyncio.wrap_future(self.submit_chunks(path, kind, size, overlap, root))
         return done.result
 
     def close(self) -> None:
@@ -159,14 +162,16 @@ class ReaderPool:
         self._wake_r.close()
         self._wake_w.close()
 
-    def _submit(self, path: Path, kind: Kind, chunks: tuple[int, int] | None) -> Future[Any]:
+    def _submit(
+        self, path: Path, kind: Kind, root: Path | None, chunks: tuple[int, int] | None
+    ) -> Future[Any]:
         future: Future[Done[Any]] = Future()
         with self._lock:
             if self._closed:
                 raise RuntimeError("the reader pool is closed")
             if self._broken is not None:
                 raise RuntimeError(self._broken)
-            self._pending.append(_Task(next(self._ids), path, kind, chunks, future))
+            self._pending.append(_Task(next(self._ids), path, kind, root, chunks, future))
         self._poke()
         return future
 
@@ -199,7 +204,10 @@ class ReaderPool:
             if task is None:
                 return
             try:
-                worker.conn.send((task.id, str(task.path), task.kind.value, task.chunking))
+                worker.conn.send((
+                    task.id, str(task.path), task.kind.value,
+                    None if task.root is None else str(task.root), task.chunking,
+                ))
             except OSError:  # it died while idle: not the document's fault, so it waits again
                 self._replace(i)
                 with self._lock:
@@ -321,17 +329,19 @@ def _serve(conn: multiprocessing.connection.Connection, memory_bytes: int | None
     conn.send(_READY)
     while True:
         try:
-            task_id, path, kind, chunk_settings = conn.recv()
+            task_id, path, kind, root, chunk_settings = conn.recv()
         except EOFError:
             return
         started = time.perf_counter()
-        ok, payload = _work(Path(path), Kind(kind), chunk_settings)
+        ok, payload = _work(Path(path), Kind(kind), root and Path(root), chunk_settings)
         conn.send((task_id, ok, payload, time.perf_counter() - started))
 
 
-def _work(path: Path, kind: Kind, chunk_settings: tuple[int, int] | None) -> tuple[bool, Any]:
+def _work(
+    path: Path, kind: Kind, root: Path | None, chunk_settings: tuple[int, int] | None
+) -> tuple[bool, Any]:
     try:
-        document = readers.read_document(path, kind)
+        document = readers.read_document(path, kind, root)
     except ReadFailed as e:
         return False, (e.reason.name, e.detail)
     if chunk_settings is None:
