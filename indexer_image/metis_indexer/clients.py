@@ -14,9 +14,12 @@ the model's id from `GET /v1/models` or TEI's `GET /info`. Reranking: `POST
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import itertools
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
@@ -38,9 +41,10 @@ RETRIES = 4
 """Tries of one request before the model counts as not answering."""
 BACKOFF = 0.5
 """Seconds before the first retry; doubled each time."""
-TIMEOUT = httpx.Timeout(30.0, connect=5.0)
-"""A model that has not answered in 30 s is not answering: the pass says it waits
-(spec 000) instead of trying again for minutes."""
+TIMEOUT = httpx.Timeout(120.0, connect=5.0)
+"""How long one request may take. A busy server answers a pass's batches in turn, so
+this is generous; a server that answers nothing at all is noticed sooner, by
+`EmbeddingClient.silent_for`."""
 
 
 class ModelUnavailable(Exception):
@@ -139,6 +143,9 @@ class EmbeddingClient:
         self._batch = batch
         self._slots = asyncio.Semaphore(in_flight)
         self._query_slots = asyncio.Semaphore(QUERY_IN_FLIGHT)
+        self._sent: dict[int, float] = {}
+        self._ids = itertools.count()
+        self._last_answer = time.monotonic()
         self._retries = retries
         self._backoff = backoff
 
@@ -157,9 +164,31 @@ class EmbeddingClient:
             return self._document_prefix
         return default_prefixes(self.model or "")[1]
 
+    def silent_for(self) -> float:
+        """Seconds the server has been asked and has answered nothing at all: 0 when
+        nothing is asked. A busy server answers some request every few seconds; one
+        that is hung (stopped, deadlocked, partitioned) answers none."""
+        if not self._sent:
+            return 0.0
+        return time.monotonic() - max(self._last_answer, min(self._sent.values()))
+
+    @contextlib.asynccontextmanager
+    async def _asking(self) -> AsyncIterator[None]:
+        key = next(self._ids)
+        self._sent[key] = time.monotonic()
+        try:
+            yield
+            self._last_answer = time.monotonic()
+        except httpx.HTTPStatusError:
+            self._last_answer = time.monotonic()  # an error is an answer too
+            raise
+        finally:
+            del self._sent[key]
+
     async def connect(self) -> ModelInfo:
         """Learn the model's id (which chooses the default prefixes)."""
-        info = await discover(self._client, self.base_url)
+        async with self._asking():
+            info = await discover(self._client, self.base_url)
         self.model = info.id
         return info
 
@@ -220,7 +249,8 @@ class EmbeddingClient:
         delay = self._backoff
         for attempt in range(1, tries + 1):
             try:
-                return await _post_json(self._client, url, body)
+                async with self._asking():
+                    return await _post_json(self._client, url, body)
             except httpx.HTTPStatusError as e:
                 status = e.response.status_code
                 if 400 <= status < 500 and status not in (408, 429):

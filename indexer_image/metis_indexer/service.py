@@ -55,8 +55,11 @@ log = logging.getLogger("metis.indexer")
 WAIT_FIRST, WAIT_MAX = 1.0, 30.0
 """Seconds between looks at a model (or a drive) that does not answer: doubling up to
 the max."""
-PROBE_SECONDS = 5.0
-"""A model that fails a request is asked for one word: an answer within this long
+MODEL_SILENCE = 30.0
+"""Seconds a model may answer nothing at all, while asked, before the pass shows
+`waiting` (a busy model answers something every few seconds)."""
+PROBE_SECONDS = 30.0
+"""A model whose request failed is asked for one word: an answer within this long
 means the failure was passing, and the pass goes on without saying it waits."""
 IN_FLIGHT_DOCUMENTS = 4
 """Documents read, embedded and written at once: keeps both the workers and the model busy."""
@@ -130,6 +133,10 @@ class Indexer:
         self._lock_fd: int | None = None
         self._rebuilding = ""
         """Why every document is being read again, until that pass is done."""
+        self._silenced_from: str | None = None
+        """The phase a pass was in when its model fell silent (it shows `waiting`)."""
+        self._notes: list[str] = []
+        """What a person should know until the indexer restarts (an index rebuilt)."""
         self.metrics.set_phase("loading")
 
     def _clients_for(self, config: IndexerConfig) -> None:
@@ -171,6 +178,7 @@ class Indexer:
         while True:
             full, self._full = self._full, False
             self._wake.clear()
+            watch = asyncio.create_task(self._watch_model(), name="metis-model-watch")
             try:
                 await self._pass(full)
             except asyncio.CancelledError:
@@ -183,6 +191,8 @@ class Indexer:
                 await asyncio.sleep(delay)
                 delay = min(WAIT_MAX, delay * 2)
                 continue
+            finally:
+                watch.cancel()
             delay = WAIT_FIRST
             wait = self.config.rescan_seconds or None
             with contextlib.suppress(TimeoutError):
@@ -236,6 +246,10 @@ class Indexer:
         self._rebuilding = (
             f"rebuilding the index from the sources: it was damaged ({error}); "
             f"the damaged file was moved aside as {aside.name}"
+        )
+        self._notes.append(
+            f"the index was damaged ({error}) and rebuilt from the sources at {now()}; "
+            f"the damaged file is kept as {aside.name}"
         )
         self._set_phase("loading", "")
 
@@ -478,6 +492,30 @@ class Indexer:
                 self.metrics.embed_failures.inc()
                 await self._wait_for_model(e)
 
+    def _embedding_name(self) -> str:
+        return self.config.embedding.name if self.config.embedding else "the embedding model"
+
+    async def _watch_model(self) -> None:
+        """During a pass: a model that answers nothing for MODEL_SILENCE seconds shows as
+        `waiting` at once, and its next answer shows the pass going on (requests to a
+        busy model are not given up for being slow)."""
+        while True:
+            await asyncio.sleep(1.0)
+            if self.embedder is None or self._model_lock.locked():
+                continue  # no model, or `_wait_for_model` already says what happens
+            silent = self.embedder.silent_for() >= MODEL_SILENCE
+            if silent and self._silenced_from is None and self.state.phase != "waiting":
+                self._silenced_from = self.state.phase
+                name = self._embedding_name()
+                log.warning("embedding model %s has answered nothing for %g s", name,
+                            MODEL_SILENCE)
+                self._set_phase("waiting", f"waiting for embedding model {name}: "
+                                f"no answer for {MODEL_SILENCE:g} s")
+            elif not silent and self._silenced_from is not None:
+                log.info("embedding model %s answers again", self._embedding_name())
+                self._set_phase(self._silenced_from, "")
+                self._silenced_from = None
+
     async def _wait_for_model(self, error: ModelUnavailable) -> None:
         """Phase `waiting` until the embedding model answers again; one waiter looks. A
         quick look first, so a passing failure does not show as waiting."""
@@ -486,8 +524,9 @@ class Indexer:
         async with self._model_lock:
             if await embedder.answers(PROBE_SECONDS):
                 return
-            before = self.state.phase
-            name = self.config.embedding.name if self.config.embedding else "the embedding model"
+            before = self._silenced_from or self.state.phase
+            self._silenced_from = None
+            name = self._embedding_name()
             self._set_phase("waiting", f"waiting for embedding model {name}: {error}")
             log.warning("embedding model %s does not answer (%s): the pass waits", name, error)
             delay = WAIT_FIRST
@@ -545,7 +584,7 @@ class Indexer:
             "generation": self.config.generation,
             "indexed_generation": s.indexed_generation,
             "last_pass": {"read": s.read, "unchanged": s.unchanged, "dropped": s.dropped},
-            "warnings": list(s.problems),
+            "warnings": [*s.problems, *self._notes],
         }
 
     def empty_warning(self) -> str:

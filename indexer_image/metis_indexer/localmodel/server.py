@@ -11,7 +11,9 @@
 The `model` field of a request is accepted whatever it says (as TEI does) and the
 answer names the model that really ran. Inference runs on one worker thread:
 the onnxruntime session already uses every core it is given, and a second
-concurrent batch would only fight it for them.
+concurrent batch would only fight it for them. Waiting requests run smallest
+first, so a question is not queued behind an indexer's batches (what a
+production server's dynamic batching achieves).
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ import argparse
 import asyncio
 import base64
 import concurrent.futures
+import heapq
+import itertools
 import logging
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from http import HTTPStatus
@@ -96,8 +101,52 @@ class _BadRequest(Exception):
         self.param = param
 
 
+class SmallestFirst:
+    """One model thread; of the requests waiting, the one with fewest texts runs next
+    (ties in arrival order). A request cancelled while it waits is never run."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[int, int, concurrent.futures.Future[Any], Callable[[], Any]]] = []
+        self._order = itertools.count()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="metis-model", daemon=True)
+        self._thread.start()
+
+    def submit(self, size: int, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._ready:
+            heapq.heappush(self._waiting, (size, next(self._order), future, fn))
+            self._ready.notify()
+        return future
+
+    def shutdown(self) -> None:
+        with self._ready:
+            self._closed = True
+            for _, _, future, _ in self._waiting:
+                future.cancel()
+            self._waiting.clear()
+            self._ready.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._waiting and not self._closed:
+                    self._ready.wait()
+                if self._closed:
+                    return
+                _, _, future, fn = heapq.heappop(self._waiting)
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as e:
+                future.set_exception(e)
+
+
 _ENCODER = web.AppKey("encoder", TextEncoder)
-_EXECUTOR = web.AppKey("executor", concurrent.futures.ThreadPoolExecutor)
+_EXECUTOR = web.AppKey("executor", SmallestFirst)
 _MAX_INPUTS = web.AppKey("max_inputs", int)
 _CREATED = web.AppKey("created", int)
 
@@ -164,8 +213,10 @@ def _check_count(request: web.Request, n: int, param: str) -> None:
 async def _encode(request: web.Request, texts: list[str]) -> Encoded:
     """Run the model on the worker thread, keeping the event loop free for /health."""
     app = request.app
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(app[_EXECUTOR], app[_ENCODER].encode, texts)
+    encoder = app[_ENCODER]
+    return await asyncio.wrap_future(
+        app[_EXECUTOR].submit(len(texts), lambda: encoder.encode(texts))
+    )
 
 
 async def health(request: web.Request) -> web.Response:
@@ -284,10 +335,10 @@ def create_app(
     app[_CREATED] = int(time.time())
 
     async def executor(app: web.Application) -> AsyncIterator[None]:
-        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="metis-model")
+        pool = SmallestFirst()
         app[_EXECUTOR] = pool
         yield
-        pool.shutdown(wait=True, cancel_futures=True)
+        await asyncio.to_thread(pool.shutdown)
 
     app.cleanup_ctx.append(executor)
     app.router.add_get("/health", health)

@@ -1,0 +1,360 @@
+"""Faults a running indexer meets, with real processes: a document no part can store or
+send, a damaged index, a full drive, a model that stops answering, a file swapped for
+a link during a pass, a pass that floods the model, and a burst against a slow
+reranker. In each, the indexer keeps going and says why."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from aiohttp import web
+
+from metis_indexer.documents import FailReason
+from tests.support.model_server import ModelServer, start_model_server
+from tests.support.processes import Process, free_port, indexer, running, wait_ready
+
+from .test_service import HANDBOOK, TORTURE, perf_drive
+
+SURROGATE_PDF = (
+    TORTURE / "apache-tika-test-documents/tika-parsers/tika-parsers-standard/"
+    "tika-parsers-standard-modules/tika-parser-pdf-module/src/test/resources/"
+    "test-documents/testPDFVarious.pdf"
+)
+REASONS = {r.value for r in FailReason}
+
+
+@pytest.fixture(scope="module")
+def models() -> Iterator[ModelServer]:
+    server = start_model_server()
+    yield server
+    server.stop()
+
+
+def documents(p: Process, state: str | None = None) -> list[dict]:
+    params = {"page_size": 1000, **({"state": state} if state else {})}
+    return p.get("/v1/documents", params=params).json()["documents"]
+
+
+@pytest.mark.parametrize("with_model", [False, True], ids=["keyword-only", "local-model"])
+def test_a_pdf_with_lone_surrogates_is_indexed_and_the_pass_ends(with_model, models, tmp_path):
+    drive = tmp_path / "drive"
+    drive.mkdir()
+    shutil.copyfile(SURROGATE_PDF, drive / "various.pdf")
+    p = indexer({"docs": drive}, tmp_path / "index", models.base_url if with_model else None)
+    with running(p):
+        status = wait_ready(p, timeout=120)
+        assert (status["documents"], status["failed"]) == (1, 0)
+        [doc] = documents(p)
+        assert doc["state"] == "indexed" and doc["chunks"] > 0
+        answer = p.post("/v1/search", {"query": "Gothic text", "mode": "keyword"}).json()
+        assert answer["results"][0]["citation"]["document"] == "various.pdf"
+
+
+# -- a damaged index --------------------------------------------------------------------
+
+
+def index_then_stop(drive: Path, index_dir: Path) -> dict:
+    p = indexer({"peps": drive}, index_dir, None)
+    with running(p):
+        status = wait_ready(p)
+    assert not (index_dir / "index.sqlite3-wal").exists(), "closed cleanly: all in one file"
+    return status
+
+
+def quick_check(path: Path) -> str:
+    try:
+        db = sqlite3.connect(path)
+        try:
+            return str(db.execute("PRAGMA quick_check").fetchone()[0])
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as e:
+        return str(e)
+
+
+def overwrite_a_page(path: Path) -> None:
+    """4 KB of random bytes over pages from the middle on, until SQLite sees damage."""
+    pages = path.stat().st_size // 4096
+    for page in range(pages // 2, pages):
+        with path.open("r+b") as f:
+            f.seek(page * 4096)
+            f.write(os.urandom(4096))
+        if quick_check(path) != "ok":
+            return
+    raise AssertionError("no page overwritten made the index look damaged")
+
+
+def truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def overwrite_header(path: Path) -> None:
+    with path.open("r+b") as f:
+        f.write(os.urandom(100))
+
+
+@pytest.mark.parametrize("damage", [overwrite_a_page, truncate, overwrite_header])
+def test_a_damaged_index_is_moved_aside_and_rebuilt(damage, tmp_path):
+    drive = perf_drive(tmp_path, files=40)
+    index_dir = tmp_path / "index"
+    before = index_then_stop(drive, index_dir)
+    damage(index_dir / "index.sqlite3")
+    assert quick_check(index_dir / "index.sqlite3") != "ok"
+    p = indexer({"peps": drive}, index_dir, None)
+    with running(p):
+        status = wait_ready(p)
+        assert (status["documents"], status["chunks"], status["failed"]) == (
+            before["documents"], before["chunks"], 0,
+        )
+        assert status["last_pass"]["read"] == before["documents"], "read again from the sources"
+        [note] = [w for w in status["warnings"] if "damaged" in w]
+        assert "index.sqlite3.damaged" in note and str(tmp_path) not in note
+        assert "metis_index_rebuilds_total 1.0" in p.get("/metrics").text
+        answer = p.post("/v1/search", {"query": "enhancement proposal", "mode": "keyword"})
+        assert answer.json()["results"]
+    assert quick_check(index_dir / "index.sqlite3") == "ok"
+    assert (index_dir / "index.sqlite3.damaged").exists(), "kept for a person to look at"
+    assert "the index is damaged" in p.log()
+
+
+def mount_tmpfs(folder: Path, size: str) -> None:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                   check=True, capture_output=True)
+
+
+def test_an_index_folder_that_cannot_be_written_says_which_and_waits(tmp_path):
+    index_dir = tmp_path / "index"
+    index_dir.mkdir()
+    if os.geteuid() == 0:  # root writes any folder whatever its mode: mount it read-only
+        try:
+            mount_tmpfs(index_dir, "1m,ro")
+        except (OSError, subprocess.CalledProcessError) as e:
+            pytest.skip(f"cannot mount a tmpfs here: {e}")
+    else:
+        index_dir.chmod(0o500)
+    p = indexer({"handbook": HANDBOOK}, index_dir, None)
+    try:
+        with running(p):
+            status = p.wait_status("waiting on the folder", lambda s: s["phase"] == "waiting")
+            assert status["reason"] == (
+                f"cannot open the index {index_dir / 'index.sqlite3'}: "
+                "the folder is not writable"
+            )
+            assert p.get("/readyz").status_code == 503
+            if os.geteuid() == 0:
+                subprocess.run(["mount", "-o", "remount,rw", str(index_dir)], check=True)
+            else:
+                index_dir.chmod(0o700)
+            assert wait_ready(p)["documents"] == 6
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", "-l", str(index_dir)], check=False)
+
+
+@pytest.fixture
+def small_drive(tmp_path):
+    """An index folder on a tmpfs of 400 KB (root only: mount)."""
+    folder = tmp_path / "index"
+    folder.mkdir()
+    try:
+        mount_tmpfs(folder, "400k")
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"cannot mount a tmpfs here: {e}")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_full_index_drive_waits_with_its_reason_and_resumes(small_drive, tmp_path):
+    drive = perf_drive(tmp_path, files=60)
+    p = indexer({"peps": drive}, small_drive, None)
+    with running(p):
+        full = p.wait_status("the drive full", lambda s: s["phase"] == "waiting")
+        assert full["reason"].startswith("the index drive is full (")
+        assert full["reason"].endswith(" MB free); indexing resumes when there is room")
+        assert "rollback" not in full["reason"]
+        answer = p.post("/v1/search", {"query": "enhancement proposal", "mode": "keyword"})
+        assert answer.status_code == 200, "what is indexed is still answered"
+        subprocess.run(["mount", "-o", "remount,size=64m", str(small_drive)], check=True)
+        status = wait_ready(p)
+        assert (status["documents"], status["failed"]) == (60, 0), "no document failed for it"
+
+
+# -- a model that stops answering ---------------------------------------------------------
+
+
+def test_a_model_that_stops_answering_shows_waiting_within_40_s(tmp_path):
+    server = start_model_server()
+    drive = perf_drive(tmp_path, files=40)
+    p = indexer({"peps": drive}, tmp_path / "index", server.base_url)
+    try:
+        with running(p):
+            p.wait_status("indexing under way", lambda s: s["phase"] == "indexing"
+                          and s["pass_done"] >= 2)
+            os.kill(server.proc.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            waiting = p.wait_status("waiting", lambda s: s["phase"] == "waiting", timeout=40)
+            assert time.monotonic() - stopped <= 40
+            assert waiting["reason"].startswith(f"waiting for embedding model {server.base_url}")
+            assert waiting["reason"].endswith(": no answer for 30 s")
+            os.kill(server.proc.pid, signal.SIGCONT)
+            status = wait_ready(p)
+            assert (status["documents"], status["failed"]) == (40, 0)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        server.stop()
+
+
+# -- a name swapped for a link during a pass -----------------------------------------------
+
+
+def test_a_file_swapped_for_a_link_during_a_pass_reads_nothing_outside(tmp_path):
+    drive = perf_drive(tmp_path, files=120)
+    target = drive / "zz-last.md"
+    outside = tmp_path / "outside.md"
+    outside.write_text("# Outside\n\nzanzibarsecret lives outside the drive.\n")
+    p = indexer({"peps": drive}, tmp_path / "index", None, extra=("--workers", "1"))
+    with running(p):
+        for _ in range(5):  # a pass that outran the swap proves nothing: try again
+            if target.is_symlink():
+                target.unlink()
+            target.write_text("# Last\n\nAn ordinary page.\n")
+            p.post("/v1/reindex", {"full": True})
+            listed = p.wait_status("the pass under way", lambda s: s["phase"] == "indexing"
+                                   and s["pass_done"] >= 1)
+            target.unlink()
+            os.symlink(outside, target)
+            swapped = p.status()
+            if swapped["pass_done"] < swapped["pass_total"] - 1 and listed["pass_total"] == 121:
+                break
+        else:
+            pytest.fail("every pass outran the swap")
+        wait_ready(p)
+        answer = p.post("/v1/search", {"query": "zanzibarsecret", "mode": "keyword"}).json()
+        assert answer["results"] == []
+        [doc] = [d for d in documents(p) if d["document"] == "zz-last.md"]
+        assert (doc["state"], doc["reason"]) == ("failed", FailReason.UNREADABLE.value)
+        assert doc["detail"] == "it became a link that leads out of its drive"
+
+
+# -- a pass that floods the model, and a burst against a slow reranker ---------------------
+
+
+def biggest_docx() -> Path:
+    """The torture set's DOCX with the most text: 139 KB holding 20 MiB of text."""
+    return TORTURE / "apache-poi-test-data/test-data/document/bug65649.docx"
+
+
+def embedding_requests(p: Process) -> float:
+    for line in p.get("/metrics").text.splitlines():
+        if line.startswith("metis_embedding_request_seconds_count"):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_searches_are_answered_by_meaning_while_a_huge_docx_is_embedded(models, tmp_path):
+    big = tmp_path / "big"
+    big.mkdir()
+    shutil.copyfile(biggest_docx(), big / "huge.docx")
+    p = indexer({"a-handbook": HANDBOOK, "z-big": big}, tmp_path / "index", models.base_url)
+    with running(p):
+        p.wait_status("the handbook indexed", lambda s: s["documents"] >= 6, timeout=300)
+        after_handbook = embedding_requests(p)
+        p.wait_for("the huge document's batches under way",
+                   lambda: embedding_requests(p) >= after_handbook + 3, timeout=300)
+        for _ in range(5):
+            answer = p.post("/v1/search", {"query": "How many vacation days do I get?",
+                                           "top_k": 3, "rerank": False}).json()
+            assert answer["warnings"] == [], answer["warnings"]
+            top = answer["results"][0]
+            assert top["scores"].get("dense") is not None, "found by meaning"
+            assert top["citation"]["source"] == "a-handbook"
+        assert p.status()["phase"] == "indexing", "the huge document was still embedding"
+
+
+class SlowReranker:
+    """A stand-in reranker that scores one call at a time, a second each: a real one
+    cannot be made this slow on purpose (the only fake here, and why)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.calls = 0
+
+    def app(self) -> web.Application:
+        one_at_a_time = asyncio.Lock()
+
+        async def rerank(request: web.Request) -> web.Response:
+            body = await request.json()
+            async with one_at_a_time:
+                await asyncio.sleep(1.0)
+                self.calls += 1
+            results = [{"index": i, "relevance_score": 1.0 / (i + 1)}
+                       for i in range(len(body["documents"]))]
+            return web.json_response({"results": results})
+
+        app = web.Application()
+        app.router.add_post("/v1/rerank", rerank)
+        return app
+
+
+@pytest.fixture
+def slow_reranker() -> Iterator[str]:
+    server = SlowReranker()
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(server.app())
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", server.port).start())
+    import threading
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.port}"
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.run_until_complete(runner.cleanup())
+    loop.close()
+
+
+async def burst(url: str, clients: int, seconds: float) -> int:
+    """`clients` clients searching for `seconds`; how many answers came back."""
+    body = {"query": "vacation days", "mode": "keyword", "top_k": 3}
+    end = time.monotonic() + seconds
+    answered = 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal answered
+        while time.monotonic() < end:
+            r = await http.post(f"{url}/v1/search", json=body)
+            answered += r.status_code == 200
+
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+    return answered
+
+
+def test_after_a_burst_against_a_slow_reranker_searches_are_normal_within_15_s(
+    slow_reranker, tmp_path
+):
+    p = indexer({"handbook": HANDBOOK}, tmp_path / "index", None, reranker=slow_reranker)
+    with running(p):
+        wait_ready(p)
+        answered = asyncio.run(burst(p.base_url, clients=128, seconds=8))
+        assert answered >= 128, "the burst was answered, shed or not"
+        ended = time.monotonic()
+
+        def normal() -> bool:
+            answer = p.post("/v1/search", {"query": "vacation days", "mode": "keyword"}).json()
+            return answer["reranked"] and answer["warnings"] == []
+
+        p.wait_for("a normal search", normal, timeout=15)
+        assert time.monotonic() - ended <= 15
