@@ -224,11 +224,13 @@ def parse_query(model: type[_B], query: Mapping[str, str]) -> _B:
         raise invalid(e) from None
 
 
-def invalid(e: ValidationError) -> BadRequest:
-    """INVALID_BODY naming the first field pydantic refused, and why."""
-    first = e.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "body"
-    return BadRequest("INVALID_BODY", f"{where}: {first['msg']}")
+def invalid(e: ValidationError, most: int = 3) -> BadRequest:
+    """INVALID_BODY naming each field pydantic refused (a few at most), and why."""
+    said = [
+        f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
+        for err in e.errors()[:most]
+    ]
+    return BadRequest("INVALID_BODY", "; ".join(said))
 
 
 def check_search(req: SearchRequest) -> SearchRequest:
