@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hmac
 import logging
 import time
@@ -76,8 +77,17 @@ class Costly:
             )
         return True
 
-    def release(self, _: asyncio.Task[Evaluation]) -> None:
+    def finished(self, started: float, task: asyncio.Task[Evaluation]) -> None:
+        """Free the slot and say how the evaluation ended: here, because the client
+        that asked may be gone."""
         self.evaluation = None
+        took = time.monotonic() - started
+        if task.cancelled():
+            log.info("evaluation cancelled after %.1f s: its client went away", took)
+        elif (e := task.exception()) is not None:
+            log.info("evaluation failed after %.1f s: %s", took, e)
+        else:
+            log.info("evaluation of %d questions done in %.1f s", task.result().cases, took)
 
 
 indexer_key = web.AppKey("indexer", Indexer)
@@ -171,18 +181,13 @@ async def evaluate(request: web.Request) -> web.Response:
                        "an evaluation is running; ask again when it has finished")
     task = asyncio.create_task(request.app[indexer_key].evaluate(req.k), name="metis-evaluation")
     costly.evaluation = task
-    task.add_done_callback(costly.release)
-    started = time.monotonic()
+    task.add_done_callback(functools.partial(costly.finished, time.monotonic()))
     try:
-        result = await (asyncio.shield(task) if operator else task)
+        return answer(await (asyncio.shield(task) if operator else task))
     except asyncio.CancelledError:
         if operator:
             log.info("evaluation: its client went away; it goes on (the operator asked for it)")
-        else:
-            log.info("evaluation cancelled: its client went away")
         raise
-    log.info("evaluation of %d questions done in %.1f s", result.cases, time.monotonic() - started)
-    return answer(result)
 
 
 async def metrics(request: web.Request) -> web.Response:
