@@ -83,7 +83,8 @@ class Costly:
         self.evaluation = None
         took = time.monotonic() - started
         if task.cancelled():
-            log.info("evaluation cancelled after %.1f s: its client went away", took)
+            log.info("evaluation cancelled after %.1f s: its client went away "
+                     "(or the indexer stops)", took)
         elif (e := task.exception()) is not None:
             log.info("evaluation failed after %.1f s: %s", took, e)
         else:
