@@ -25,7 +25,6 @@ from pydantic import BaseModel
 from metis_indexer.errors import ApiError, BadRequest, Conflict, Unauthorized
 from metis_indexer.evaluation import Evaluation
 from metis_indexer.schema import (
-    PAGE_SIZE_MAX,
     DocumentsPage,
     DocumentsQuery,
     ErrorAnswer,
@@ -280,15 +279,7 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
                 "responses": {"200": ok("StatusAnswer", "The status")}}},
             "/v1/documents": {"get": {
                 "summary": "Documents with their state and why one failed",
-                "parameters": [
-                    {"name": "page", "in": "query",
-                     "schema": {"type": "integer", "minimum": 1, "default": 1}},
-                    {"name": "page_size", "in": "query",
-                     "schema": {"type": "integer", "minimum": 1, "maximum": PAGE_SIZE_MAX,
-                                "default": 100}},
-                    {"name": "state", "in": "query",
-                     "schema": {"type": "string", "enum": ["indexed", "failed"]}},
-                ],
+                "parameters": query_parameters(DocumentsQuery),
                 "responses": {"200": ok("DocumentsPage", "A page of documents"),
                               "400": err("A parameter out of its bounds", "INVALID_BODY")}}},
             "/v1/reindex": {"post": {
@@ -336,6 +327,19 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
                if token else {}),
         },
     }
+
+
+def query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """A query model's fields as OpenAPI parameters; an optional one is left out,
+    never sent as null."""
+    parameters = []
+    for name, schema in model.model_json_schema()["properties"].items():
+        schema = {k: v for k, v in schema.items() if k != "title"}
+        if "anyOf" in schema:
+            given = [s for s in schema.pop("anyOf") if s.get("type") != "null"]
+            schema = {**given[0], **{k: v for k, v in schema.items() if v is not None}}
+        parameters.append({"name": name, "in": "query", "schema": schema})
+    return parameters
 
 
 def setup_routes(app: web.Application) -> None:
