@@ -1,11 +1,18 @@
 """The indexer's HTTP API (DESIGN.md, port 7700): thin handlers over `service.Indexer`.
 
-Bodies are parsed into pydantic models; every domain error becomes
-`{"error": {"code", "message"}}` in one middleware.
+Bodies are parsed into pydantic models, and the service's answers are validated
+into them too, so the OpenAPI document (built from the same models) is what the
+API answers. Every domain error becomes `{"error": {"code", "message"}}` in one
+middleware. The routes that cost model time (reindex, evaluate) take the
+operator's token when one is set; one evaluation runs at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import functools
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -13,14 +20,25 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 
-from metis_indexer.errors import ApiError, BadRequest
+from metis_indexer.errors import ApiError, BadRequest, Conflict, Unauthorized
+from metis_indexer.evaluation import Evaluation
 from metis_indexer.schema import (
+    DocumentsPage,
+    DocumentsQuery,
+    ErrorAnswer,
     EvaluateRequest,
+    Health,
+    Readiness,
+    ReindexAnswer,
     ReindexRequest,
     SearchAnswer,
     SearchRequest,
+    StatusAnswer,
+    check_k,
     parse_body,
+    parse_query,
 )
 from metis_indexer.service import Indexer
 
@@ -29,13 +47,63 @@ log = logging.getLogger("metis.api")
 MAX_BODY = 64 * 1024
 """Bytes a request body may have: a 4,000-character question fits many times over."""
 
+
+@dataclasses.dataclass
+class Costly:
+    """Who may start the work that costs model time, and the one evaluation running."""
+
+    token: str | None = None
+    """The operator's token (env METIS_API_TOKEN); None: the routes are open."""
+    evaluation: asyncio.Task[Evaluation] | None = None
+
+    def authorize(self, request: web.Request) -> bool:
+        """True when the request carries the operator's token; 401 when one is set and
+        the request does not carry it; False when none is set."""
+        if self.token is None:
+            return False
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise Unauthorized(
+                "UNAUTHORIZED",
+                f"{request.method} {request.path} needs the operator's token: "
+                "Authorization: Bearer <token>",
+            )
+        if not hmac.compare_digest(
+            given.strip().encode("utf-8", "backslashreplace"), self.token.encode()
+        ):
+            raise Unauthorized(
+                "UNAUTHORIZED", f"the token sent to {request.path} is not the operator's"
+            )
+        return True
+
+    def finished(self, started: float, task: asyncio.Task[Evaluation]) -> None:
+        """Free the slot and say how the evaluation ended: here, because the client
+        that asked may be gone."""
+        self.evaluation = None
+        took = time.monotonic() - started
+        if task.cancelled():
+            log.info("evaluation cancelled after %.1f s: its client went away "
+                     "(or the indexer stops)", took)
+        elif (e := task.exception()) is not None:
+            log.info("evaluation failed after %.1f s: %s", took, e)
+        else:
+            log.info("evaluation of %d questions done in %.1f s", task.result().cases, took)
+
+
 indexer_key = web.AppKey("indexer", Indexer)
+costly_key = web.AppKey("costly", Costly)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+def error(status: int, code: str, message: str, headers: Any = None) -> web.Response:
+    return web.json_response(
+        {"error": {"code": code, "message": message}}, status=status, headers=headers
+    )
+
+
+def answer(model: BaseModel, status: int = 200, *, exclude_none: bool = False) -> web.Response:
+    return web.json_response(text=model.model_dump_json(exclude_none=exclude_none), status=status)
 
 
 @web.middleware
@@ -43,15 +111,16 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ApiError as e:
-        return error(e.status, e.code, e.message)
+        return error(e.status, e.code, e.message, dict(e.headers))
     except web.HTTPRequestEntityTooLarge:
         return error(413, "INVALID_BODY", f"the body is larger than {MAX_BODY} bytes")
-    except web.HTTPException as e:
-        if e.status == 404:
-            return error(404, "NOT_FOUND", f"no route {request.method} {request.path}")
-        if e.status == 405:
-            return error(405, "METHOD_NOT_ALLOWED", f"{request.method} is not allowed here")
-        raise
+    except web.HTTPMethodNotAllowed as e:
+        allowed = ", ".join(sorted(e.allowed_methods))
+        return error(405, "METHOD_NOT_ALLOWED",
+                     f"{request.method} is not allowed on {request.path}; {allowed} are",
+                     {"Allow": allowed})
+    except web.HTTPNotFound:
+        return error(404, "NOT_FOUND", f"no route {request.method} {request.path}")
     except Exception:
         log.exception("error handling %s %s", request.method, request.path)
         return error(500, "INTERNAL", "the indexer failed on this request; see its log")
@@ -65,46 +134,60 @@ async def search(request: web.Request) -> web.Response:
         indexer.metrics.searches.labels(mode="unknown", outcome="error").inc()
         raise
     try:
-        answer = await indexer.search(req)
+        result = await indexer.search(req)
     except ApiError:
         indexer.metrics.searches.labels(mode=req.mode, outcome="error").inc()
         raise
-    _observe(indexer, req, answer)
-    return web.json_response(text=answer.model_dump_json(exclude_none=True))
+    _observe(indexer, req, result)
+    return answer(result, exclude_none=True)  # a score a step did not give is absent (spec 002)
 
 
-def _observe(indexer: Indexer, req: SearchRequest, answer: SearchAnswer) -> None:
+def _observe(indexer: Indexer, req: SearchRequest, result: SearchAnswer) -> None:
     m = indexer.metrics
-    outcome = "degraded" if answer.warnings and answer.results else "ok"
+    outcome = "degraded" if result.warnings and result.results else "ok"
     m.searches.labels(mode=req.mode, outcome=outcome).inc()
-    for step, ms in answer.took:
-        m.search_seconds.labels(step=step, mode=answer.mode).observe(ms / 1000.0)
+    for step, ms in result.took:
+        m.search_seconds.labels(step=step, mode=result.mode).observe(ms / 1000.0)
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[indexer_key].status())
+    return answer(StatusAnswer.model_validate(request.app[indexer_key].status()))
 
 
 async def documents(request: web.Request) -> web.Response:
-    q = request.query
-    try:
-        page = int(q.get("page", "1"))
-        page_size = int(q.get("page_size", "100"))
-    except ValueError:
-        raise BadRequest("INVALID_BODY", "page and page_size must be whole numbers") from None
-    return web.json_response(request.app[indexer_key].documents(page, page_size, q.get("state")))
+    q = parse_query(DocumentsQuery, request.query)
+    page = request.app[indexer_key].documents(q.page, q.page_size, q.state)
+    return answer(DocumentsPage.model_validate(page))
 
 
 async def reindex(request: web.Request) -> web.Response:
+    request.app[costly_key].authorize(request)
     req = parse_body(ReindexRequest, await request.read())
     request.app[indexer_key].request_pass(full=req.full)
-    return web.json_response({"accepted": True, "full": req.full}, status=202)
+    return answer(ReindexAnswer(accepted=True, full=req.full), status=202)
 
 
 async def evaluate(request: web.Request) -> web.Response:
+    """One evaluation at a time. One whose client went away is cancelled (aiohttp
+    cancels the handler) unless the operator asked for it: that one runs to its end
+    and its figures are lost with the connection, but the model time is not wasted
+    twice by a retry racing it."""
+    costly = request.app[costly_key]
+    operator = costly.authorize(request)
     req = parse_body(EvaluateRequest, await request.read())
-    result = await request.app[indexer_key].evaluate(req.k)
-    return web.json_response(text=result.model_dump_json())
+    check_k("k", req.k)
+    if costly.evaluation is not None:
+        raise Conflict("EVALUATION_RUNNING",
+                       "an evaluation is running; ask again when it has finished")
+    task = asyncio.create_task(request.app[indexer_key].evaluate(req.k), name="metis-evaluation")
+    costly.evaluation = task
+    task.add_done_callback(functools.partial(costly.finished, time.monotonic()))
+    try:
+        return answer(await (asyncio.shield(task) if operator else task))
+    except asyncio.CancelledError:
+        if operator:
+            log.info("evaluation: its client went away; it goes on (the operator asked for it)")
+        raise
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -113,83 +196,150 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
+    return answer(Health(ok=True))
 
 
 async def readyz(request: web.Request) -> web.Response:
     indexer = request.app[indexer_key]
     if not indexer.loaded:
         return error(503, "KNOWLEDGE_BASE_NOT_READY", f"the index is {indexer.state.phase}")
-    return web.json_response({"ok": True, "phase": indexer.state.phase})
+    return answer(Readiness(ok=True, phase=indexer.state.phase))
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_document())
+    return web.json_response(openapi_document(token=request.app[costly_key].token is not None))
 
 
-def openapi_document() -> dict[str, Any]:
-    """OpenAPI 3.1 of the routes, with the bodies' JSON Schemas from their models."""
-    from metis_indexer.evaluation import Evaluation
+SEARCH_400 = ("QUERY_EMPTY", "QUERY_TOO_LONG", "TOP_K_OUT_OF_RANGE", "INVALID_BODY",
+              "NO_EMBEDDING_MODEL")
+EVALUATE_400 = ("EVAL_EMPTY", "EVAL_FILE", "EVAL_CASE_INVALID", "EVAL_TOO_LARGE",
+                "TOP_K_OUT_OF_RANGE", "INVALID_BODY", "QUERY_EMPTY", "QUERY_TOO_LONG")
+CODES = ("QUERY_EMPTY", "QUERY_TOO_LONG", "TOP_K_OUT_OF_RANGE", "INVALID_BODY",
+         "NO_EMBEDDING_MODEL", "EVAL_EMPTY", "EVAL_FILE", "EVAL_CASE_INVALID", "EVAL_TOO_LARGE",
+         "UNAUTHORIZED", "NOT_FOUND", "METHOD_NOT_ALLOWED", "STANDBY", "EVALUATION_RUNNING",
+         "KNOWLEDGE_BASE_NOT_READY", "EMBEDDING_MODEL_UNAVAILABLE", "INTERNAL")
+"""Every code the indexer answers (spec 001's, plus NOT_FOUND, METHOD_NOT_ALLOWED,
+UNAUTHORIZED, EVALUATION_RUNNING and INTERNAL)."""
+
+
+def openapi_document(*, token: bool = False) -> dict[str, Any]:
+    """OpenAPI 3.1 of the routes, with every body's JSON Schema from its model, every
+    status a route answers and the codes each error status carries. `token`: the
+    costly routes need the operator's token (only then do they answer 401)."""
 
     def ref(name: str) -> dict[str, str]:
         return {"$ref": f"#/components/schemas/{name}"}
 
-    def body(name: str) -> dict[str, Any]:
-        return {"required": True, "content": {"application/json": {"schema": ref(name)}}}
+    def body(name: str, required: bool = True) -> dict[str, Any]:
+        return {"required": required, "content": {"application/json": {"schema": ref(name)}}}
 
-    def answer(name: str | None, what: str) -> dict[str, Any]:
-        content = {"application/json": {"schema": ref(name)}} if name else {
-            "application/json": {"schema": {"type": "object"}}}
-        return {"description": what, "content": content}
+    def ok(name: str, what: str) -> dict[str, Any]:
+        return {"description": what, "content": {"application/json": {"schema": ref(name)}}}
 
-    err = {"description": "An error", "content": {"application/json": {"schema": ref("Error")}}}
-    schemas: dict[str, Any] = {
-        "Error": {
-            "type": "object",
-            "properties": {"error": {"type": "object", "properties": {
-                "code": {"type": "string"}, "message": {"type": "string"}}}},
-        }
-    }
-    for model in (SearchRequest, SearchAnswer, ReindexRequest, EvaluateRequest, Evaluation):
+    def err(what: str, *codes: str) -> dict[str, Any]:
+        schema = {"allOf": [ref("Error"), {"properties": {"error": {"properties": {
+            "code": {"enum": list(codes)}}}}}]}
+        return {"description": what, "content": {"application/json": {"schema": schema}}}
+
+    too_large = err(f"The body is larger than {MAX_BODY} bytes", "INVALID_BODY")
+    security: dict[str, Any] = {"security": [{"operatorToken": []}]} if token else {}
+    unauthorized: dict[str, Any] = {"401": {
+        **err("Without the operator's token (Authorization: Bearer <token>)", "UNAUTHORIZED"),
+        "headers": {"WWW-Authenticate": {"schema": {"type": "string", "const": "Bearer"}}},
+    }} if token else {}
+
+    schemas: dict[str, Any] = {}
+    for model in (SearchRequest, SearchAnswer, ReindexRequest, ReindexAnswer, EvaluateRequest,
+                  Evaluation, StatusAnswer, DocumentsPage, Health, Readiness, ErrorAnswer):
         s = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(s.pop("$defs", {}))
         schemas[model.__name__] = s
+    schemas["Error"] = schemas.pop("ErrorAnswer")
+    schemas["ErrorBody"]["properties"]["code"]["enum"] = list(CODES)
     return {
         "openapi": "3.1.0",
-        "info": {"title": "Metis indexer", "version": "1"},
+        "info": {
+            "title": "Metis indexer", "version": "1",
+            "description": "Any route answers 404 NOT_FOUND for a path it does not have and "
+                           "405 METHOD_NOT_ALLOWED (with Allow) for a method it does not take.",
+        },
         "paths": {
-            "/v1/search": {"post": {"summary": "Hybrid search with citations",
-                                    "requestBody": body("SearchRequest"),
-                                    "responses": {"200": answer("SearchAnswer", "The results"),
-                                                  "400": err, "503": err}}},
-            "/v1/status": {"get": {"summary": "Phase, totals and pass progress",
-                                   "responses": {"200": answer(None, "The status")}}},
+            "/v1/search": {"post": {
+                "summary": "Hybrid search with citations",
+                "requestBody": body("SearchRequest"),
+                "responses": {
+                    "200": ok("SearchAnswer", "The results"),
+                    "400": err("The question or the body is refused", *SEARCH_400),
+                    "413": too_large,
+                    "503": err("The index is not loaded, or mode dense without its model",
+                               "KNOWLEDGE_BASE_NOT_READY", "EMBEDDING_MODEL_UNAVAILABLE"),
+                }}},
+            "/v1/status": {"get": {
+                "summary": "Phase, totals and pass progress",
+                "responses": {"200": ok("StatusAnswer", "The status")}}},
             "/v1/documents": {"get": {
                 "summary": "Documents with their state and why one failed",
-                "parameters": [
-                    {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1}},
-                    {"name": "page_size", "in": "query",
-                     "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
-                    {"name": "state", "in": "query",
-                     "schema": {"type": "string", "enum": ["indexed", "failed"]}},
-                ],
-                "responses": {"200": answer(None, "A page of documents"), "400": err}}},
-            "/v1/reindex": {"post": {"summary": "Start a pass (full: read everything again)",
-                                     "requestBody": body("ReindexRequest"),
-                                     "responses": {"202": answer(None, "Accepted"),
-                                                   "409": err}}},
-            "/v1/evaluate": {"post": {"summary": "Evaluate .metis/evals.jsonl",
-                                      "requestBody": body("EvaluateRequest"),
-                                      "responses": {"200": answer("Evaluation", "The figures"),
-                                                    "400": err}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics",
-                                 "responses": {"200": {"description": "Text exposition"}}}},
-            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": answer(None, "Up")}}},
-            "/readyz": {"get": {"summary": "Readiness: the index is loaded",
-                                "responses": {"200": answer(None, "Ready"), "503": err}}},
+                "parameters": query_parameters(DocumentsQuery),
+                "responses": {"200": ok("DocumentsPage", "A page of documents"),
+                              "400": err("A parameter out of its bounds", "INVALID_BODY")}}},
+            "/v1/reindex": {"post": {
+                "summary": "Start a pass (full: read everything again)",
+                "requestBody": body("ReindexRequest", required=False),
+                **security,
+                "responses": {
+                    "202": ok("ReindexAnswer", "Accepted"),
+                    "400": err("The body is refused", "INVALID_BODY"),
+                    **unauthorized,
+                    "409": err("A replacement is taking over", "STANDBY"),
+                    "413": too_large,
+                }}},
+            "/v1/evaluate": {"post": {
+                "summary": "Evaluate .metis/evals.jsonl of the source drives, one at a time",
+                "requestBody": body("EvaluateRequest", required=False),
+                **security,
+                "responses": {
+                    "200": ok("Evaluation", "The figures"),
+                    "400": err("The body or the evaluation set is refused", *EVALUATE_400),
+                    **unauthorized,
+                    "409": err("An evaluation is running", "EVALUATION_RUNNING"),
+                    "413": too_large,
+                    "503": err("Mode dense without its model", "EMBEDDING_MODEL_UNAVAILABLE"),
+                }}},
+            "/metrics": {"get": {
+                "summary": "Prometheus metrics",
+                "responses": {"200": {"description": "Text exposition",
+                                      "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "/healthz": {"get": {"summary": "Liveness",
+                                 "responses": {"200": ok("Health", "Up")}}},
+            "/readyz": {"get": {
+                "summary": "Readiness: the index is loaded",
+                "responses": {"200": ok("Readiness", "Ready"),
+                              "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY")}}},
+            "/openapi.json": {"get": {
+                "summary": "This document",
+                "responses": {"200": {"description": "OpenAPI 3.1",
+                                      "content": {"application/json": {
+                                          "schema": {"type": "object"}}}}}}},
         },
-        "components": {"schemas": schemas},
+        "components": {
+            "schemas": schemas,
+            **({"securitySchemes": {"operatorToken": {"type": "http", "scheme": "bearer"}}}
+               if token else {}),
+        },
     }
+
+
+def query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """A query model's fields as OpenAPI parameters; an optional one is left out,
+    never sent as null."""
+    parameters = []
+    for name, schema in model.model_json_schema()["properties"].items():
+        schema = {k: v for k, v in schema.items() if k != "title"}
+        if "anyOf" in schema:
+            given = [s for s in schema.pop("anyOf") if s.get("type") != "null"]
+            schema = {**given[0], **{k: v for k, v in schema.items() if v is not None}}
+        parameters.append({"name": name, "in": "query", "schema": schema})
+    return parameters
 
 
 def setup_routes(app: web.Application) -> None:
@@ -204,10 +354,12 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/openapi.json", openapi, name="openapi")
 
 
-def create_app(indexer: Indexer) -> web.Application:
-    """The app; the indexer's passes start and stop with it."""
+def create_app(indexer: Indexer, *, token: str | None = None) -> web.Application:
+    """The app; the indexer's passes start and stop with it. `token`: the operator's,
+    required on the routes that cost model time (None: they are open, as locally)."""
     app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
     app[indexer_key] = indexer
+    app[costly_key] = Costly(token=token)
 
     async def passes(_: web.Application) -> AsyncIterator[None]:
         started = time.monotonic()

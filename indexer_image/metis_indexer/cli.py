@@ -1,6 +1,7 @@
 """`metis`: run the indexer on local folders, ask it questions, serve a local model.
 
     metis serve --source docs=./handbook --index ./.metis-index --embedding http://127.0.0.1:7800
+    METIS_API_TOKEN=… metis serve …   (reindex and evaluate then need Authorization: Bearer …)
     metis search "how many vacation days" --top-k 3
     metis status | documents | reindex [--full] | eval [--k 10]
     metis models --port 7800
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -27,6 +29,8 @@ from metis_indexer import config as config_mod
 from metis_indexer.config import IndexerConfig
 
 DEFAULT_URL = "http://127.0.0.1:7700"
+TOKEN_ENV = "METIS_API_TOKEN"
+"""The operator's token: when set, `POST /v1/reindex` and `/v1/evaluate` require it."""
 _SOURCE = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)=(?P<path>[^:]+)(:(?P<sub>.+))?$")
 
 
@@ -124,7 +128,10 @@ async def _serve(cfg: IndexerConfig, config_path: Path | None) -> None:
     indexer = Indexer(cfg)
     if sys.stderr.isatty():
         indexer.on_progress = _progress_bar
-    runner = web.AppRunner(create_app(indexer), access_log=None)
+    token = os.environ.get(TOKEN_ENV) or None
+    # handler_cancellation: a request whose client went away stops costing model time.
+    runner = web.AppRunner(create_app(indexer, token=token), access_log=None,
+                           handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()
@@ -175,8 +182,11 @@ def _progress_bar(state: Any) -> None:
 
 def _call(method: str, url: str, body: dict[str, Any] | None = None,
           params: dict[str, Any] | None = None) -> Any:
+    token = os.environ.get(TOKEN_ENV)
+    headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
-        response = httpx.request(method, url, json=body, params=params, timeout=120.0)
+        response = httpx.request(method, url, json=body, params=params, headers=headers,
+                                 timeout=120.0)
     except httpx.HTTPError as e:
         raise SystemExit(f"metis: cannot reach the indexer at {url}: {e}") from None
     data = response.json()

@@ -1,22 +1,27 @@
 """The indexer's domain errors: each carries the spec's code and HTTP status.
 
 The core raises these; the HTTP app's one middleware turns them into
-`{"error": {"code", "message"}}` answers.
+`{"error": {"code", "message"}}` answers, with the error's headers.
 
     ApiError
      ├── BadRequest            400  QUERY_EMPTY, QUERY_TOO_LONG, TOP_K_OUT_OF_RANGE,
      │                              INVALID_BODY, NO_EMBEDDING_MODEL, EVAL_*
+     ├── Unauthorized          401  UNAUTHORIZED (a costly route without the operator's token)
      ├── Unavailable           503  KNOWLEDGE_BASE_NOT_READY, EMBEDDING_MODEL_UNAVAILABLE
-     └── Conflict              409  STANDBY
+     └── Conflict              409  STANDBY, EVALUATION_RUNNING
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
 
 
 class ApiError(Exception):
     """An answer the API gives instead of a result."""
 
     status = 500
+    headers: Mapping[str, str] = MappingProxyType({})
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -26,6 +31,13 @@ class ApiError(Exception):
 
 class BadRequest(ApiError):
     status = 400
+
+
+class Unauthorized(ApiError):
+    """The route needs `Authorization: Bearer <token>`; the header says which scheme."""
+
+    status = 401
+    headers = MappingProxyType({"WWW-Authenticate": "Bearer"})
 
 
 class Unavailable(ApiError):

@@ -1,12 +1,15 @@
 """The bodies the indexer's API takes and gives (spec 002, DESIGN.md), as pydantic models.
 
-Requests are parsed loosely (types only) and then checked by `check_*` functions,
-so each limit gets the spec's own error code rather than a generic 422.
+Requests are parsed with strict types (`"5"` is not a top_k) and then checked by
+`check_*` functions, so each limit gets the spec's own error code rather than a
+generic INVALID_BODY. The limits still appear in the models' JSON Schemas (and so
+in the OpenAPI document) through `json_schema_extra`, from the same constants.
 """
 
 from __future__ import annotations
 
-from typing import Literal, TypeVar
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -17,10 +20,26 @@ Mode = Literal["hybrid", "dense", "keyword"]
 _B = TypeVar("_B", bound=BaseModel)
 QUERY_MAX = 4000
 TOP_K_MAX = 50
+PAGE_SIZE_MAX = 1000
+Phase = Literal["loading", "scanning", "indexing", "ready", "waiting", "standby"]
+DocumentState = Literal["indexed", "failed"]
+
+_QUERY_SCHEMA: dict[str, Any] = {
+    "minLength": 1, "maxLength": QUERY_MAX, "pattern": r"\S",
+    "description": f"The question: 1 to {QUERY_MAX} characters, not only blanks "
+                   "(QUERY_EMPTY, QUERY_TOO_LONG).",
+}
+
+
+def _k_schema(name: str) -> dict[str, Any]:
+    return {"minimum": 1, "maximum": TOP_K_MAX,
+            "description": f"{name}: 1 to {TOP_K_MAX} (TOP_K_OUT_OF_RANGE)."}
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: no unknown fields, no coercion (`"5"`, `5.0`, `true` are not 5)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Filters(_Body):
@@ -30,8 +49,8 @@ class Filters(_Body):
 
 
 class SearchRequest(_Body):
-    query: str
-    top_k: int = 5
+    query: str = Field(json_schema_extra=_QUERY_SCHEMA)
+    top_k: int = Field(5, json_schema_extra=_k_schema("Results"))
     mode: Mode = "hybrid"
     rerank: bool | None = None
     filters: Filters | None = None
@@ -84,11 +103,109 @@ class SearchAnswer(BaseModel):
 
 
 class EvaluateRequest(_Body):
-    k: int = 10
+    k: int = Field(10, json_schema_extra=_k_schema("Documents looked at per question"))
 
 
 class ReindexRequest(_Body):
     full: bool = False
+
+
+class ReindexAnswer(BaseModel):
+    accepted: bool
+    full: bool
+
+
+class LastPass(BaseModel):
+    read: int
+    unchanged: int
+    dropped: int
+
+
+class StatusAnswer(BaseModel):
+    """`GET /v1/status`: what the operator reads to write a base's status (spec 001).
+
+    Unknown fields are refused, so a field the service adds without this model
+    fails the tests instead of going undocumented.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    phase: Phase
+    reason: str
+    documents: int
+    chunks: int
+    failed: int
+    pass_total: int
+    pass_done: int
+    last_indexed_at: str | None
+    passes: int
+    dimensions: int | None
+    embedding_model: str | None
+    reranker: str | None
+    skipped: dict[str, int]
+    revisions: dict[str, str]
+    indexed_revisions: dict[str, str]
+    generation: int | None
+    indexed_generation: int | None
+    last_pass: LastPass
+    warnings: list[str]
+
+
+class Document(BaseModel):
+    """One document of `GET /v1/documents`; `reason` and `detail` say why one failed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    document: str
+    kind: Kind
+    title: str | None
+    state: DocumentState
+    chunks: int
+    size: int
+    reason: str | None
+    detail: str | None
+    indexed_at: str | None
+
+
+class DocumentsPage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    documents: list[Document]
+    page: int
+    page_size: int
+    total: int
+
+
+class DocumentsQuery(BaseModel):
+    """The query string of `GET /v1/documents` (strings, so numbers are parsed)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    page: int = Field(1, ge=1)
+    page_size: int = Field(100, ge=1, le=PAGE_SIZE_MAX)
+    state: DocumentState | None = None
+
+
+class Health(BaseModel):
+    ok: bool
+
+
+class Readiness(BaseModel):
+    ok: bool
+    phase: Phase
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorAnswer(BaseModel):
+    """Every answer that is not a result: `{"error": {"code", "message"}}`."""
+
+    error: ErrorBody
 
 
 def parse_body(model: type[_B], raw: bytes) -> _B:
@@ -96,9 +213,24 @@ def parse_body(model: type[_B], raw: bytes) -> _B:
     try:
         return model.model_validate_json(raw or b"{}")
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise BadRequest("INVALID_BODY", f"{where}: {first['msg']}") from None
+        raise invalid(e) from None
+
+
+def parse_query(model: type[_B], query: Mapping[str, str]) -> _B:
+    """A query string as `model`, or INVALID_BODY naming the parameter."""
+    try:
+        return model.model_validate(dict(query))
+    except ValidationError as e:
+        raise invalid(e) from None
+
+
+def invalid(e: ValidationError, most: int = 3) -> BadRequest:
+    """INVALID_BODY naming each field pydantic refused (a few at most), and why."""
+    said = [
+        f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
+        for err in e.errors()[:most]
+    ]
+    return BadRequest("INVALID_BODY", "; ".join(said))
 
 
 def check_search(req: SearchRequest) -> SearchRequest:
