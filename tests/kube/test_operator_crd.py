@@ -88,15 +88,22 @@ REFUSED = [
     pytest.param("hb", spec(chunking={"size": 4001}), "spec.chunking.size", id="chunk-4001"),
     pytest.param(
         "hb",
-        spec(chunking={"size": 400, "overlap": 200}),
-        "spec.chunking.overlap must be less than half of spec.chunking.size",
+        spec(chunking={"size": 400, "overlap": 300}),
+        "spec.chunking.overlap (300) must be less than half of spec.chunking.size (400)",
         id="overlap-half",
     ),
     pytest.param(
         "hb",
         spec(chunking={"overlap": 600}),
-        "spec.chunking.overlap must be less than half",
+        "spec.chunking.overlap (600) must be less than half of spec.chunking.size (1200)",
         id="overlap-default-size",
+    ),
+    pytest.param(
+        "hb",
+        spec(chunking={"size": 300}),
+        "spec.chunking.overlap (200, its default when not set) must be less than half of "
+        "spec.chunking.size (300)",
+        id="overlap-not-set",
     ),
     pytest.param("hb", spec(placement={"cpu_cores": 0}), "spec.placement.cpu_cores", id="cpu-0"),
     pytest.param("hb", spec(placement={"cpu_cores": 65}), "spec.placement.cpu_cores", id="cpu-65"),
