@@ -192,9 +192,24 @@ def test_the_manifests_install_an_admitted_least_privilege_operator(
     assert can("patch", "knowledgebases.metis.astraeus.io/status", "-n", "team-a")
     assert can("create", "deployments.apps", "-n", "team-a")
     assert can("list", "pods", "-n", "team-a")
+    assert can("watch", "deployments.apps", "-n", "team-a")
+    # Each base's edge: its NetworkPolicy and its token Secret.
+    assert can("create", "networkpolicies.networking.k8s.io", "-n", "team-a")
+    assert can("patch", "networkpolicies.networking.k8s.io", "-n", "team-a")
+    assert can("create", "secrets", "-n", "team-a")
+    assert can("get", "secrets", "-n", "team-a")
+    # Events through either API.
+    assert can("create", "events", "-n", "team-a")
+    assert can("patch", "events.events.k8s.io", "-n", "team-a")
+    # Leader election: Leases in its own namespace only.
+    for verb in ("get", "list", "watch", "create", "update", "patch"):
+        assert can(verb, "leases.coordination.k8s.io", "-n", "metis-system")
+    assert not can("create", "leases.coordination.k8s.io", "-n", "team-a")
+    assert not can("delete", "leases.coordination.k8s.io", "-n", "metis-system")
     assert not can("create", "knowledgebases.metis.astraeus.io", "-n", "team-a")
     assert not can("delete", "deployments.apps", "-n", "team-a")
-    assert not can("get", "secrets", "-n", "team-a")
+    assert not can("delete", "secrets", "-n", "team-a")
+    assert not can("delete", "networkpolicies.networking.k8s.io", "-n", "team-a")
     assert not can("update", "pods", "-n", "team-a")
     # People: namespace editors manage bases (the aggregated edit role), viewers read them.
     wait_for(
