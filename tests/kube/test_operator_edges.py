@@ -185,7 +185,8 @@ def test_a_single_namespace_install_runs_with_a_role_only(
     built = _namespaced_install(kube, ns, tmp_path / "install")
     docs = [d for d in yaml.safe_load_all(built) if d]
     assert {d["kind"] for d in docs} == {
-        "ServiceAccount", "Role", "RoleBinding", "Deployment", "PodDisruptionBudget", "Service"
+        "ServiceAccount", "Role", "RoleBinding", "Deployment", "PodDisruptionBudget", "Service",
+        "NetworkPolicy",
     }  # fmt: skip
     assert {d["metadata"]["namespace"] for d in docs} == {ns}
     kube.kubectl("apply", "-f", "-", input=built)

@@ -96,3 +96,13 @@ def test_leader_election_leases_only_in_the_operators_namespace() -> None:
     assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
     cluster = one(load(MANIFESTS / "rbac.yaml"), "ClusterRole", "metis-operator")["rules"]
     assert not any("leases" in r["resources"] for r in cluster)
+
+
+def test_only_metrics_and_health_reach_the_operator(
+    operator: list[dict[str, Any]], container: dict[str, Any]
+) -> None:
+    policy = one(operator, "NetworkPolicy", "metis-operator")["spec"]
+    dep = one(operator, "Deployment", "metis-operator")
+    assert policy["podSelector"] == dep["spec"]["selector"]
+    (rule,) = policy["ingress"]
+    assert {p["port"] for p in rule["ports"]} == {p["name"] for p in container["ports"]}
