@@ -61,8 +61,14 @@ OBJECTS = dict(_objects(_schema(), "kb"))
 
 
 def explain(kube: ControlPlane, path: str) -> tuple[str, dict[str, str]]:
-    """kubectl's description of `path`, and of each of its fields by name."""
-    out = kube.kubectl("explain", path).stdout
+    """kubectl's description of `path`, and of each of its fields by name (once the
+    API server publishes the CRD's schema: discovery follows it by a moment)."""
+
+    def published() -> str:
+        done = kube.kubectl("explain", path, check=False)
+        return done.stdout if done.returncode == 0 else ""
+
+    out = wait_for(published, timeout=60, what=f"kubectl explain {path}")
     head, _, fields = out.partition("\nFIELDS:\n")
     description = head.partition("DESCRIPTION:\n")[2]
     found: dict[str, list[str]] = {}

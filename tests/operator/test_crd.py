@@ -76,6 +76,8 @@ def _undocumented(node: dict[str, Any], where: str) -> list[str]:
     out = []
     for name, child in node.get("properties", {}).items():
         path = f"{where}.{name}"
+        if path == "kb.metadata":  # the API server's own ObjectMeta, described by it
+            continue
         if not str(child.get("description", "")).strip():
             out.append(path)
         out += _undocumented(child, path)
