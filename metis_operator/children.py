@@ -1,7 +1,8 @@
-"""The four children of a base (DESIGN.md), built as plain manifests by pure functions:
-ConfigMap, PersistentVolumeClaim, Deployment and Service, all named `metis-<name>`,
-owned by the base (the garbage collector deletes them with it) and labelled
-with the `app.kubernetes.io/*` labels.
+"""The children of a base (DESIGN.md), built as plain manifests by pure functions:
+ConfigMap, PersistentVolumeClaim, Deployment and Service, and the edge that lets only
+the workspace in (a NetworkPolicy, and a Secret holding the token of the routes
+that cost model time), all named `metis-<name>`, owned by the base (the garbage
+collector deletes them with it) and labelled with the `app.kubernetes.io/*` labels.
 
 `needs_apply` decides whether a child as it is in the cluster must be applied
 again: the manifest's hash (an annotation) tells when the operator's wish
@@ -10,9 +11,11 @@ changed, and a subset comparison tells when someone changed a field it owns.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +35,12 @@ CONFIG_DIR = "/etc/metis"
 CONFIG_FILE = "config.json"
 RUN_AS = 10001
 """The indexer image's non-root user and group (indexer_image/Dockerfile)."""
+TOKEN_KEY = "token"
+TOKEN_ENV = "METIS_API_TOKEN"
+"""The variable the indexer reads its API token from: the token `POST /v1/reindex`
+and `POST /v1/evaluate` ask for (issue 11: only the operator starts costly work)."""
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"
+"""The label the API server puts on every namespace, with its name."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +187,12 @@ def deployment(owner: Owner, spec: KnowledgeBaseSpec, settings: Settings) -> dic
             "requests": {"cpu": str(place.cpu_cores), "memory": memory},
             "limits": {"memory": memory},
         },
+        "env": [
+            {
+                "name": TOKEN_ENV,
+                "valueFrom": {"secretKeyRef": {"name": owner.child, "key": TOKEN_KEY}},
+            }
+        ],
         "livenessProbe": {"httpGet": probe, "periodSeconds": 10, "failureThreshold": 6},
         "readinessProbe": {"httpGet": {**probe, "path": "/readyz"}, "periodSeconds": 5},
         "securityContext": {
@@ -228,6 +243,42 @@ def service(owner: Owner, settings: Settings) -> dict[str, Any]:
         "spec": {
             "selector": selector(owner.name),
             "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def api_secret(owner: Owner) -> dict[str, Any]:
+    """A fresh random token for the indexer's costly routes. Created once when missing,
+    like the index drive, and never applied again: a new token on every
+    reconciliation would lock the operator out of the indexer it runs."""
+    token = secrets.token_urlsafe(32)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(owner, "api-token"),
+        "type": "Opaque",
+        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def network_policy(owner: Owner, settings: Settings, operator_namespace: str) -> dict[str, Any]:
+    """Only the workspace reaches the indexer: every pod of the base's own namespace
+    (spec 000: the workspace's runs search a base) and the operator's namespace, where
+    the operator and the console run. Nothing else may connect, on any port."""
+    operator = {"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: operator_namespace}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(owner, "network-policy"),
+        "spec": {
+            "podSelector": {"matchLabels": selector(owner.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {}}, operator],
+                    "ports": [{"protocol": "TCP", "port": settings.indexer.port}],
+                }
+            ],
         },
     }
 

@@ -40,6 +40,8 @@ _PLURALS = {
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "Service": "services",
     "Deployment": "deployments",
+    "Secret": "secrets",
+    "NetworkPolicy": "networkpolicies",
 }
 
 

@@ -113,9 +113,13 @@ async def _apply_children(
     actual_claim = await ctx.cluster.get(kube.manifest_path(claim))
     if actual_claim is None:  # its spec is immutable once bound: created, never re-applied
         actual_claim = await ctx.cluster.create(claim)
+    token = children.api_secret(owner)
+    if await ctx.cluster.get(kube.manifest_path(token)) is None:  # a new token would lock us out
+        await ctx.cluster.create(token)
     desired = [
         children.config_map(owner, config),
         children.service(owner, ctx.settings),
+        children.network_policy(owner, ctx.settings, ctx.settings.runtime.operator_namespace),
         children.deployment(owner, spec, ctx.settings),
     ]
     actual: dict[str, dict[str, Any]] = {}

@@ -89,6 +89,10 @@ class RuntimeSettings:
     health_port: int = _env("METIS_HEALTH_PORT", 8080)
     """Port of kopf's liveness endpoint (`/healthz`); 0: none."""
 
+    operator_namespace: str = _env("POD_NAMESPACE", "metis-system")
+    """The operator's own namespace (the downward API's metadata.namespace in the
+    manifests): each base's NetworkPolicy lets it, and the console there, in."""
+
     field_manager: str = _env("METIS_FIELD_MANAGER", "metis-operator")
     """The server-side-apply field manager that owns the children's fields."""
 

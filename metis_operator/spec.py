@@ -98,8 +98,11 @@ class Chunking(_Model):
     @model_validator(mode="after")
     def _overlap_below_half(self) -> Chunking:
         if self.overlap * 2 >= self.size:
+            # Name the default when the user set none: they never wrote the 200.
+            unset = "" if "overlap" in self.model_fields_set else ", its default when not set"
             raise ValueError(
-                f"overlap ({self.overlap}) must be less than half of size ({self.size})"
+                f"spec.chunking.overlap ({self.overlap}{unset}) must be less than half of "
+                f"spec.chunking.size ({self.size}): set a smaller overlap or a larger size"
             )
         return self
 

@@ -88,15 +88,22 @@ REFUSED = [
     pytest.param("hb", spec(chunking={"size": 4001}), "spec.chunking.size", id="chunk-4001"),
     pytest.param(
         "hb",
-        spec(chunking={"size": 400, "overlap": 200}),
-        "spec.chunking.overlap must be less than half of spec.chunking.size",
+        spec(chunking={"size": 400, "overlap": 300}),
+        "spec.chunking.overlap (300) must be less than half of spec.chunking.size (400)",
         id="overlap-half",
     ),
     pytest.param(
         "hb",
         spec(chunking={"overlap": 600}),
-        "spec.chunking.overlap must be less than half",
+        "spec.chunking.overlap (600) must be less than half of spec.chunking.size (1200)",
         id="overlap-default-size",
+    ),
+    pytest.param(
+        "hb",
+        spec(chunking={"size": 300}),
+        "spec.chunking.overlap (200, its default when not set) must be less than half of "
+        "spec.chunking.size (300)",
+        id="overlap-not-set",
     ),
     pytest.param("hb", spec(placement={"cpu_cores": 0}), "spec.placement.cpu_cores", id="cpu-0"),
     pytest.param("hb", spec(placement={"cpu_cores": 65}), "spec.placement.cpu_cores", id="cpu-65"),
@@ -185,9 +192,24 @@ def test_the_manifests_install_an_admitted_least_privilege_operator(
     assert can("patch", "knowledgebases.metis.astraeus.io/status", "-n", "team-a")
     assert can("create", "deployments.apps", "-n", "team-a")
     assert can("list", "pods", "-n", "team-a")
+    assert can("watch", "deployments.apps", "-n", "team-a")
+    # Each base's edge: its NetworkPolicy and its token Secret.
+    assert can("create", "networkpolicies.networking.k8s.io", "-n", "team-a")
+    assert can("patch", "networkpolicies.networking.k8s.io", "-n", "team-a")
+    assert can("create", "secrets", "-n", "team-a")
+    assert can("get", "secrets", "-n", "team-a")
+    # Events through either API.
+    assert can("create", "events", "-n", "team-a")
+    assert can("patch", "events.events.k8s.io", "-n", "team-a")
+    # Leader election: Leases in its own namespace only.
+    for verb in ("get", "list", "watch", "create", "update", "patch"):
+        assert can(verb, "leases.coordination.k8s.io", "-n", "metis-system")
+    assert not can("create", "leases.coordination.k8s.io", "-n", "team-a")
+    assert not can("delete", "leases.coordination.k8s.io", "-n", "metis-system")
     assert not can("create", "knowledgebases.metis.astraeus.io", "-n", "team-a")
     assert not can("delete", "deployments.apps", "-n", "team-a")
-    assert not can("get", "secrets", "-n", "team-a")
+    assert not can("delete", "secrets", "-n", "team-a")
+    assert not can("delete", "networkpolicies.networking.k8s.io", "-n", "team-a")
     assert not can("update", "pods", "-n", "team-a")
     # People: namespace editors manage bases (the aggregated edit role), viewers read them.
     wait_for(

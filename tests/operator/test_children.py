@@ -1,7 +1,8 @@
-"""The four children as pure manifests, and when one must be applied again."""
+"""The children as pure manifests, and when one must be applied again."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from typing import Any
@@ -39,6 +40,8 @@ def every_child(spec: spec_mod.KnowledgeBaseSpec) -> list[dict[str, Any]]:
         children.index_claim(OWNER, SETTINGS),
         children.deployment(OWNER, spec, SETTINGS),
         children.service(OWNER, SETTINGS),
+        children.api_secret(OWNER),
+        children.network_policy(OWNER, SETTINGS, "metis-system"),
     ]
 
 
@@ -179,3 +182,40 @@ def test_needs_apply() -> None:
         children.deployment(OWNER, parse(placement={"labels": {"pool": "a"}}), SETTINGS)
     )
     assert children.needs_apply(desired, served(labelled))
+
+
+def test_the_token_is_random_opaque_and_reaches_the_indexer_from_the_secret() -> None:
+    secret = children.api_secret(OWNER)
+    assert (secret["kind"], secret["type"]) == ("Secret", "Opaque")
+    token = base64.b64decode(secret["data"]["token"], validate=True).decode()
+    assert len(token) >= 43 and token.isascii()  # 32 random bytes, URL-safe
+    assert children.api_secret(OWNER)["data"]["token"] != secret["data"]["token"]
+    (c,) = children.deployment(OWNER, parse(), SETTINGS)["spec"]["template"]["spec"]["containers"]
+    assert c["env"] == [{
+        "name": "METIS_API_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "metis-handbook", "key": "token"}},
+    }]  # fmt: skip
+
+
+def test_only_the_bases_namespace_and_the_operators_reach_the_indexer_port() -> None:
+    policy = children.network_policy(OWNER, SETTINGS, "metis-ops")
+    assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["kind"] == "NetworkPolicy"
+    spec = policy["spec"]
+    # The indexer pods, exactly as the Deployment and the Service pick them.
+    dep = children.deployment(OWNER, parse(), SETTINGS)
+    picked = spec["podSelector"]["matchLabels"]
+    assert picked == dep["spec"]["selector"]["matchLabels"]
+    assert picked == children.service(OWNER, SETTINGS)["spec"]["selector"]
+    assert spec["policyTypes"] == ["Ingress"]
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 7700}]
+    assert rule["from"] == [
+        {"podSelector": {}},  # without a namespaceSelector: the policy's own namespace only
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "metis-ops"}}},
+    ]
+
+
+def test_the_policy_follows_the_indexers_port() -> None:
+    moved = Settings(indexer=IndexerSettings(port=17700))
+    (rule,) = children.network_policy(OWNER, moved, "metis-system")["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 17700}]

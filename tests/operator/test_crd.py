@@ -69,3 +69,34 @@ def test_the_printer_columns_are_designs() -> None:
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert columns == ["State", "Documents", "Chunks", "Progress", "Last Indexed", "Age"]
     assert crd["spec"]["names"]["shortNames"] == ["kb"]
+
+
+def _undocumented(node: dict[str, Any], where: str) -> list[str]:
+    """The fields under `node` (a schema) without a description, by path."""
+    out = []
+    for name, child in node.get("properties", {}).items():
+        path = f"{where}.{name}"
+        if path == "kb.metadata":  # the API server's own ObjectMeta, described by it
+            continue
+        if not str(child.get("description", "")).strip():
+            out.append(path)
+        out += _undocumented(child, path)
+        out += _undocumented(child.get("items", {}), f"{path}[]")
+    return out
+
+
+def test_every_field_is_documented_for_kubectl_explain() -> None:
+    crd = yaml.safe_load(CRD.read_text())
+    (version,) = crd["spec"]["versions"]
+    root = version["schema"]["openAPIV3Schema"]
+    assert root["description"].strip()
+    assert _undocumented(root, "kb") == []
+    conditions = root["properties"]["status"]["properties"]["conditions"]["description"]
+    for kind in ("Ready", "Reconciling", "Stalled", "Paused"):
+        assert kind in conditions
+
+
+def test_the_overlap_rule_names_the_default(schema: dict[str, Any]) -> None:
+    (rule,) = schema["chunking"]["x-kubernetes-validations"]
+    assert f"self.overlap == {spec_mod.CHUNK_OVERLAP_DEFAULT}" in rule["messageExpression"]
+    assert "its default when not set" in rule["messageExpression"]

@@ -87,8 +87,21 @@ def test_defaults_are_the_specs() -> None:
         pytest.param(
             "hb",
             spec(chunking={"size": 400, "overlap": 200}),
-            "overlap (200) must be less than half of size (400)",
+            "spec.chunking.overlap (200) must be less than half of spec.chunking.size (400)",
             id="overlap",
+        ),
+        pytest.param(
+            "hb",
+            spec(chunking={"size": 300}),
+            "spec.chunking.overlap (200, its default when not set) must be less than half of "
+            "spec.chunking.size (300)",
+            id="overlap-default",
+        ),
+        pytest.param(
+            "hb",
+            spec(chunking={"overlap": 600}),
+            "spec.chunking.overlap (600) must be less than half of spec.chunking.size (1200)",
+            id="overlap-default-size",
         ),
         pytest.param("hb", spec(placement={"cpu_cores": 65}), "spec.placement.cpu_cores", id="cpu"),
         pytest.param("hb", spec(placement={"memory_gb": 0}), "spec.placement.memory_gb", id="mem"),

@@ -1,0 +1,247 @@
+"""The operator's edges on the real control plane: `kubectl explain` documents every
+field of a base, each base gets a NetworkPolicy and a token Secret, and both installs
+(cluster-wide, and one namespace with a Role) are accepted by the API server, the
+namespaced one running an operator that needs no cluster-wide right.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.kube.controlplane import ControlPlane, free_port, wait_for
+from tests.kube.operator_support import (
+    ROOT,
+    Operator,
+    install,
+    kb,
+    make_drive,
+    model_service,
+    running_operator,
+    wait_state,
+)
+from tests.support import processes
+from tests.support.model_server import ModelServer, start_model_server
+
+CRD = ROOT / "crds" / "knowledgebase.yaml"
+OVERLAY = ROOT / "manifests" / "overlays" / "namespaced"
+
+
+@pytest.fixture(scope="module")
+def installed(kube: ControlPlane) -> None:
+    install(kube)
+
+
+def _schema() -> dict[str, Any]:
+    (version,) = yaml.safe_load(CRD.read_text())["spec"]["versions"]
+    return dict(version["schema"]["openAPIV3Schema"])
+
+
+def _objects(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every field of the schema that has fields of its own, as kubectl names it."""
+    if node.get("properties"):
+        yield path, node
+    for name, child in node.get("properties", {}).items():
+        if name != "metadata":  # kubectl explains ObjectMeta from the API itself
+            yield from _objects(child, f"{path}.{name}")
+        yield from _objects(child.get("items", {}), f"{path}.{name}")
+
+
+OBJECTS = dict(_objects(_schema(), "kb"))
+
+
+def explain(kube: ControlPlane, path: str) -> tuple[str, dict[str, str]]:
+    """kubectl's description of `path`, and of each of its fields by name (once the
+    API server publishes the CRD's schema: discovery follows it by a moment)."""
+
+    def published() -> str:
+        done = kube.kubectl("explain", path, check=False)
+        return done.stdout if done.returncode == 0 else ""
+
+    out = wait_for(published, timeout=60, what=f"kubectl explain {path}")
+    head, _, fields = out.partition("\nFIELDS:\n")
+    description = head.partition("DESCRIPTION:\n")[2]
+    found: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in fields.splitlines():
+        start = re.match(r"^  (\w+)\s+<", line)
+        if start:
+            current = found.setdefault(start.group(1), [])
+        elif line.startswith("    "):
+            current.append(line.strip())
+    return " ".join(description.split()), {k: " ".join(v) for k, v in found.items()}
+
+
+@pytest.mark.parametrize("path", sorted(OBJECTS))
+def test_kubectl_explain_describes_every_field(
+    kube: ControlPlane, installed: None, path: str
+) -> None:
+    description, fields = explain(kube, path)
+    assert description and description != "<empty>"
+    assert sorted(fields) == sorted(OBJECTS[path]["properties"])
+    undocumented = [f for f, said in fields.items() if not said or "<no description>" in said]
+    assert undocumented == []
+    if path == "kb.status":
+        for kind in ("Ready", "Reconciling", "Stalled", "Paused"):
+            assert kind in fields["conditions"]
+
+
+# --------------------------------------------------------------------------- a base's edge
+
+
+@pytest.fixture
+def models() -> Iterator[ModelServer]:
+    server = start_model_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def operator(kube: ControlPlane, installed: None, tmp_path: Path) -> Iterator[Operator]:
+    workdir = tmp_path / "operator"
+    workdir.mkdir()
+    with running_operator(kube, workdir, free_port()) as op:
+        yield op
+
+
+def test_a_base_gets_a_network_policy_and_a_token_made_once(
+    kube: ControlPlane, operator: Operator, models: ModelServer, namespace: str, tmp_path: Path
+) -> None:
+    api, ns = kube.rest(), namespace
+    model_service(kube, ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
+    (tmp_path / "docs").mkdir()
+    make_drive(kube, ns, "docs", tmp_path / "docs")
+    body = kb("handbook", {"sources": [{"drive": "docs"}], "embedding": {"deployment": "minilm"}})
+    kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(body))
+    base = api.get(f"/apis/metis.astraeus.io/v1/namespaces/{ns}/knowledgebases/handbook")
+
+    policy = wait_for(
+        lambda: api.get(f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies")["items"],
+        timeout=60, what="the base's NetworkPolicy", alive=operator.check_alive,
+    )[0]  # fmt: skip
+    deployment = api.get(f"/apis/apps/v1/namespaces/{ns}/deployments/metis-handbook")
+    assert policy["metadata"]["name"] == "metis-handbook"
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == base["metadata"]["uid"]
+    spec = policy["spec"]
+    assert spec["podSelector"] == deployment["spec"]["selector"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["ingress"] == [{
+        "from": [
+            {"podSelector": {}},
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "metis-system"}}},
+        ],
+        "ports": [{"protocol": "TCP", "port": operator.indexer_port}],
+    }]  # fmt: skip
+
+    secret = api.get(f"/api/v1/namespaces/{ns}/secrets/metis-handbook")
+    assert secret["type"] == "Opaque"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == base["metadata"]["uid"]
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(token) >= 43
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"name": "METIS_API_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": "metis-handbook", "key": "token"}}} in container["env"]  # fmt: skip
+
+    # A later reconciliation (it rewrites the configuration) keeps the token.
+    kube.kubectl("patch", "kb", "handbook", "-n", ns, "--type=merge",
+                 "-p", '{"spec":{"rescan_seconds":0}}')  # fmt: skip
+    wait_for(
+        lambda: '"rescan_seconds": 0' in api.get(
+            f"/api/v1/namespaces/{ns}/configmaps/metis-handbook")["data"]["config.json"],
+        timeout=60, what="the new configuration", alive=operator.check_alive,
+    )  # fmt: skip
+    again = api.get(f"/api/v1/namespaces/{ns}/secrets/metis-handbook")
+    assert again["data"] == secret["data"]
+    assert again["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
+
+
+# --------------------------------------------------------------------------- the installs
+
+
+def test_the_cluster_wide_install_is_accepted_as_is(kube: ControlPlane, installed: None) -> None:
+    built = kube.kubectl("kustomize", str(ROOT / "manifests")).stdout
+    kinds = {d["kind"] for d in yaml.safe_load_all(built) if d}
+    assert {"PodDisruptionBudget", "ClusterRole", "Role", "Deployment"} <= kinds
+    kube.kubectl("apply", "--dry-run=server", "-k", str(ROOT / "manifests"))
+
+
+def _namespaced_install(kube: ControlPlane, namespace: str, folder: Path) -> str:
+    """The overlay, set to `namespace` the way its comment says, as built YAML."""
+    folder.mkdir()
+    (folder / "kustomization.yaml").write_text(
+        yaml.safe_dump({"namespace": namespace, "resources": [os.path.relpath(OVERLAY, folder)]})
+    )
+    return kube.kubectl("kustomize", str(folder)).stdout
+
+
+def test_a_single_namespace_install_runs_with_a_role_only(
+    kube: ControlPlane, installed: None, namespace: str, tmp_path: Path
+) -> None:
+    ns = namespace
+    built = _namespaced_install(kube, ns, tmp_path / "install")
+    docs = [d for d in yaml.safe_load_all(built) if d]
+    assert {d["kind"] for d in docs} == {
+        "ServiceAccount", "Role", "RoleBinding", "Deployment", "PodDisruptionBudget", "Service",
+        "NetworkPolicy",
+    }  # fmt: skip
+    assert {d["metadata"]["namespace"] for d in docs} == {ns}
+    kube.kubectl("apply", "-f", "-", input=built)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"name": "METIS_NAMESPACES", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.namespace"}}} in container["env"]  # fmt: skip
+
+    user = f"system:serviceaccount:{ns}:metis-operator"
+
+    def can(*args: str) -> bool:
+        said = kube.kubectl("auth", "can-i", *args, f"--as={user}", check=False)
+        return said.stdout.strip() == "yes"
+
+    assert can("patch", "knowledgebases.metis.astraeus.io/status", "-n", ns)
+    assert can("create", "networkpolicies.networking.k8s.io", "-n", ns)
+    assert can("create", "leases.coordination.k8s.io", "-n", ns)
+    assert not can("patch", "knowledgebases.metis.astraeus.io/status", "-n", "default")
+    assert not can("list", "customresourcedefinitions.apiextensions.k8s.io")
+    assert not can("create", "secrets", "-n", "default")
+
+    # The operator itself, as that service account and for that namespace only, serves
+    # a base there: a base naming a drive that does not exist is Failed, saying so.
+    kubeconfig = kube.write_kubeconfig(
+        tmp_path / "operator.kubeconfig", user,
+        groups=("system:serviceaccounts", f"system:serviceaccounts:{ns}"),
+    )  # fmt: skip
+    health = free_port()
+    env = {
+        **os.environ, "KUBECONFIG": str(kubeconfig), "METIS_NAMESPACES": ns,
+        "POD_NAMESPACE": ns, "METIS_HEALTH_PORT": str(health), "METIS_METRICS_PORT": "0",
+        "METIS_URL_TEMPLATE": "http://127.0.0.1:{port}", "METIS_POLL_SECONDS": "1",
+    }  # fmt: skip
+    log = tmp_path / "operator.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "metis-operator")],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+
+        def alive() -> None:
+            if proc.poll() is not None:
+                raise AssertionError(f"metis-operator exited:\n{log.read_text()[-4000:]}")
+
+        body = kb("handbook", {"sources": [{"drive": "nowhere"}],
+                               "embedding": {"deployment": "minilm"}})  # fmt: skip
+        kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(body))
+        status = wait_state(kube, ns, "handbook", "Failed", timeout=90, alive=alive)
+        assert "nowhere" in status["reason"]
+    finally:
+        processes.stop(proc)
