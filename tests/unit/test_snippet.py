@@ -27,3 +27,31 @@ def test_a_long_sentence_is_cut_around_the_first_hit():
 def test_sentences_split_after_end_punctuation_and_blank_lines():
     text = "One. Two!\n\nThree"
     assert [text[a:b] for a, b in sentences(text)] == ["One.", "Two!", "Three"]
+
+
+FILLER = "Nothing here is about the question at all. " * 5
+
+
+def test_of_two_matching_sentences_the_one_with_more_question_words_wins():
+    """The first sentence names one word of the question, a later one three: the later one is
+    the snippet, though the first also matches (spec 002: "most of the question's words")."""
+    first = "Vacation requests go to the team lead by mail."
+    best = "Everyone gets 25 vacation days every year."
+    text = first + " " + FILLER + best + " " + FILLER
+    s = snippet(text, words("how many vacation days per year"))
+    assert best in s and "team lead" not in s
+    assert s.startswith("…") and s.endswith("…") and len(s) <= LIMIT
+
+
+def test_a_word_said_three_times_counts_once():
+    repeated = "Vacation, vacation and more vacation."
+    best = "Vacation days are counted per year."
+    text = repeated + " " + FILLER + best + " " + FILLER
+    s = snippet(text, words("vacation days year"))
+    assert best in s and "more vacation" not in s
+
+
+def test_of_equal_sentences_the_earlier_wins():
+    text = "Vacation is paid. " + FILLER + "Vacation is planned. " + FILLER
+    s = snippet(text, words("vacation"))
+    assert s.startswith("Vacation is paid.") and "planned" not in s
