@@ -1,0 +1,48 @@
+"""The two "nothing is indexed" warnings of spec 002 ("When a model does not answer"), from a
+real indexer over a source that holds no document Metis reads: the search's pure core only
+passes the warning on, the indexer chooses it from how far its pass got."""
+
+import asyncio
+from pathlib import Path
+
+from metis_indexer.config import IndexerConfig, SourceConfig
+from metis_indexer.schema import SearchAnswer, SearchRequest
+from metis_indexer.service import Indexer, PassState
+
+
+async def searches_around_the_first_pass(tmp_path: Path) -> tuple[list[str], SearchAnswer]:
+    """What `empty_warning` says while the first pass scans, and a search once it is done."""
+    drive = tmp_path / "drive"
+    (drive / "pictures").mkdir(parents=True)
+    (drive / "pictures" / "logo.png").write_bytes(b"\x89PNG")
+    config = IndexerConfig(
+        sources=[SourceConfig(drive="docs", root=drive)], index_dir=tmp_path / "index",
+        rescan_seconds=0, workers=1,
+    )
+    indexer = Indexer(config)
+    during: list[str] = []
+    done = asyncio.Event()
+
+    def progress(state: PassState) -> None:
+        if state.completed:
+            done.set()
+        elif state.phase == "scanning":
+            during.append(indexer.empty_warning())
+
+    indexer.on_progress = progress
+    await indexer.start()
+    try:
+        await asyncio.wait_for(done.wait(), 120)
+        return during, await indexer.search(SearchRequest(query="anything"))
+    finally:
+        await indexer.stop()
+
+
+def test_sources_without_a_readable_document_say_so_once_a_pass_is_done(tmp_path):
+    during, answer = asyncio.run(searches_around_the_first_pass(tmp_path))
+    assert during and set(during) == {"nothing is indexed yet: the index is scanning"}
+    assert answer.results == []
+    assert answer.warnings == [
+        "nothing is indexed: the sources hold no document Metis reads "
+        "(Markdown, text, HTML, PDF, DOCX)"
+    ]
