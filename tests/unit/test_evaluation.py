@@ -15,6 +15,7 @@ from metis_indexer.evaluation import (
     evaluate,
     parse_cases,
     ranked_documents,
+    read_cases,
     recall,
     reciprocal_rank,
     ways,
@@ -91,8 +92,19 @@ def test_every_way_is_scored_and_the_last_is_the_headline():
 
 
 def test_ways_follow_the_models_a_base_has():
-    assert [w.name for w in ways(True, True)] == ["keyword", "dense", "hybrid", "hybrid+rerank"]
-    assert [w.name for w in ways(False, False)] == ["keyword"]
+    """Plain searches rerank when a base has a reranker: that way is last, the headline."""
+    assert ways(True, True) == [
+        Way("keyword", "keyword", False), Way("dense", "dense", False),
+        Way("hybrid", "hybrid", False), Way("hybrid+rerank", "hybrid", True),
+    ]
+    assert ways(True, False) == [
+        Way("keyword", "keyword", False), Way("dense", "dense", False),
+        Way("hybrid", "hybrid", False),
+    ]
+    assert ways(False, True) == [
+        Way("keyword", "keyword", False), Way("hybrid+rerank", "hybrid", True),
+    ]
+    assert ways(False, False) == [Way("keyword", "keyword", False)]
 
 
 def test_a_first_hit_at_rank_ten_counts_and_at_rank_eleven_does_not():
@@ -215,3 +227,79 @@ def test_k_out_of_range_is_refused_before_any_question(k):
         asyncio.run(evaluate(cases, k, ask, [Way("keyword", "keyword", False)], lambda: "T"))
     assert e.value.code == "TOP_K_OUT_OF_RANGE"
     assert e.value.message == f"k is {k}; it must be between 1 and 50"
+
+
+def test_the_headline_is_the_last_way_of_three_and_one_case_divides_by_one():
+    cases = [Case(question="q", expected=["d/a.md"], id="c")]
+    found = {"keyword": answer("d/x.md"), "dense": answer("d/x.md", "d/a.md"),
+             "hybrid": answer("d/a.md")}
+
+    async def ask(question: str, way: Way) -> SearchAnswer:
+        return found[way.name]
+
+    modes = ways(True, False)
+    result = asyncio.run(evaluate(cases, 1, ask, modes, lambda: "T"))
+    assert (result.recall_at_k, result.mrr) == (1.0, 1.0)
+    assert result.modes["dense"].model_dump() == {"recall_at_k": 0.0, "mrr": 0.5}
+    assert result.modes["keyword"].model_dump() == {"recall_at_k": 0.0, "mrr": 0.0}
+
+
+def test_blank_and_comment_lines_are_skipped_even_when_indented():
+    text = '  # a note\n\n   \n{"question": "q", "expected": ["d/a.md"]}\n\t# another'
+    cases = parse_cases([("e", text)])
+    assert [(c.question, c.id) for c in cases] == [("q", "e:4")]
+
+
+def test_a_case_without_a_question_is_named_by_its_field():
+    with pytest.raises(BadRequest) as e:
+        parse_cases([("e", '{"expected": ["d/a.md"]}')])
+    assert e.value.message == (
+        'e line 1: question: Field required (each case needs "question" and at least one '
+        '"expected" document)'
+    )
+    with pytest.raises(BadRequest) as e:
+        parse_cases([("e", "[]")])
+    assert e.value.code == "EVAL_CASE_INVALID" and e.value.message.startswith("e line 1: case: ")
+
+
+def test_an_empty_set_names_every_file_it_read():
+    with pytest.raises(BadRequest) as e:
+        parse_cases([("a/.metis/evals.jsonl", "# none"), ("b/.metis/evals.jsonl", "")])
+    assert e.value.message == "no questions in a/.metis/evals.jsonl, b/.metis/evals.jsonl"
+    with pytest.raises(BadRequest) as e:
+        parse_cases([])
+    assert e.value.message == "no questions in the sources"
+
+
+def test_cases_are_read_from_each_drive_s_metis_folder(tmp_path):
+    """A drive without the file is passed over; a byte-order mark is no part of the JSON."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for root in (a, b, c):
+        root.mkdir()
+    (a / ".metis").mkdir()
+    (a / ".metis" / "evals.jsonl").write_text(
+        '{"question": "q1", "expected": ["a/x.md"]}', encoding="utf-8-sig"
+    )
+    (c / ".metis").mkdir()
+    (c / ".metis" / "evals.jsonl").write_text('{"question": "q2", "expected": ["c/y.md"]}')
+    cases = read_cases([("a", a), ("b", b), ("c", c)])
+    assert [(c.question, c.id) for c in cases] == [
+        ("q1", "a/.metis/evals.jsonl:1"), ("q2", "c/.metis/evals.jsonl:1"),
+    ]
+
+
+def test_no_evaluation_file_anywhere_is_an_empty_set(tmp_path):
+    with pytest.raises(BadRequest) as e:
+        read_cases([("a", tmp_path)])
+    assert (e.value.code, e.value.message) == (
+        "EVAL_EMPTY", "no .metis/evals.jsonl in any source drive"
+    )
+
+
+def test_an_unreadable_evaluation_file_is_eval_file(tmp_path):
+    (tmp_path / ".metis").mkdir()
+    (tmp_path / ".metis" / "evals.jsonl").write_bytes(b"\xff\xfe\xfa not utf-8")
+    with pytest.raises(BadRequest) as e:
+        read_cases([("docs", tmp_path)])
+    assert e.value.code == "EVAL_FILE"
+    assert e.value.message.startswith("docs/.metis/evals.jsonl could not be read: ")

@@ -55,3 +55,43 @@ def test_of_equal_sentences_the_earlier_wins():
     text = "Vacation is paid. " + FILLER + "Vacation is planned. " + FILLER
     s = snippet(text, words("vacation"))
     assert s.startswith("Vacation is paid.") and "planned" not in s
+
+
+def test_a_short_sentence_is_widened_evenly_and_its_ends_put_on_words():
+    """An 18-character sentence leaves 222 of 240: 111 before it and 111 after, each cut end
+    moved off the middle of a word, both marked."""
+    before = " ".join(f"a{i:02d}" for i in range(40)) + "."
+    after = " ".join(f"b{i:02d}" for i in range(40)) + "."
+    s = snippet(before + " The vacation rule. " + after, words("vacation"))
+    assert s == (
+        "…" + " ".join(f"a{i:02d}" for i in range(13, 40)) + ". The vacation rule. "
+        + " ".join(f"b{i:02d}" for i in range(27)) + "…"
+    )
+
+
+def test_a_long_sentence_starts_a_third_of_the_limit_before_its_first_hit():
+    long = " ".join(f"w{i:03d}" for i in range(100)) + " kubernetes "
+    long += " ".join(f"t{i:03d}" for i in range(100))
+    s = snippet(long, ["kubernetes"])
+    assert s.startswith("…w084 w085 ") and s.index("kubernetes") == 1 + 80
+    assert len(s) == LIMIT and s.endswith("…")
+
+
+def test_a_hit_near_the_end_of_a_long_sentence_keeps_a_full_window():
+    long = " ".join(f"w{i:03d}" for i in range(100)) + " kubernetes."
+    s = snippet(long, ["kubernetes"])
+    assert s.endswith("w099 kubernetes.") and s.startswith("…") and len(s) <= LIMIT
+    assert len(s) > LIMIT - 8
+
+
+def test_blanks_inside_the_snippet_become_one_space():
+    assert snippet("Sick   leave\nis  separate.", ["leave"]) == "Sick leave is separate."
+
+
+def test_an_empty_passage_has_an_empty_snippet():
+    assert snippet("", ["leave"]) == "" and sentences("") == []
+
+
+def test_separators_at_either_end_make_no_empty_sentence():
+    text = "\n\nOne. Two. "
+    assert sentences(text) == [(2, 6), (7, 11)]
