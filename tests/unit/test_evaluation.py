@@ -303,3 +303,29 @@ def test_an_unreadable_evaluation_file_is_eval_file(tmp_path):
         read_cases([("docs", tmp_path)])
     assert e.value.code == "EVAL_FILE"
     assert e.value.message.startswith("docs/.metis/evals.jsonl could not be read: ")
+
+
+def test_figures_are_rounded_to_four_places():
+    cases = [Case(question=f"q{i}", expected=["d/a.md"], id=f"c{i}") for i in range(3)]
+    found = {"q0": answer("d/a.md"), "q1": answer("d/x.md"), "q2": answer("d/x.md")}
+
+    async def ask(question: str, way: Way) -> SearchAnswer:
+        return found[question]
+
+    result = asyncio.run(evaluate(cases, 1, ask, [Way("hybrid", "hybrid", False)], lambda: "T"))
+    assert (result.recall_at_k, result.mrr) == (0.3333, 0.3333)
+
+
+def test_out_of_time_before_the_first_question_reports_zeros():
+    """A clock that jumps past the limit between start and first question: nothing asked."""
+    ticks = iter([0.0, 61.0])
+
+    async def ask(question: str, way: Way) -> SearchAnswer:
+        raise AssertionError("no question is asked")
+
+    result = asyncio.run(evaluate(
+        four_cases(), 1, ask, [Way("hybrid", "hybrid", False)], lambda: "T",
+        clock=lambda: next(ticks),
+    ))
+    assert (result.cases, result.recall_at_k, result.mrr) == (0, 0.0, 0.0)
+    assert result.warnings == ["stopped after 60 s: 0 of 4 questions asked"]
