@@ -258,6 +258,9 @@ def test_a_case_without_a_question_is_named_by_its_field():
         '"expected" document)'
     )
     with pytest.raises(BadRequest) as e:
+        parse_cases([("e", '{"question": "q", "expected": [1]}')])
+    assert e.value.message.startswith("e line 1: expected.0: Input should be a valid string")
+    with pytest.raises(BadRequest) as e:
         parse_cases([("e", "[]")])
     assert e.value.code == "EVAL_CASE_INVALID" and e.value.message.startswith("e line 1: case: ")
 

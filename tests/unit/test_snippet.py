@@ -57,16 +57,39 @@ def test_of_equal_sentences_the_earlier_wins():
     assert s.startswith("Vacation is paid.") and "planned" not in s
 
 
+BEFORE = " ".join(f"a{i:02d}" for i in range(80)) + "."
+AFTER = " ".join(f"b{i:02d}" for i in range(40)) + "."
+
+
 def test_a_short_sentence_is_widened_evenly_and_its_ends_put_on_words():
     """An 18-character sentence leaves 222 of 240: 111 before it and 111 after, each cut end
     moved off the middle of a word, both marked."""
-    before = " ".join(f"a{i:02d}" for i in range(40)) + "."
-    after = " ".join(f"b{i:02d}" for i in range(40)) + "."
-    s = snippet(before + " The vacation rule. " + after, words("vacation"))
+    s = snippet(BEFORE + " The vacation rule. " + AFTER, words("vacation"))
     assert s == (
-        "…" + " ".join(f"a{i:02d}" for i in range(13, 40)) + ". The vacation rule. "
+        "…" + " ".join(f"a{i:02d}" for i in range(53, 80)) + ". The vacation rule. "
         + " ".join(f"b{i:02d}" for i in range(27)) + "…"
     )
+
+
+def test_a_sentence_at_the_end_takes_all_its_room_before_it():
+    s = snippet(BEFORE + " The vacation rule.", words("vacation"))
+    assert s == "…" + " ".join(f"a{i:02d}" for i in range(25, 80)) + ". The vacation rule."
+    assert len(s) == LIMIT
+
+
+def test_a_cut_word_longer_than_the_slack_stays_cut():
+    """Moving a cut end onto a word looks 24 characters at most: past that (a long URL), the
+    window keeps its place rather than lose the sentence or jump to the passage's start."""
+    before = "https://example.org/" + "x" * 130
+    after = "https://example.org/" + "y" * 180
+    s = snippet(before + ". The vacation rule. " + after + " tail.", words("vacation"))
+    assert s.startswith("…" + "x" * 100) and s.endswith("yyy…") and len(s) == LIMIT
+    assert "x. The vacation rule. https://example.org/yyy" in s
+
+
+def test_a_passage_of_exactly_the_limit_is_whole():
+    text = ("word " * 48).strip() + "."
+    assert len(text) == LIMIT and snippet(text, ["word"]) == text
 
 
 def test_a_long_sentence_starts_a_third_of_the_limit_before_its_first_hit():
