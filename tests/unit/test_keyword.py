@@ -117,3 +117,40 @@ def test_adding_one_row_at_a_time_keeps_few_segments_and_exact_scores(docs):
         assert len(index.segments) <= math.log2(r + 1) + 1
     assert np.allclose(dense(index, vocab.lookup(q), alive), reference_scores(docs, q),
                        rtol=1e-4, atol=1e-5)
+
+
+def test_a_query_after_a_drop_uses_the_new_statistics(docs):
+    """Weights cached by one query must not outlive a drop: N, df and the average length
+    have moved, though no segment changed."""
+    vocab, index = build(docs)
+    alive = np.ones(len(docs), dtype=bool)
+    q = words("python import module")
+    dense(index, vocab.lookup(q), alive)
+    alive[:10] = False
+    index.drop(np.arange(10))
+    got = dense(index, vocab.lookup(q), alive)
+    assert index.live_rows == len(docs) - 10
+    assert np.allclose(got[alive], reference_scores(docs[10:], q), rtol=1e-4, atol=1e-5)
+
+
+def test_the_lengths_grow_with_the_rows_and_keep_what_they_held():
+    index = KeywordIndex()
+    index.add([0], np.array([0], np.int32), np.array([3], np.int32), np.array([1], np.int64))
+    assert len(index.lengths) == 1024
+    index.add([1500], np.array([0], np.int32), np.array([2], np.int32), np.array([1], np.int64))
+    assert len(index.lengths) == 2048 and index.lengths[0] == 3 and index.lengths[1500] == 2
+    index.ensure_capacity(4097)
+    assert len(index.lengths) == 4097 and index.lengths[1500] == 2
+
+
+def test_segments_merge_while_the_newest_is_at_least_half_the_one_before():
+    index = KeywordIndex()
+    alive = np.ones(8, dtype=bool)
+    for rows in ([0, 1, 2, 3], [4, 5]):
+        index.add(rows, np.zeros(len(rows), np.int32), np.ones(len(rows), np.int32),
+                  np.ones(len(rows), np.int64))
+    index.compact(alive)
+    assert [len(s.rows) for s in index.segments] == [6], "2 of 4 is half: merged"
+    index.add([6, 7], np.zeros(2, np.int32), np.ones(2, np.int32), np.ones(2, np.int64))
+    index.compact(alive)
+    assert [len(s.rows) for s in index.segments] == [6, 2], "2 of 6 is less: kept apart"
