@@ -118,3 +118,20 @@ def test_an_empty_passage_has_an_empty_snippet():
 def test_separators_at_either_end_make_no_empty_sentence():
     text = "\n\nOne. Two. "
     assert sentences(text) == [(2, 6), (7, 11)]
+
+
+def passage_whose_window_starts_at_1(first_word: str) -> str:
+    """The 18-character sentence at 112 leaves 111 characters before it: the window starts at
+    the passage's second character, inside its first word."""
+    head = (first_word + " " + " ".join(["ab"] * 60))[:109] + "b. "
+    return head + "The vacation rule. " + " ".join(["cd"] * 80) + "."
+
+
+def test_a_window_starting_inside_the_first_word_moves_to_the_next():
+    s = snippet(passage_whose_window_starts_at_1("Xy"), words("vacation"))
+    assert s.startswith("…ab ab ")
+
+
+def test_one_character_cut_off_the_front_is_marked_too():
+    s = snippet(passage_whose_window_starts_at_1("x" * 30), words("vacation"))
+    assert s.startswith("…" + "x" * 29 + " ab")
