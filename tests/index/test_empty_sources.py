@@ -1,17 +1,20 @@
-"""The two "nothing is indexed" warnings of spec 002 ("When a model does not answer"), from a
-real indexer over a source that holds no document Metis reads: the search's pure core only
-passes the warning on, the indexer chooses it from how far its pass got."""
+"""What a search says before anything is indexed, from a real indexer over a source that holds
+no document Metis reads: KNOWLEDGE_BASE_NOT_READY before its index loads (spec 001), then the
+two "nothing is indexed" warnings of spec 002, which the search's pure core only passes on and
+the indexer chooses from how far its pass got."""
 
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from metis_indexer.config import IndexerConfig, SourceConfig
+from metis_indexer.errors import Unavailable
 from metis_indexer.schema import SearchAnswer, SearchRequest
 from metis_indexer.service import Indexer, PassState
 
 
-async def searches_around_the_first_pass(tmp_path: Path) -> tuple[list[str], SearchAnswer]:
-    """What `empty_warning` says while the first pass scans, and a search once it is done."""
+def indexer_of_a_picture(tmp_path: Path) -> Indexer:
     drive = tmp_path / "drive"
     (drive / "pictures").mkdir(parents=True)
     (drive / "pictures" / "logo.png").write_bytes(b"\x89PNG")
@@ -19,7 +22,21 @@ async def searches_around_the_first_pass(tmp_path: Path) -> tuple[list[str], Sea
         sources=[SourceConfig(drive="docs", root=drive)], index_dir=tmp_path / "index",
         rescan_seconds=0, workers=1,
     )
-    indexer = Indexer(config)
+    return Indexer(config)
+
+
+def test_a_search_before_the_index_loads_is_not_ready(tmp_path):
+    indexer = indexer_of_a_picture(tmp_path)
+    with pytest.raises(Unavailable) as e:
+        asyncio.run(indexer.search(SearchRequest(query="anything")))
+    assert e.value.code == "KNOWLEDGE_BASE_NOT_READY"
+    assert e.value.message == "the index is not serving yet: it is loading"
+    indexer.index.store.close()
+
+
+async def searches_around_the_first_pass(tmp_path: Path) -> tuple[list[str], SearchAnswer]:
+    """What `empty_warning` says while the first pass scans, and a search once it is done."""
+    indexer = indexer_of_a_picture(tmp_path)
     during: list[str] = []
     done = asyncio.Event()
 
