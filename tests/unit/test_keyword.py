@@ -124,7 +124,7 @@ def test_a_query_after_a_drop_uses_the_new_statistics(docs):
     have moved, though no segment changed."""
     vocab, index = build(docs)
     alive = np.ones(len(docs), dtype=bool)
-    q = words("python import module")
+    q = [*words("python import module"), docs[0][0]]  # docs[0][0] is term 0, first in a segment
     dense(index, vocab.lookup(q), alive)
     alive[:10] = False
     index.drop(np.arange(10))
@@ -154,3 +154,35 @@ def test_segments_merge_while_the_newest_is_at_least_half_the_one_before():
     index.add([6, 7], np.zeros(2, np.int32), np.ones(2, np.int32), np.ones(2, np.int64))
     index.compact(alive)
     assert [len(s.rows) for s in index.segments] == [6, 2], "2 of 6 is less: kept apart"
+
+
+def test_renumbering_rows_keeps_each_live_row_s_score(docs):
+    """After the index compacts its rows, row r becomes the count of live rows before it."""
+    vocab, index = build(docs)
+    alive = np.ones(len(docs), dtype=bool)
+    alive[::3] = False
+    index.drop(np.flatnonzero(~alive))
+    index.remap(np.cumsum(alive) - 1, alive)
+    live = [d for d, a in zip(docs, alive, strict=True) if a]
+    assert len(index.segments) == 1 and len(index.lengths) == 1024
+    assert index.lengths[: len(live)].tolist() == [len(d) for d in live]
+    q = words("python generator expressions")
+    got = dense(index, vocab.lookup(q), np.ones(len(live), dtype=bool))
+    assert np.allclose(got, reference_scores(live, q), rtol=1e-4, atol=1e-5)
+
+
+def test_no_live_row_holding_a_term_is_no_answer(docs):
+    vocab, index = build(docs)
+    alive = np.ones(len(docs), dtype=bool)
+    assert index.scores(np.array([10**6], np.int32), alive) is None
+    index.drop(np.arange(len(docs)))
+    assert index.scores(vocab.lookup(words("python")), np.zeros(len(docs), bool)) is None
+
+
+def test_a_term_missing_from_a_segment_does_not_end_the_query(docs):
+    vocab, index = build(docs)
+    alive = np.ones(len(docs), dtype=bool)
+    ids = vocab.lookup(words("python"))
+    got = index.scores(np.concatenate([np.array([10**6], np.int32), ids]), alive)
+    assert got is not None
+    assert np.allclose(got[: len(docs)], reference_scores(docs, ["python"]), rtol=1e-4, atol=1e-5)
