@@ -122,7 +122,7 @@ def test_adding_one_row_at_a_time_keeps_few_segments_and_exact_scores(docs):
 def test_a_query_after_a_drop_uses_the_new_statistics(docs):
     """Weights cached by one query must not outlive a drop: N, df and the average length
     have moved, though no segment changed."""
-    vocab, index = build(docs)
+    vocab, index = build(docs, batches=1)
     alive = np.ones(len(docs), dtype=bool)
     q = [*words("python import module"), docs[0][0]]  # docs[0][0] is term 0, first in a segment
     dense(index, vocab.lookup(q), alive)
@@ -186,3 +186,16 @@ def test_a_term_missing_from_a_segment_does_not_end_the_query(docs):
     got = index.scores(np.concatenate([np.array([10**6], np.int32), ids]), alive)
     assert got is not None
     assert np.allclose(got[: len(docs)], reference_scores(docs, ["python"]), rtol=1e-4, atol=1e-5)
+
+
+def test_tiny_documents_and_an_empty_one_match_the_reference():
+    """On a few words a document, the average length is felt in every score; a chunk with no
+    word (the last row here) still counts as a document of length 0."""
+    docs = [["alpha", "beta"], ["beta"], []]
+    vocab, index = Vocabulary(), KeywordIndex()
+    add(vocab, index, [0, 1, 2], docs)
+    alive = np.ones(3, dtype=bool)
+    assert index.live_rows == 3 and index.live_length == 3.0
+    for q in (["alpha"], ["beta"], ["alpha", "beta"]):
+        got = dense(index, vocab.lookup(q), alive)
+        assert np.allclose(got, reference_scores(docs, q), rtol=1e-6, atol=1e-7)
