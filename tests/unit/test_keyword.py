@@ -199,3 +199,11 @@ def test_tiny_documents_and_an_empty_one_match_the_reference():
     for q in (["alpha"], ["beta"], ["alpha", "beta"]):
         got = dense(index, vocab.lookup(q), alive)
         assert np.allclose(got, reference_scores(docs, q), rtol=1e-6, atol=1e-7)
+
+
+def test_an_index_of_wordless_chunks_answers_nothing():
+    """A chunk can hold no word at all (only punctuation): no term, so no score and no error."""
+    index = KeywordIndex()
+    index.add([0], np.zeros(0, np.int32), np.zeros(0, np.int32), np.array([0], np.int64))
+    assert index.live_rows == 1
+    assert index.scores(np.array([0], np.int32), np.ones(1, dtype=bool)) is None
