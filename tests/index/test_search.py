@@ -97,7 +97,7 @@ def test_filters_apply_before_ranking(index):
 
 def test_the_embedding_model_silent_degrades_to_keywords(index):
     async def silent(_: str) -> np.ndarray:
-        await asyncio.sleep(5)
+        await asyncio.Event().wait()  # a model that never answers
         raise AssertionError("unreachable")
 
     models = Models(embed=silent, embedding_name="model bge-m3", timeout=0.05)
