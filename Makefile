@@ -44,7 +44,7 @@ MUTATE ?= metis_indexer.fusion metis_indexer.evaluation metis_indexer.snippet \
 
 .PHONY: mutation
 mutation: $(STAMP)
-	$(PY) -m pip install --quiet 'mutmut==3.8.1'
+	$(PY) -m pip install --quiet -e '.[mutation]'
 	rm -rf $(MUTATION) && mkdir -p $(MUTATION)/src
 	cp -r indexer_image/metis_indexer metis_operator $(MUTATION)/src/
 	cp -r tests pyproject.toml $(MUTATION)/
