@@ -34,3 +34,26 @@ test-fast: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+# Mutation testing, a benchmark of the tests rather than a test (docs/mutation.md): mutmut
+# over the pure cores, in a copy of the tree with both packages under src/ (where mutmut
+# looks for them), each module's mutants against the tests that reach them. Minutes a module.
+MUTATION := build/mutation
+MUTATE ?= metis_indexer.fusion metis_indexer.evaluation metis_indexer.snippet \
+	metis_indexer.keyword metis_indexer.chunking metis_operator.state metis_operator.status
+
+.PHONY: mutation
+mutation: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[mutation]'
+	rm -rf $(MUTATION) && mkdir -p $(MUTATION)/src
+	cp -r indexer_image/metis_indexer metis_operator $(MUTATION)/src/
+	cp -r tests pyproject.toml $(MUTATION)/
+	ln -s $(abspath ../shared) $(MUTATION)/shared
+	cd $(MUTATION) && for m in $(MUTATE); do \
+		METIS_PROPERTY_EXAMPLES=20 $(CURDIR)/$(VENV)/bin/mutmut run --max-children 2 "$$m.*" \
+			> /dev/null || exit 1; done
+	cd $(MUTATION) && $(CURDIR)/$(VENV)/bin/mutmut results --all true > results.txt
+	@for m in $(MUTATE); do \
+		awk -v m="$$m." 'index($$1, m) == 1 { n++; if ($$2 == "killed" || $$2 == "timeout") k++ } \
+			END { printf "%-26s %4d mutants %4d killed %5.1f %%\n", substr(m, 1, length(m) - 1), \
+			n, k, n ? 100 * k / n : 0 }' $(MUTATION)/results.txt; done

@@ -4,7 +4,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -110,6 +109,7 @@ WRITER = textwrap.dedent(
         chunks = [Chunk(None, (), f"doc {i} part {j} word{i}x{j}", None, 1, 0, 0) for j in range(n)]
         rec = FileRecord("docs", f"d{i % 50}.md", "md", 1, 1, "h", "indexed", "t", chunks=n)
         index.put_document(rec, chunks, np.ones((n, 8), np.float32))
+        print("put", i, flush=True)
         i += 1
     """
 )
@@ -122,9 +122,11 @@ def test_a_kill_at_any_moment_loses_at_most_the_document_in_flight(tmp_path):
             [sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, env=env
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-        deadline = time.monotonic() + 0.3 + 0.2 * attempt
-        while time.monotonic() < deadline and proc.poll() is None:
-            pass  # let it write for a while, then kill it mid-flight
+        # Kill once it has said it committed some documents: it is writing the next one by
+        # then (or a later one, as the pipe lags), so the kill lands mid-flight.
+        puts = 5 + 20 * attempt
+        for _ in range(puts):
+            assert proc.stdout.readline().startswith(b"put "), "the writer stopped"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         index = Index(tmp_path)

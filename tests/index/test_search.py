@@ -2,12 +2,13 @@
 dense leg's order is known. Real model servers are exercised in the service tests."""
 
 import asyncio
+import json
 
 import numpy as np
 import pytest
 
 from metis_indexer.errors import BadRequest, Unavailable
-from metis_indexer.schema import SearchRequest
+from metis_indexer.schema import SearchRequest, parse_body
 from metis_indexer.search import Models, leg_size, rerank_size, search
 
 from .helpers import DIM, axis, chunk, new_index, record
@@ -44,7 +45,9 @@ def embed_as(vector):
 
 
 def ask(index, models=None, **body):
-    return asyncio.run(search(index, SearchRequest(**body), models or Models(), EMPTY))
+    """A search with `body` parsed as the API parses it (JSON, so `"pdf"` is a kind)."""
+    req = parse_body(SearchRequest, json.dumps(body).encode())
+    return asyncio.run(search(index, req, models or Models(), EMPTY))
 
 
 def paths(answer):
@@ -84,7 +87,7 @@ def test_dense_mode_orders_by_cosine(index):
 def test_filters_apply_before_ranking(index):
     models = Models(embed=embed_as(axis(0)))
     a = ask(index, models, query="vacation", filters={"sources": ["runbooks"]})
-    assert paths(a) == ["gpu.html", "manual.pdf"] or set(paths(a)) <= {"gpu.html", "manual.pdf"}
+    assert set(paths(a)) == {"gpu.html", "manual.pdf"}, "both runbooks, nothing else"
     assert all(r.citation.source == "runbooks" for r in a.results)
     a = ask(index, models, query="vacation", filters={"kinds": ["pdf"]})
     assert paths(a) == ["manual.pdf"] and a.results[0].citation.page == 2
@@ -94,7 +97,7 @@ def test_filters_apply_before_ranking(index):
 
 def test_the_embedding_model_silent_degrades_to_keywords(index):
     async def silent(_: str) -> np.ndarray:
-        await asyncio.sleep(5)
+        await asyncio.Event().wait()  # a model that never answers
         raise AssertionError("unreachable")
 
     models = Models(embed=silent, embedding_name="model bge-m3", timeout=0.05)
@@ -173,3 +176,89 @@ def test_candidate_counts_follow_the_spec():
     assert leg_size(5) == 50 and leg_size(20) == 80
     assert rerank_size(1) == 20 and rerank_size(10) == 30 and rerank_size(50) == 50
     assert DIM == 8
+
+
+@pytest.fixture
+def legs(tmp_path):
+    """Four chunks whose ranks in each leg are known by construction.
+
+    Inserted in this order (rows 0 to 3):
+    - b.md, no vector, "vacation days paid": keyword #1 (all three words), not in the dense leg;
+    - a.md, vector along axis 0, "zebra crossing": dense #1, no word of the question;
+    - c.md, axis 1, "vacation days": dense #2 (cosine 0.447), keyword #2;
+    - d.md, axis 2, "vacation": dense #3 (cosine 0), keyword #3.
+    b.md comes first so that its row is lower than a.md's: a tie broken by row would put it
+    first, a tie kept in the order met (dense leg first) does not.
+    """
+    index = new_index(tmp_path)
+    for path, text, vector in [
+        ("b.md", "vacation days paid", None),
+        ("a.md", "zebra crossing", axis(0)),
+        ("c.md", "vacation days", axis(1)),
+        ("d.md", "vacation", axis(2)),
+    ]:
+        index.put_document(
+            record(path), [chunk(text)], None if vector is None else np.stack([vector])
+        )
+    return index
+
+
+def test_hybrid_fuses_both_legs_to_the_hand_worked_order_and_scores(legs):
+    """RRF with k = 60: c.md 1/62 + 1/62, d.md 1/63 + 1/63, then a.md and b.md tie at 1/61;
+    the dense leg's first comes before the keyword leg's first."""
+    q = axis(0) + 0.5 * axis(1)
+    a = ask(legs, Models(embed=embed_as(q)), query="vacation days paid", top_k=4)
+    assert a.mode == "hybrid" and not a.reranked
+    assert paths(a) == ["c.md", "d.md", "a.md", "b.md"]
+    ranks = [(r.scores.dense_rank, r.scores.keyword_rank) for r in a.results]
+    assert ranks == [(2, 2), (3, 3), (1, None), (None, 1)]
+    expected = [2 / 62, 2 / 63, 1 / 61, 1 / 61]
+    assert [r.scores.fused for r in a.results] == [pytest.approx(f, abs=1e-6) for f in expected]
+    assert [r.score for r in a.results] == [r.scores.fused for r in a.results]
+    assert a.results[2].scores.dense == pytest.approx(1 / np.sqrt(1.25), rel=1e-5)
+    assert a.results[3].scores.dense is None and a.results[3].scores.keyword > 0
+
+
+def test_hybrid_top_k_cuts_the_fused_order(legs):
+    q = axis(0) + 0.5 * axis(1)
+    a = ask(legs, Models(embed=embed_as(q)), query="vacation days paid", top_k=3)
+    assert paths(a) == ["c.md", "d.md", "a.md"]
+
+
+@pytest.fixture
+def sixty(tmp_path):
+    """Sixty chunks whose cosine with axis 0 falls with their number: the dense order is
+    passage 00, 01, … 59."""
+    index = new_index(tmp_path)
+    for i in range(60):
+        angle = i * np.pi / 2 / 60
+        vector = (np.cos(angle) * axis(0) + np.sin(angle) * axis(1)).astype(np.float32)
+        index.put_document(record(f"p{i:02d}.md"), [chunk(f"passage {i:02d}")], np.stack([vector]))
+    return index
+
+
+@pytest.mark.parametrize(("top_k", "sent"), [(1, 20), (10, 30), (20, 50)])
+def test_the_reranker_reads_the_best_fused_candidates_in_order(sixty, top_k, sent):
+    """3 × top_k candidates, at least 20, at most 50, best fused first; the results are then
+    the reranker's top_k, taken from all it read (here it prefers the last it was sent)."""
+    received: list[list[str]] = []
+
+    async def prefers_the_last(query: str, passages: list[str]) -> list[float]:
+        received.append(passages)
+        return [float(i) for i in range(len(passages))]
+
+    models = Models(embed=embed_as(axis(0)), rerank=prefers_the_last)
+    a = ask(sixty, models, query="anything", mode="dense", top_k=top_k)
+    assert received == [[f"passage {i:02d}" for i in range(sent)]]
+    assert a.reranked and len(a.results) == top_k
+    assert paths(a) == [f"p{i:02d}.md" for i in range(sent - 1, sent - 1 - top_k, -1)]
+    assert [r.scores.rerank for r in a.results] == [float(sent - 1 - i) for i in range(top_k)]
+    assert a.results[0].score == a.results[0].scores.rerank
+
+
+@pytest.mark.parametrize(("length", "top_k"), [(4000, 1), (4000, 50), (1, 5)])
+def test_a_search_at_each_bound_is_answered(index, length, top_k):
+    a = ask(index, query="v" * length, top_k=top_k, mode="keyword")
+    assert a.results == [] and a.warnings == []
+    a = ask(index, Models(embed=embed_as(axis(0))), query="v" * length, top_k=top_k)
+    assert len(a.results) == min(top_k, 5)

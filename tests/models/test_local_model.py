@@ -221,8 +221,9 @@ def test_other_failures_are_json_too(model_server: str) -> None:
 def test_health_answers_while_a_batch_runs(model_server: str) -> None:
     """Inference runs off the event loop: /health stays fast during a batch of seconds."""
 
-    async def scenario() -> list[float]:
+    async def scenario() -> tuple[list[float], float]:
         async with httpx.AsyncClient(base_url=model_server, timeout=120) as client:
+            started_batch = time.perf_counter()
             batch = asyncio.create_task(
                 client.post("/v1/embeddings", json={"input": _long_texts(64)})
             )
@@ -232,11 +233,12 @@ def test_health_answers_while_a_batch_runs(model_server: str) -> None:
                 assert (await client.get("/health")).status_code == 200
                 latencies.append(time.perf_counter() - started)
             assert (await batch).status_code == 200
-            return latencies
+            return latencies, time.perf_counter() - started_batch
 
-    latencies = asyncio.run(scenario())
-    # A blocked loop would hold one /health for the whole batch (seconds).
-    assert len(latencies) >= 3 and max(latencies) < 1.0, latencies
+    latencies, batch = asyncio.run(scenario())
+    # A blocked loop would answer /health only after the batch: once or twice in all, one of
+    # them taking about the whole batch. Relative to the batch, so slow shared cores pass.
+    assert len(latencies) >= 3 and max(latencies) < batch / 2, (latencies, batch)
 
 
 def test_cli_prints_its_address_and_stops_cleanly_on_sigterm(model_cache_home: Path) -> None:

@@ -4,6 +4,7 @@ reference, and a few cuts worked out by hand."""
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,7 +13,12 @@ from hypothesis import strategies as st
 from metis_indexer.chunking import chunk_document, chunk_text
 from metis_indexer.documents import Chunk, Document, Kind, Section
 
-PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(
+    # `make mutation` runs these once per mutant and asks for fewer examples.
+    max_examples=int(os.environ.get("METIS_PROPERTY_EXAMPLES", "200")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 # --- What the module documents, written out character by character ---------------------
 

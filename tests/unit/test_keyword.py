@@ -117,3 +117,93 @@ def test_adding_one_row_at_a_time_keeps_few_segments_and_exact_scores(docs):
         assert len(index.segments) <= math.log2(r + 1) + 1
     assert np.allclose(dense(index, vocab.lookup(q), alive), reference_scores(docs, q),
                        rtol=1e-4, atol=1e-5)
+
+
+def test_a_query_after_a_drop_uses_the_new_statistics(docs):
+    """Weights cached by one query must not outlive a drop: N, df and the average length
+    have moved, though no segment changed."""
+    vocab, index = build(docs, batches=1)
+    alive = np.ones(len(docs), dtype=bool)
+    q = [*words("python import module"), docs[0][0]]  # docs[0][0] is term 0, first in a segment
+    dense(index, vocab.lookup(q), alive)
+    alive[:10] = False
+    index.drop(np.arange(10))
+    got = dense(index, vocab.lookup(q), alive)
+    assert index.live_rows == len(docs) - 10
+    assert np.allclose(got[alive], reference_scores(docs[10:], q), rtol=1e-4, atol=1e-5)
+
+
+def test_the_lengths_grow_with_the_rows_and_keep_what_they_held():
+    index = KeywordIndex()
+    index.add([0], np.array([0], np.int32), np.array([3], np.int32), np.array([1], np.int64))
+    assert len(index.lengths) == 1024
+    index.add([1500], np.array([0], np.int32), np.array([2], np.int32), np.array([1], np.int64))
+    assert len(index.lengths) == 2048 and index.lengths[0] == 3 and index.lengths[1500] == 2
+    index.ensure_capacity(4097)
+    assert len(index.lengths) == 4097 and index.lengths[1500] == 2
+
+
+def test_segments_merge_while_the_newest_is_at_least_half_the_one_before():
+    index = KeywordIndex()
+    alive = np.ones(8, dtype=bool)
+    for rows in ([0, 1, 2, 3], [4, 5]):
+        index.add(rows, np.zeros(len(rows), np.int32), np.ones(len(rows), np.int32),
+                  np.ones(len(rows), np.int64))
+    index.compact(alive)
+    assert [len(s.rows) for s in index.segments] == [6], "2 of 4 is half: merged"
+    index.add([6, 7], np.zeros(2, np.int32), np.ones(2, np.int32), np.ones(2, np.int64))
+    index.compact(alive)
+    assert [len(s.rows) for s in index.segments] == [6, 2], "2 of 6 is less: kept apart"
+
+
+def test_renumbering_rows_keeps_each_live_row_s_score(docs):
+    """After the index compacts its rows, row r becomes the count of live rows before it."""
+    vocab, index = build(docs)
+    alive = np.ones(len(docs), dtype=bool)
+    alive[::3] = False
+    index.drop(np.flatnonzero(~alive))
+    index.remap(np.cumsum(alive) - 1, alive)
+    live = [d for d, a in zip(docs, alive, strict=True) if a]
+    assert len(index.segments) == 1 and len(index.lengths) == 1024
+    assert index.lengths[: len(live)].tolist() == [len(d) for d in live]
+    q = words("python generator expressions")
+    got = dense(index, vocab.lookup(q), np.ones(len(live), dtype=bool))
+    assert np.allclose(got, reference_scores(live, q), rtol=1e-4, atol=1e-5)
+
+
+def test_no_live_row_holding_a_term_is_no_answer(docs):
+    vocab, index = build(docs)
+    alive = np.ones(len(docs), dtype=bool)
+    assert index.scores(np.array([10**6], np.int32), alive) is None
+    index.drop(np.arange(len(docs)))
+    assert index.scores(vocab.lookup(words("python")), np.zeros(len(docs), bool)) is None
+
+
+def test_a_term_missing_from_a_segment_does_not_end_the_query(docs):
+    vocab, index = build(docs)
+    alive = np.ones(len(docs), dtype=bool)
+    ids = vocab.lookup(words("python"))
+    got = index.scores(np.concatenate([np.array([10**6], np.int32), ids]), alive)
+    assert got is not None
+    assert np.allclose(got[: len(docs)], reference_scores(docs, ["python"]), rtol=1e-4, atol=1e-5)
+
+
+def test_tiny_documents_and_an_empty_one_match_the_reference():
+    """On a few words a document, the average length is felt in every score; a chunk with no
+    word (the last row here) still counts as a document of length 0."""
+    docs = [["alpha", "beta"], ["beta"], []]
+    vocab, index = Vocabulary(), KeywordIndex()
+    add(vocab, index, [0, 1, 2], docs)
+    alive = np.ones(3, dtype=bool)
+    assert index.live_rows == 3 and index.live_length == 3.0
+    for q in (["alpha"], ["beta"], ["alpha", "beta"]):
+        got = dense(index, vocab.lookup(q), alive)
+        assert np.allclose(got, reference_scores(docs, q), rtol=1e-6, atol=1e-7)
+
+
+def test_an_index_of_wordless_chunks_answers_nothing():
+    """A chunk can hold no word at all (only punctuation): no term, so no score and no error."""
+    index = KeywordIndex()
+    index.add([0], np.zeros(0, np.int32), np.zeros(0, np.int32), np.array([0], np.int64))
+    assert index.live_rows == 1
+    assert index.scores(np.array([0], np.int32), np.ones(1, dtype=bool)) is None
