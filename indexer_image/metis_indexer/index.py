@@ -131,6 +131,7 @@ class Index:
             for batch in self.store.load_chunks(self.dimensions):
                 self._add_batch(batch)
             self.keyword.merge(self.alive)
+            self.keyword.weigh(self.alive)
         _release_freed_memory()
 
     def reset(self, settings: Settings) -> None:
@@ -203,6 +204,18 @@ class Index:
             for key in keys:
                 self._drop_file(key)
             self.compact()
+
+    def settle(self) -> None:
+        """Renew BM25's cached weights once a pass has stopped changing rows, so idle searches
+        sum cached weights again. The weighing runs outside the lock: searches go on
+        meanwhile, and the result is dropped if a document came or went."""
+        with self.lock:
+            if self.keyword.weighed:
+                return
+            snap = self.keyword.snapshot(self.alive)
+        weights = snap.weigh(self.keyword)
+        with self.lock:
+            self.keyword.install(snap, weights)
 
     def compact(self) -> None:
         """Reclaim dead rows once they are a third of the matrix."""

@@ -340,6 +340,7 @@ class Indexer:
         finally:
             for w in workers:
                 w.cancel()
+        await asyncio.to_thread(self.index.settle)
         self.state.last_indexed_at = now()
         self.state.completed += 1
         self.state.indexed_revisions = revisions

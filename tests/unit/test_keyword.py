@@ -117,3 +117,31 @@ def test_adding_one_row_at_a_time_keeps_few_segments_and_exact_scores(docs):
         assert len(index.segments) <= math.log2(r + 1) + 1
     assert np.allclose(dense(index, vocab.lookup(q), alive), reference_scores(docs, q),
                        rtol=1e-4, atol=1e-5)
+
+
+def test_scores_weighed_at_query_time_are_the_cached_scores_to_the_bit(docs):
+    vocab, index = build(docs, batches=4)
+    alive = np.ones(len(docs), dtype=bool)
+    alive[5] = False
+    index.drop(np.array([5]))
+    ids = vocab.lookup(words("python generator expressions unicode the"))
+    assert not index.weighed, "rows came and went: the cache is stale"
+    during = dense(index, ids, alive).copy()
+    index.weigh(alive)
+    assert index.weighed
+    assert np.array_equal(during, dense(index, ids, alive))
+
+
+def test_a_weighing_overtaken_by_a_new_row_is_not_kept(docs):
+    vocab, index = build(docs[:-1])
+    alive = np.ones(len(docs), dtype=bool)
+    snap = index.snapshot(alive)
+    weights = snap.weigh(index)
+    add(vocab, index, [len(docs) - 1], docs)
+    assert not index.install(snap, weights)
+    assert not index.weighed
+    q = words("python import module")
+    assert np.allclose(dense(index, vocab.lookup(q), alive), reference_scores(docs, q),
+                       rtol=1e-4, atol=1e-5)
+    snap = index.snapshot(alive)
+    assert index.install(snap, snap.weigh(index)) and index.weighed
