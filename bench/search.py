@@ -36,6 +36,8 @@ from metis_indexer.store import FileRecord
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PERF = SHARED / "data" / "perf"
 QUERIES = SHARED / "data" / "scifact" / "queries.jsonl"
+GROUP = 16
+"""Documents written per transaction, as a pass's writer takes them."""
 
 
 def texts(n: int, size: int = 1200) -> list[tuple[str, list[str]]]:
@@ -69,13 +71,17 @@ def build(folder: Path, n: int, dim: int) -> float:
     rng = np.random.default_rng(7)
     index = Index(folder)
     index.reset(Settings("random-unit-vectors", dim, 1200, 200))
-    start = time.perf_counter()
+    documents = []
     for name, parts in texts(n):
         chunks = [Chunk(name, ("Section",), p, None, 1, 0, 0) for p in parts]
         vectors = rng.standard_normal((len(parts), dim), dtype=np.float32)
         record = FileRecord("perf", name, "md", 1, 1, "h", "indexed", "t", title=name,
                             chunks=len(parts))
-        index.put_document(record, chunks, vectors)
+        documents.append((record, chunks, vectors))
+    start = time.perf_counter()
+    for i in range(0, len(documents), GROUP):
+        index.put_documents(documents[i : i + GROUP])
+    index.settle()
     index.store.close()
     return time.perf_counter() - start
 

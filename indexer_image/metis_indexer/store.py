@@ -1,7 +1,8 @@
 """The durable index: one SQLite database in WAL mode in the index folder.
 
-A document's file record and all its chunks are written in one transaction, so a
-kill at any moment loses at most the document in flight. Chunks keep their text,
+A document's file record and all its chunks are written whole or not at all (a
+savepoint of a transaction that may carry a few documents), so a kill at any
+moment loses at most the documents in flight. Chunks keep their text,
 citation, word counts (term ids and counts, as int32 arrays) and their vector
 (float32 bytes, or NULL when the embedding model did not answer); loading reads
 arrays, it never re-tokenises. No pickles: every value is a plain SQL type.
@@ -25,6 +26,9 @@ import numpy.typing as npt
 
 WORD_CACHE = 20_000
 """Word ids kept for questions: about 2 MB, and a question's words skip SQLite."""
+WRITTEN_WORDS = 100_000
+"""Word ids kept for writing (about 15 MB): most words of a new document are common
+ones, and looking each up in SQLite was most of what writing a chunk cost."""
 
 DAMAGED_SUFFIX = ".damaged"
 """A damaged index is moved aside under this suffix (one copy, the latest), for a
@@ -193,6 +197,8 @@ class Store:
         self._unknown: dict[str, int] = {}
         """Words no chunk had, with the generation of words they were looked up in."""
         self._words_generation = 0
+        self._written_words: dict[str, int] = {}
+        """Ids of words committed to disk lately, for the writer only."""
 
     @property
     def _writer(self) -> sqlite3.Connection:
@@ -312,6 +318,7 @@ class Store:
             db.execute("DELETE FROM files")
             db.execute("DELETE FROM terms")
         self._word_cache.clear()
+        self._written_words.clear()
         self._words_generation += 1
 
     # -- files -----------------------------------------------------------------------------
@@ -324,43 +331,99 @@ class Store:
         return [(r[0], FileRecord(*r[1:])) for r in rows]
 
     def put_document(self, record: FileRecord, chunks: Sequence[StoredChunk]) -> Written:
-        """Replace a file's record and chunks in one transaction.
+        """Replace a file's record and chunks in one transaction."""
+        [written] = self.put_documents([(record, chunks)])
+        if isinstance(written, Exception):
+            raise written
+        return written
 
-        Words get their ids here, in the same transaction, so the words on disk always
-        cover the term ids of the chunks on disk, and memory keeps no vocabulary.
+    def put_documents(
+        self, documents: Sequence[tuple[FileRecord, Sequence[StoredChunk]]]
+    ) -> list[Written | Exception]:
+        """Replace several files' records and chunks in one transaction, each document in a
+        savepoint of its own: whole or not at all. A document that cannot be stored is
+        given back as its error and the others are written; an error of the index itself
+        (a full drive, a damaged file) is raised and writes none.
+
+        One commit for several documents is what makes a pass's writes cheap; a kill
+        loses the documents of the transaction in flight, which the next pass reads again.
+        Words get their ids in the same savepoint as the chunks that use them, so the
+        words on disk always cover the term ids of the chunks on disk.
         """
+        results: list[Written | Exception] = []
+        new_words = False
         with self._transaction() as db:
-            ids, new_words = self._word_ids(db, {w for c in chunks for w in c.words})
-            file_id = self._upsert_file(db, record)
-            db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
-            written = Written(file_id, [], [], [])
-            for ord_, c in enumerate(chunks):
-                term_ids = np.fromiter((ids[w] for w in c.words), np.int32, len(c.words))
-                counts = np.fromiter(c.words.values(), np.int32, len(c.words))
-                cur = db.execute(
-                    "INSERT INTO chunks (file_id, ord, headings, page, line, text, terms,"
-                    " vector) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        file_id,
-                        ord_,
-                        json.dumps(c.headings, ensure_ascii=False),
-                        c.page,
-                        c.line,
-                        c.text,
-                        _terms_blob(term_ids, counts),
-                        None if c.vector is None else c.vector.astype("<f4").tobytes(),
-                    ),
-                )
-                written.chunk_ids.append(int(cur.lastrowid or 0))
-                written.term_ids.append(term_ids)
-                written.counts.append(counts)
+            next_id = int(db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM chunks").fetchone()[0])
+            known: dict[str, int] = {}
+            """Word ids this transaction has seen: each word is looked up once."""
+            for record, chunks in documents:
+                db.execute("SAVEPOINT document")
+                try:
+                    written, ids, new = self._write(db, record, chunks, known, next_id)
+                    db.execute("RELEASE document")
+                except (sqlite3.Error, ValueError) as e:
+                    if trouble(e) is not None or not db.in_transaction:
+                        raise
+                    db.execute("ROLLBACK TO document")
+                    db.execute("RELEASE document")
+                    results.append(e)
+                    continue
+                known.update(ids)
+                next_id += len(chunks)
+                new_words = new_words or new
+                results.append(written)
         if new_words:  # after the commit: a question's lookup from now on sees them
             self._words_generation += 1
-        return written
+        if len(self._written_words) + len(known) > WRITTEN_WORDS:
+            self._written_words.clear()
+        self._written_words.update(known)
+        return results
+
+    def _write(
+        self,
+        db: sqlite3.Connection,
+        record: FileRecord,
+        chunks: Sequence[StoredChunk],
+        known: dict[str, int],
+        first_id: int,
+    ) -> tuple[Written, dict[str, int], bool]:
+        """One document's rows; its chunks take ids from `first_id` on."""
+        words = {w for c in chunks for w in c.words}
+        cached = self._written_words
+        ids, new = self._word_ids(db, {w for w in words if w not in known and w not in cached})
+        ids.update((w, known[w] if w in known else cached[w]) for w in words if w not in ids)
+        file_id = self._upsert_file(db, record)
+        db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
+        written = Written(file_id, list(range(first_id, first_id + len(chunks))), [], [])
+        rows = []
+        for ord_, c in enumerate(chunks):
+            term_ids = np.fromiter((ids[w] for w in c.words), np.int32, len(c.words))
+            counts = np.fromiter(c.words.values(), np.int32, len(c.words))
+            rows.append((
+                first_id + ord_,
+                file_id,
+                ord_,
+                json.dumps(c.headings, ensure_ascii=False),
+                c.page,
+                c.line,
+                c.text,
+                _terms_blob(term_ids, counts),
+                None if c.vector is None else c.vector.astype("<f4").tobytes(),
+            ))
+            written.term_ids.append(term_ids)
+            written.counts.append(counts)
+        db.executemany(
+            "INSERT INTO chunks (id, file_id, ord, headings, page, line, text, terms, vector)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        return written, ids, new
 
     @staticmethod
     def _word_ids(db: sqlite3.Connection, words: set[str]) -> tuple[dict[str, int], bool]:
         """Ids of `words`, giving new words the next free ids; and whether any was new."""
+        if not words:
+            return {}, False
         ids = dict(_select_words(db, words))
         new = sorted(words - ids.keys())
         if new:
