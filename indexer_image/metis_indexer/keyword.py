@@ -263,30 +263,46 @@ class KeywordIndex:
         if len(term_ids) == 0 or self.live_rows <= 0:
             return None
         term_ids = term_ids.astype(np.int32)
-        cached = self.weighed
-        found: list[tuple[int, npt.NDArray[np.int32], npt.NDArray[np.float32] | None,
-                          npt.NDArray[np.uint16]]] = []
+        if self.weighed:
+            return self._cached_scores(term_ids, alive, all_alive)
+        found: list[tuple[int, npt.NDArray[np.int32], npt.NDArray[np.uint16]]] = []
         df = np.zeros(len(term_ids), dtype=np.float64)
         for seg in self.segments:
             for i, span in enumerate(seg.spans(term_ids)):
                 if span is None:
                     continue
                 rows, tfs = seg.rows[span], seg.tfs[span]
-                weights = seg.weights[span] if cached and seg.weights is not None else None
                 if not all_alive:
                     ok = alive[rows]
                     rows, tfs = rows[ok], tfs[ok]
-                    weights = None if weights is None else weights[ok]
                 df[i] += len(rows)
-                found.append((i, rows, weights, tfs))
+                found.append((i, rows, tfs))
         if not found:
             return None
         term_idf = idf(self.live_rows, df)
-        avgdl = self.live_length / self.live_rows if self.live_rows else 1.0
+        avgdl = self.live_length / self.live_rows
         scores = np.zeros(len(alive), dtype=np.float32)
-        for i, rows, weights, tfs in found:
-            if weights is None:
-                weights = self.term_scores(np.full(len(rows), term_idf[i]), tfs,
-                                        self.lengths[rows], avgdl)
-            np.add.at(scores, rows, weights)  # numpy ≥ 1.25 makes ufunc.at fast
+        for i, rows, tfs in found:
+            weights = self.term_scores(np.full(len(rows), term_idf[i]), tfs, self.lengths[rows],
+                                       avgdl)
+            np.add.at(scores, rows, weights)
         return scores
+
+    def _cached_scores(
+        self, term_ids: npt.NDArray[np.int32], alive: npt.NDArray[np.bool_], all_alive: bool
+    ) -> npt.NDArray[np.float32] | None:
+        """Scores as sums of cached weights: what bm25s does at query time."""
+        scores = np.zeros(len(alive), dtype=np.float32)
+        matched = False
+        for seg in self.segments:
+            assert seg.weights is not None
+            for span in seg.spans(term_ids):
+                if span is None:
+                    continue
+                rows, weights = seg.rows[span], seg.weights[span]
+                if not all_alive:
+                    ok = alive[rows]
+                    rows, weights = rows[ok], weights[ok]
+                np.add.at(scores, rows, weights)  # numpy ≥ 1.25 makes ufunc.at fast
+                matched = True
+        return scores if matched else None

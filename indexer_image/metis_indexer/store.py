@@ -27,8 +27,9 @@ import numpy.typing as npt
 WORD_CACHE = 20_000
 """Word ids kept for questions: about 2 MB, and a question's words skip SQLite."""
 WRITTEN_WORDS = 100_000
-"""Word ids kept for writing (about 15 MB): most words of a new document are common
-ones, and looking each up in SQLite was most of what writing a chunk cost."""
+"""Word ids kept for writing (about 15 MB; emptied when fuller): most words of a new
+document are common ones, and looking each up in SQLite was most of what writing a
+chunk cost."""
 
 DAMAGED_SUFFIX = ".damaged"
 """A damaged index is moved aside under this suffix (one copy, the latest), for a
@@ -198,7 +199,7 @@ class Store:
         """Words no chunk had, with the generation of words they were looked up in."""
         self._words_generation = 0
         self._written_words: dict[str, int] = {}
-        """Ids of words committed to disk lately, for the writer only."""
+        """Ids of words on disk (or in the transaction being written), for the writer only."""
 
     @property
     def _writer(self) -> sqlite3.Connection:
@@ -351,32 +352,39 @@ class Store:
         words on disk always cover the term ids of the chunks on disk.
         """
         results: list[Written | Exception] = []
-        new_words = False
-        with self._transaction() as db:
-            next_id = int(db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM chunks").fetchone()[0])
-            known: dict[str, int] = {}
-            """Word ids this transaction has seen: each word is looked up once."""
-            for record, chunks in documents:
-                db.execute("SAVEPOINT document")
-                try:
-                    written, ids, new = self._write(db, record, chunks, known, next_id)
-                    db.execute("RELEASE document")
-                except (sqlite3.Error, ValueError) as e:
-                    if trouble(e) is not None or not db.in_transaction:
-                        raise
-                    db.execute("ROLLBACK TO document")
-                    db.execute("RELEASE document")
-                    results.append(e)
-                    continue
-                known.update(ids)
-                next_id += len(chunks)
-                new_words = new_words or new
-                results.append(written)
-        if new_words:  # after the commit: a question's lookup from now on sees them
+        words = self._written_words
+        if len(words) > WRITTEN_WORDS:
+            words.clear()
+        added: list[str] = []
+        """Words this transaction gave ids: forgotten again if it does not commit."""
+        try:
+            with self._transaction() as db:
+                next_id = int(
+                    db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM chunks").fetchone()[0]
+                )
+                for record, chunks in documents:
+                    db.execute("SAVEPOINT document")
+                    mark = len(added)
+                    try:
+                        results.append(self._write(db, record, chunks, next_id, added))
+                        db.execute("RELEASE document")
+                    except (sqlite3.Error, ValueError) as e:
+                        if trouble(e) is not None or not db.in_transaction:
+                            raise
+                        db.execute("ROLLBACK TO document")
+                        db.execute("RELEASE document")
+                        for w in added[mark:]:
+                            del words[w]
+                        del added[mark:]
+                        results.append(e)
+                        continue
+                    next_id += len(chunks)
+        except BaseException:
+            for w in added:
+                del words[w]
+            raise
+        if added:  # after the commit: a question's lookup from now on sees them
             self._words_generation += 1
-        if len(self._written_words) + len(known) > WRITTEN_WORDS:
-            self._written_words.clear()
-        self._written_words.update(known)
         return results
 
     def _write(
@@ -384,46 +392,56 @@ class Store:
         db: sqlite3.Connection,
         record: FileRecord,
         chunks: Sequence[StoredChunk],
-        known: dict[str, int],
         first_id: int,
-    ) -> tuple[Written, dict[str, int], bool]:
-        """One document's rows; its chunks take ids from `first_id` on."""
-        words = {w for c in chunks for w in c.words}
-        cached = self._written_words
-        ids, new = self._word_ids(db, {w for w in words if w not in known and w not in cached})
-        ids.update((w, known[w] if w in known else cached[w]) for w in words if w not in ids)
+        added: list[str],
+    ) -> Written:
+        """One document's rows; its chunks take ids from `first_id` on, and the words it
+        brings get ids (and are listed in `added`)."""
+        ids = self._written_words
+        flat = [w for c in chunks for w in c.words]
+        missing = {w for w in flat if w not in ids}
+        if missing:
+            found, new = self._word_ids(db, missing)
+            ids.update(found)
+            added += new
+        term_ids = np.array([ids[w] for w in flat], dtype=np.int32)
+        counts = np.array([n for c in chunks for n in c.words.values()], dtype=np.int32)
+        ends = np.cumsum([len(c.words) for c in chunks])
         file_id = self._upsert_file(db, record)
         db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
-        written = Written(file_id, list(range(first_id, first_id + len(chunks))), [], [])
-        rows = []
-        for ord_, c in enumerate(chunks):
-            term_ids = np.fromiter((ids[w] for w in c.words), np.int32, len(c.words))
-            counts = np.fromiter(c.words.values(), np.int32, len(c.words))
-            rows.append((
-                first_id + ord_,
-                file_id,
-                ord_,
-                json.dumps(c.headings, ensure_ascii=False),
-                c.page,
-                c.line,
-                c.text,
-                _terms_blob(term_ids, counts),
-                None if c.vector is None else c.vector.astype("<f4").tobytes(),
-            ))
-            written.term_ids.append(term_ids)
-            written.counts.append(counts)
+        written = Written(
+            file_id,
+            list(range(first_id, first_id + len(chunks))),
+            np.split(term_ids, ends[:-1]) if chunks else [],
+            np.split(counts, ends[:-1]) if chunks else [],
+        )
         db.executemany(
             "INSERT INTO chunks (id, file_id, ord, headings, page, line, text, terms, vector)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
+            [
+                (
+                    first_id + ord_,
+                    file_id,
+                    ord_,
+                    json.dumps(c.headings, ensure_ascii=False),
+                    c.page,
+                    c.line,
+                    c.text,
+                    _terms_blob(t, n),
+                    None if c.vector is None else c.vector.astype("<f4").tobytes(),
+                )
+                for ord_, (c, t, n) in enumerate(
+                    zip(chunks, written.term_ids, written.counts, strict=True)
+                )
+            ],
         )
-        return written, ids, new
+        return written
 
     @staticmethod
-    def _word_ids(db: sqlite3.Connection, words: set[str]) -> tuple[dict[str, int], bool]:
-        """Ids of `words`, giving new words the next free ids; and whether any was new."""
+    def _word_ids(db: sqlite3.Connection, words: set[str]) -> tuple[dict[str, int], list[str]]:
+        """Ids of `words`, giving new words the next free ids; and which were new."""
         if not words:
-            return {}, False
+            return {}, []
         ids = dict(_select_words(db, words))
         new = sorted(words - ids.keys())
         if new:
@@ -431,7 +449,7 @@ class Store:
             rows = [(start + i, w) for i, w in enumerate(new)]
             db.executemany("INSERT INTO terms (id, word) VALUES (?, ?)", rows)
             ids.update((w, i) for i, w in rows)
-        return ids, bool(new)
+        return ids, new
 
     def word_ids(self, words: Iterable[str]) -> npt.NDArray[np.int32]:
         """Ids of the known words among `words` (an unknown word matches nothing).
