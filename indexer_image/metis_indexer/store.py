@@ -31,6 +31,11 @@ WRITTEN_WORDS = 100_000
 document are common ones, and looking each up in SQLite was most of what writing a
 chunk cost."""
 
+WRITER_CACHE_KIB = 32 * 1024
+"""The writing connection's page cache: a transaction of a few documents (vectors of
+4 KB each) fits in it, and spilling it mid-transaction made writes half again slower.
+Readers keep SQLite's default."""
+
 DAMAGED_SUFFIX = ".damaged"
 """A damaged index is moved aside under this suffix (one copy, the latest), for a
 person to look at; the index is derived data, rebuilt from the sources."""
@@ -216,6 +221,7 @@ class Store:
                 conn = self._connect()
             except (OSError, sqlite3.OperationalError) as e:
                 raise StoreUnavailable(self._why_not(e)) from None
+            conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
             with conn:
                 conn.executescript(SCHEMA)
                 columns = {row[1] for row in conn.execute("PRAGMA table_info(files)")}
