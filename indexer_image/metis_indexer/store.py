@@ -494,7 +494,8 @@ class Store:
             " state = excluded.state, indexed_at = excluded.indexed_at,"
             " reason = excluded.reason, detail = excluded.detail, title = excluded.title,"
             " chunks = excluded.chunks, built_with = excluded.built_with RETURNING id",
-            dataclasses.astuple(r),
+            (r.source, r.path, r.kind, r.size, r.mtime_ns, r.hash, r.state, r.indexed_at,
+             r.reason, r.detail, r.title, r.chunks, r.built_with),
         ).fetchone()
         return int(row[0])
 
