@@ -35,8 +35,10 @@ from metis_indexer.prefixes import default_prefixes
 BATCH = 64
 """Passages per embeddings request, filled across documents: large enough to amortise
 a request, small enough to retry."""
-IN_FLIGHT = 4
-"""Embedding requests of a pass sent at once: a server batches them; more only queue."""
+IN_FLIGHT_PASSAGES = 128
+"""Passages of a pass out at a server at once (in requests of `batch`, at least one):
+enough to keep it busy, few enough that a question's embedding, which queues behind
+them at a server that embeds one request at a time, is answered within seconds."""
 QUERY_IN_FLIGHT = 8
 """Questions embedded at once. Their own slots: a search never queues behind a pass."""
 RERANK_IN_FLIGHT = 4
@@ -135,7 +137,7 @@ class EmbeddingClient:
         document_prefix: str | None = None,
         client: httpx.AsyncClient | None = None,
         batch: int = BATCH,
-        in_flight: int = IN_FLIGHT,
+        in_flight: int | None = None,
         retries: int = RETRIES,
         backoff: float = BACKOFF,
     ) -> None:
@@ -146,7 +148,7 @@ class EmbeddingClient:
         self.dimensions: int | None = None
         self._client = client or httpx.AsyncClient(timeout=TIMEOUT)
         self._batch = batch
-        self._slots = asyncio.Semaphore(in_flight)
+        self._slots = asyncio.Semaphore(in_flight or max(1, IN_FLIGHT_PASSAGES // batch))
         self._query_slots = asyncio.Semaphore(QUERY_IN_FLIGHT)
         self._sent: dict[int, float] = {}
         self._ids = itertools.count()
@@ -211,7 +213,7 @@ class EmbeddingClient:
         """Vectors of passages, in order, with the document prefix.
 
         Passages wait in one queue with those of other documents being embedded, and go
-        out in requests of up to `batch` passages, `in_flight` at a time: a pass's
+        out in requests of up to `batch` passages, IN_FLIGHT_PASSAGES at once: a pass's
         requests are full even where its documents are short. A document is refused
         (ModelRefused) only for its own passages.
         """
