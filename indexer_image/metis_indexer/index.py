@@ -135,7 +135,6 @@ class Index:
             for batch in self.store.load_chunks(self.dimensions):
                 self._add_batch(batch)
             self.keyword.merge(self.alive)
-            self.keyword.weigh(self.alive)
         _release_freed_memory()
 
     def reset(self, settings: Settings) -> None:

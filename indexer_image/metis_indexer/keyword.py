@@ -5,7 +5,7 @@ Postings live in a few immutable term-major segments (`terms`, `indptr`, `rows`,
 when they pile up. Each posting's BM25 term score is cached, as bm25s computes
 it once at index time, but only for rows that stand still: a pass adds and drops
 documents while searches run, which moves `N`, `df` and the average length of
-every posting. Until the cache is renewed (`weigh`, after a load or a pass), a
+every posting. Until the cache is renewed (after a pass, or once loaded), a
 query weighs only its own terms' postings with the statistics as they are, by
 the same formula: scores are exact at every moment, and a search during a pass
 costs its postings, never a re-weighing of the whole index.

@@ -236,6 +236,7 @@ class Indexer:
     def _check_and_load(self) -> None:
         self.index.store.check()
         self.index.load()
+        self.index.settle()
 
     async def _rebuild(self, error: Exception) -> None:
         """Move a damaged index aside and start an empty one; the next pass reads every
