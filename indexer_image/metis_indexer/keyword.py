@@ -225,13 +225,6 @@ class KeywordIndex:
         self._weighted_at = self._generation
         return True
 
-    def weigh(self, alive: npt.NDArray[np.bool_]) -> None:
-        """Cache every posting's BM25 term score for the rows as they are now: one pass over
-        all postings, worth it once rows stop coming and going (after a load or a pass)."""
-        if not self.weighed and self.live_rows > 0:
-            snap = self.snapshot(alive)
-            self.install(snap, snap.weigh(self))
-
     def term_scores(
         self,
         term_idf: npt.NDArray[np.float64],

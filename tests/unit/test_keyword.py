@@ -127,8 +127,8 @@ def test_scores_weighed_at_query_time_are_the_cached_scores_to_the_bit(docs):
     ids = vocab.lookup(words("python generator expressions unicode the"))
     assert not index.weighed, "rows came and went: the cache is stale"
     during = dense(index, ids, alive).copy()
-    index.weigh(alive)
-    assert index.weighed
+    snap = index.snapshot(alive)
+    assert index.install(snap, snap.weigh(index)) and index.weighed
     assert np.array_equal(during, dense(index, ids, alive))
 
 
