@@ -7,13 +7,17 @@
 Their messages say what went wrong, not which model: callers name the model.
 
 Embeddings: OpenAI-compatible `POST /v1/embeddings` (TEI, vLLM, Infinity, Ollama);
-the model's id from `GET /v1/models` or TEI's `GET /info`. Reranking: `POST
+the model's id from `GET /v1/models` or TEI's `GET /info`. Vectors are asked as
+base64 (little-endian float32: a quarter of the bytes of JSON floats, and no float
+parsing), falling back to floats once, remembered, for a server that refuses it. Reranking: `POST
 /v1/rerank` (Cohere/Jina/vLLM/Infinity shape), else TEI's `POST /rerank`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -28,10 +32,13 @@ import numpy.typing as npt
 
 from metis_indexer.prefixes import default_prefixes
 
-BATCH = 32
-"""Passages per embeddings request: large enough to amortise, small enough to retry."""
-IN_FLIGHT = 4
-"""Embedding requests of a pass sent at once: a server batches them; more only queue."""
+BATCH = 64
+"""Passages per embeddings request, filled across documents: large enough to amortise
+a request, small enough to retry."""
+IN_FLIGHT_PASSAGES = 128
+"""Passages of a pass out at a server at once (in requests of `batch`, at least one):
+enough to keep it busy, few enough that a question's embedding, which queues behind
+them at a server that embeds one request at a time, is answered within seconds."""
 QUERY_IN_FLIGHT = 8
 """Questions embedded at once. Their own slots: a search never queues behind a pass."""
 RERANK_IN_FLIGHT = 4
@@ -130,7 +137,7 @@ class EmbeddingClient:
         document_prefix: str | None = None,
         client: httpx.AsyncClient | None = None,
         batch: int = BATCH,
-        in_flight: int = IN_FLIGHT,
+        in_flight: int | None = None,
         retries: int = RETRIES,
         backoff: float = BACKOFF,
     ) -> None:
@@ -141,15 +148,25 @@ class EmbeddingClient:
         self.dimensions: int | None = None
         self._client = client or httpx.AsyncClient(timeout=TIMEOUT)
         self._batch = batch
-        self._slots = asyncio.Semaphore(in_flight)
+        self._slots = asyncio.Semaphore(in_flight or max(1, IN_FLIGHT_PASSAGES // batch))
         self._query_slots = asyncio.Semaphore(QUERY_IN_FLIGHT)
         self._sent: dict[int, float] = {}
         self._ids = itertools.count()
         self._last_answer = time.monotonic()
         self._retries = retries
         self._backoff = backoff
+        self._base64: bool | None = None
+        """Whether the server takes `encoding_format: base64`; None until it answers."""
+        self._waiting: collections.deque[_Item] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+        self._requests: set[asyncio.Task[None]] = set()
 
     async def close(self) -> None:
+        tasks = [t for t in (self._sender, *self._requests) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._client.aclose()
 
     @property
@@ -193,23 +210,74 @@ class EmbeddingClient:
         return info
 
     async def embed_documents(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """Vectors of passages, in order, with the document prefix."""
+        """Vectors of passages, in order, with the document prefix.
+
+        Passages wait in one queue with those of other documents being embedded, and go
+        out in requests of up to `batch` passages, IN_FLIGHT_PASSAGES at once: a pass's
+        requests are full even where its documents are short. A document is refused
+        (ModelRefused) only for its own passages.
+        """
         if self.model is None:
             await self.connect()
-        prefixed = [self.document_prefix + t for t in texts]
-        batches = [prefixed[i : i + self._batch] for i in range(0, len(prefixed), self._batch)]
-        parts = await asyncio.gather(
-            *(self._embed_batch(b, self._retries, self._slots) for b in batches)
-        )
-        if not parts:
+        prefix = self.document_prefix
+        prefixed = [prefix + t for t in texts]
+        sendable(prefixed)
+        if not prefixed:
             return np.zeros((0, self.dimensions or 0), dtype=np.float32)
-        return np.concatenate(parts)
+        asked = _Asked(len(prefixed))
+        self._waiting.extend(_Item(asked, i, t) for i, t in enumerate(prefixed))
+        self._arrived.set()
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send(), name="metis-embedding-batches")
+        return await asked.done  # cancelled with its document: its passages are not sent
+
+    async def _send(self) -> None:
+        """Fill requests from the queue as slots free up: a request never waits for more
+        passages when it could go now (the next one fills while it is out)."""
+        while True:
+            await self._slots.acquire()
+            while not (batch := take_batch(self._waiting, self._batch)):
+                self._arrived.clear()
+                await self._arrived.wait()
+            task = asyncio.create_task(self._send_batch(batch), name="metis-embedding-request")
+            self._requests.add(task)
+            task.add_done_callback(self._requests.discard)
+
+    async def _send_batch(self, batch: list[_Item]) -> None:
+        """One request; a refusal of several documents' passages is asked again document by
+        document, so only the document the server refuses fails."""
+        try:
+            groups = [batch]
+            while groups:
+                group = groups.pop()
+                try:
+                    vectors = await self._embed_batch([item.text for item in group], self._retries)
+                except ModelRefused as e:
+                    owners = list(dict.fromkeys(item.asked for item in group))
+                    if len(owners) == 1:
+                        owners[0].fail(e)
+                    else:
+                        groups += [[i for i in group if i.asked is a] for a in owners]
+                    continue
+                except Exception as e:  # not answering, or worse: no document may hang on it
+                    for asked in dict.fromkeys(item.asked for item in group):
+                        asked.fail(e)
+                    continue
+                for item, v in zip(group, vectors, strict=True):
+                    item.asked.put(item.index, v)
+        except asyncio.CancelledError:
+            for item in batch:
+                item.asked.fail(ModelUnavailable("the client was closed"))
+            raise
+        finally:
+            self._slots.release()
 
     async def embed_query(self, text: str) -> npt.NDArray[np.float32]:
         """A question's vector, with the query prefix; one try (searches have a deadline)."""
         if self.model is None:
             await self.connect()
-        return (await self._embed_batch([self.query_prefix + text], 1, self._query_slots))[0]
+        async with self._query_slots:
+            return (await self._embed_batch([self.query_prefix + text], 1))[0]
 
     async def answers(self, timeout: float) -> bool:
         """Whether the model embeds a word within `timeout` seconds: one try, for a pass
@@ -218,24 +286,33 @@ class EmbeddingClient:
             async with asyncio.timeout(timeout):
                 if self.model is None:
                     await self.connect()
-                await self._embed_batch(["ping"], 1, self._query_slots)
+                async with self._query_slots:
+                    await self._embed_batch(["ping"], 1)
         except (ModelUnavailable, TimeoutError):
             return False
         return True
 
-    async def _embed_batch(
-        self, texts: list[str], tries: int, slots: asyncio.Semaphore
-    ) -> npt.NDArray[np.float32]:
-        body = {"input": texts, "model": self.model, "encoding_format": "float"}
-        async with slots:
-            answer = await self._post(f"{self.base_url}/v1/embeddings", body, tries)
+    async def _embed_batch(self, texts: list[str], tries: int) -> npt.NDArray[np.float32]:
+        """One request's vectors: base64 where the server takes it, else JSON floats (a
+        server that refuses base64 is asked in floats from then on)."""
+        url = f"{self.base_url}/v1/embeddings"
+        body: dict[str, Any] = {"input": texts, "model": self.model}
+        if self._base64 is not False:
+            try:
+                answer = await self._post(url, {**body, "encoding_format": "base64"}, tries)
+            except ModelRefused:
+                if self._base64:
+                    raise
+                answer = await self._post(url, {**body, "encoding_format": "float"}, tries)
+                self._base64 = False  # the same input in floats was taken: base64 was refused
+            else:
+                self._base64 = True
+        else:
+            answer = await self._post(url, {**body, "encoding_format": "float"}, tries)
         try:
-            rows = sorted(answer["data"], key=lambda d: d["index"])
-            vectors = np.array([r["embedding"] for r in rows], dtype=np.float32)
+            vectors = decode_embeddings(answer, len(texts))
         except (KeyError, TypeError, ValueError) as e:
             raise ModelUnavailable(f"embeddings in an unknown shape: {e}") from None
-        if vectors.ndim != 2 or len(vectors) != len(texts):
-            raise ModelUnavailable(f"{len(vectors)} embeddings for {len(texts)} inputs")
         if self.dimensions is None:
             self.dimensions = int(vectors.shape[1])
         elif vectors.shape[1] != self.dimensions:
@@ -245,7 +322,7 @@ class EmbeddingClient:
         return vectors
 
     async def _post(self, url: str, body: dict[str, Any], tries: int) -> Any:
-        encode(body)  # an input no request can carry fails before any try
+        sendable(body["input"])  # an input no request can carry fails before any try
         delay = self._backoff
         for attempt in range(1, tries + 1):
             try:
@@ -265,6 +342,82 @@ class EmbeddingClient:
             await asyncio.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Asked:
+    """One document's passages being embedded: their vectors as they come back."""
+
+    n: int
+    vectors: list[npt.NDArray[np.float32] | None] = dataclasses.field(default_factory=list)
+    left: int = 0
+    done: asyncio.Future[npt.NDArray[np.float32]] = dataclasses.field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def __post_init__(self) -> None:
+        self.vectors = [None] * self.n
+        self.left = self.n
+
+    def put(self, index: int, vector: npt.NDArray[np.float32]) -> None:
+        if self.done.done():
+            return
+        self.vectors[index] = vector
+        self.left -= 1
+        if self.left == 0:
+            self.done.set_result(np.stack(self.vectors))  # type: ignore[arg-type]
+
+    def fail(self, error: Exception) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)
+
+
+@dataclasses.dataclass(slots=True)
+class _Item:
+    """One passage waiting to be sent."""
+
+    asked: _Asked
+    index: int
+    text: str
+
+
+def take_batch(waiting: collections.deque[_Item], size: int) -> list[_Item]:
+    """Up to `size` passages from the front of the queue, in order, leaving out those
+    whose document no longer waits (cancelled, or already failed)."""
+    batch: list[_Item] = []
+    while waiting and len(batch) < size:
+        item = waiting.popleft()
+        if not item.asked.done.done():
+            batch.append(item)
+    return batch
+
+
+def decode_embeddings(answer: Any, n: int) -> npt.NDArray[np.float32]:
+    """The vectors of an embeddings answer, in input order: each a base64 string of
+    little-endian float32, or a list of floats (a server may ignore the format asked)."""
+    rows = [r["embedding"] for r in sorted(answer["data"], key=lambda d: d["index"])]
+    if len(rows) != n:
+        raise ValueError(f"{len(rows)} embeddings for {n} inputs")
+    if rows and all(isinstance(r, str) for r in rows):
+        raw = [base64.b64decode(r, validate=True) for r in rows]
+        if len({len(b) for b in raw}) != 1 or len(raw[0]) % 4:
+            raise ValueError("base64 embeddings of unequal or partial lengths")
+        vectors = np.frombuffer(b"".join(raw), dtype="<f4").reshape(n, -1).astype(np.float32)
+    else:
+        vectors = np.array(rows, dtype=np.float32)
+    if vectors.ndim != 2 or len(vectors) != n:
+        raise ValueError(f"{len(vectors)} embeddings for {n} inputs")
+    return vectors
+
+
+def sendable(texts: Sequence[str]) -> None:
+    """Unencodable when a text cannot be put into a JSON request (lone surrogates): that
+    is the input's fault, not an outage of the model."""
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise Unencodable(f"the text cannot be sent to a model: {e.reason}") from None
 
 
 def encode(body: dict[str, Any]) -> bytes:

@@ -75,6 +75,9 @@ class IndexerConfig(_Model):
     host: str = "127.0.0.1"
     port: int = Field(default=7700, ge=0, le=65535)
     workers: int = Field(default=2, ge=1, le=64)
+    embedding_batch: int = Field(default=64, ge=1, le=2048)
+    """Passages per embeddings request, filled across documents: fewer for a server
+    that limits its batches (TEI's --max-client-batch-size), more for a large GPU."""
     revisions: dict[str, str] = Field(default_factory=dict)
     generation: int | None = None
     """The base's metadata.generation this configuration was written for (by the operator):

@@ -76,6 +76,10 @@ def keyword_text(title: str | None, headings: Sequence[str], text: str) -> str:
     return "\n".join(p for p in (title, *headings, text) if p)
 
 
+Document = tuple[FileRecord, Sequence[Chunk], npt.NDArray[np.float32] | None]
+"""A file's record, its chunks and their vectors (None: the embedding model did not answer)."""
+
+
 class Index:
     """Chunks in memory and on disk. Thread-safe: passes write while searches read."""
 
@@ -166,25 +170,50 @@ class Index:
         vectors: npt.NDArray[np.float32] | None,
     ) -> None:
         """Replace one file's chunks, on disk (one transaction) and then in memory."""
-        if vectors is not None and len(vectors) != len(chunks):
-            raise ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors")
-        stored = [
-            StoredChunk(
-                c.headings,
-                c.page,
-                c.line,
-                c.text,
-                Counter(tokens.words(keyword_text(c.title, c.headings, c.text))),
-                None if vectors is None else _unit(vectors[i]),
-            )
-            for i, c in enumerate(chunks)
-        ]
-        written = self.store.put_document(record, stored)
+        [error] = self.put_documents([(record, chunks, vectors)])
+        if error is not None:
+            raise error
+
+    def put_documents(self, documents: Sequence[Document]) -> list[Exception | None]:
+        """Replace several files' chunks, on disk (one transaction, each document whole or
+        not at all) and then in memory; each document's error, or None where it was
+        written. An error of the index itself (a full drive, a damaged file) is raised."""
+        errors: list[Exception | None] = []
+        todo: list[tuple[int, FileRecord, list[StoredChunk], npt.NDArray[np.float32] | None]] = []
+        for i, (record, chunks, vectors) in enumerate(documents):
+            if vectors is not None and len(vectors) != len(chunks):
+                errors.append(ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors"))
+                continue
+            errors.append(None)
+            units = None if vectors is None else _units(vectors)
+            stored = [
+                StoredChunk(
+                    c.headings,
+                    c.page,
+                    c.line,
+                    c.text,
+                    Counter(tokens.words(keyword_text(c.title, c.headings, c.text))),
+                    None if units is None else units[j],
+                )
+                for j, c in enumerate(chunks)
+            ]
+            todo.append((i, record, stored, units))
+        if not todo:
+            return errors
+        results = self.store.put_documents([(record, stored) for _, record, stored, _ in todo])
+        batches = []
         with self.lock:
-            self._drop_file((record.source, record.path))
-            self._add_file(written.file_id, record)
-            self._add_batch(_batch(written, stored, self.dimensions))
-            self.keyword.compact(self.alive)
+            for (i, record, stored, units), written in zip(todo, results, strict=True):
+                if isinstance(written, Exception):
+                    errors[i] = written
+                    continue
+                self._drop_file((record.source, record.path))
+                self._add_file(written.file_id, record)
+                batches.append(_batch(written, stored, units, self.dimensions))
+            if batches:
+                self._add_batch(_concatenated(batches))
+                self.keyword.compact(self.alive)
+        return errors
 
     def touch_file(self, record: FileRecord) -> None:
         """A file whose size or mtime changed but whose content did not."""
@@ -203,6 +232,18 @@ class Index:
             for key in keys:
                 self._drop_file(key)
             self.compact()
+
+    def settle(self) -> None:
+        """Renew BM25's cached weights once a pass has stopped changing rows, so idle searches
+        sum cached weights again. The weighing runs outside the lock: searches go on
+        meanwhile, and the result is dropped if a document came or went."""
+        with self.lock:
+            if self.keyword.weighed:
+                return
+            snap = self.keyword.snapshot(self.alive)
+        weights = snap.weigh(self.keyword)
+        with self.lock:
+            self.keyword.install(snap, weights)
 
     def compact(self) -> None:
         """Reclaim dead rows once they are a third of the matrix."""
@@ -283,15 +324,18 @@ class Index:
         return self.n_rows - self.dead
 
 
-def _batch(written: Written, stored: Sequence[StoredChunk], dimensions: int) -> ChunkBatch:
+def _batch(
+    written: Written,
+    stored: Sequence[StoredChunk],
+    units: npt.NDArray[np.float32] | None,
+    dimensions: int,
+) -> ChunkBatch:
     """One document's chunks in the columns `load` reads."""
     n = len(stored)
-    vectors = np.zeros((n, dimensions), dtype=np.float32)
-    has_vector = np.zeros(n, dtype=bool)
-    for i, c in enumerate(stored):
-        if c.vector is not None and len(c.vector) == dimensions:
-            vectors[i] = c.vector
-            has_vector[i] = True
+    if units is not None and units.shape[1:] == (dimensions,):
+        vectors, has_vector = units, np.ones(n, dtype=bool)
+    else:
+        vectors, has_vector = np.zeros((n, dimensions), np.float32), np.zeros(n, dtype=bool)
     empty = np.zeros(0, np.int32)
     return ChunkBatch(
         ids=np.asarray(written.chunk_ids, dtype=np.int64),
@@ -307,10 +351,30 @@ def _batch(written: Written, stored: Sequence[StoredChunk], dimensions: int) -> 
     )
 
 
-def _unit(v: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    v = np.asarray(v, dtype=np.float32)
-    norm = float(np.linalg.norm(v))
-    return v / norm if norm > 0 else v
+def _concatenated(batches: Sequence[ChunkBatch]) -> ChunkBatch:
+    """Several documents' columns as one batch: one keyword segment for them all."""
+    if len(batches) == 1:
+        return batches[0]
+    return ChunkBatch(
+        ids=np.concatenate([b.ids for b in batches]),
+        file_ids=np.concatenate([b.file_ids for b in batches]),
+        headings=[h for b in batches for h in b.headings],
+        pages=np.concatenate([b.pages for b in batches]),
+        lines=np.concatenate([b.lines for b in batches]),
+        term_ids=np.concatenate([b.term_ids for b in batches]),
+        counts=np.concatenate([b.counts for b in batches]),
+        sizes=np.concatenate([b.sizes for b in batches]),
+        vectors=np.concatenate([b.vectors for b in batches]),
+        has_vector=np.concatenate([b.has_vector for b in batches]),
+    )
+
+
+def _units(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """Each row scaled to unit length (a zero row stays zero). Each row's norm is taken
+    alone, as a row was before rows were scaled together: the vectors are the same bits."""
+    v = np.asarray(vectors, dtype=np.float32)
+    norms = np.array([float(np.linalg.norm(row)) for row in v], dtype=np.float32)
+    return np.divide(v, norms[:, None], out=np.zeros_like(v), where=norms[:, None] > 0)
 
 
 def _release_freed_memory() -> None:

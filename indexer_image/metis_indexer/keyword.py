@@ -2,10 +2,13 @@
 
 Postings live in a few immutable term-major segments (`terms`, `indptr`, `rows`,
 `tfs`), so adding a document never rewrites the whole index; segments are merged
-when they pile up. Unlike bm25s, scores are not precomputed: a pass adds and
-drops documents while searches run, which moves `N`, `df` and the average length.
-A query therefore gathers the postings of its few terms and scores them in a
-handful of vectorised operations; documents and idf stay exact at every moment.
+when they pile up. Each posting's BM25 term score is cached, as bm25s computes
+it once at index time, but only for rows that stand still: a pass adds and drops
+documents while searches run, which moves `N`, `df` and the average length of
+every posting. Until the cache is renewed (after a pass, or once loaded), a
+query weighs only its own terms' postings with the statistics as they are, by
+the same formula: scores are exact at every moment, and a search during a pass
+costs its postings, never a re-weighing of the whole index.
 """
 
 from __future__ import annotations
@@ -43,9 +46,16 @@ class Segment:
         terms: npt.NDArray[np.int32],
         tfs: npt.NDArray[np.integer],
     ) -> Segment:
-        """Group (row, term, tf) triples by term."""
-        order = np.lexsort((rows, terms))
+        """Group (row, term, tf) triples by term, rows ascending within a term.
+
+        The triples usually come with each term's rows already ascending (a batch of
+        new rows, or segments merged oldest first), so a stable sort by term alone
+        orders them, in about linear time on such runs; a full sort is the fallback."""
+        order = np.argsort(terms, kind="stable")
         terms, rows, tfs = terms[order], rows[order], tfs[order]
+        if np.any((terms[1:] == terms[:-1]) & (rows[1:] < rows[:-1])):
+            order = np.lexsort((rows, terms))
+            terms, rows, tfs = terms[order], rows[order], tfs[order]
         unique, starts = np.unique(terms, return_index=True)
         indptr = np.append(starts, len(terms)).astype(np.int64)
         return cls(unique.astype(np.int32), indptr, rows.astype(np.int32), tfs.astype(np.uint16))
@@ -79,6 +89,35 @@ def _per_term(seg: Segment, flags: npt.NDArray[np.bool_]) -> npt.NDArray[np.int6
 def idf(n_docs: int, df: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """Lucene's idf, always positive: log(1 + (N - df + 0.5) / (df + 0.5))."""
     return np.log1p((n_docs - df + 0.5) / (df + 0.5))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class Snapshot:
+    """The statistics and postings of a KeywordIndex at one generation."""
+
+    generation: int
+    segments: tuple[Segment, ...]
+    alive: npt.NDArray[np.bool_]
+    lengths: npt.NDArray[np.float32]
+    """The index's lengths array as it was: rows added later are written beyond the rows
+    of these segments, and a renumbering replaces the array rather than change it."""
+    live_rows: int
+    live_length: float
+
+    def weigh(self, index: KeywordIndex) -> list[npt.NDArray[np.float32]]:
+        """Each posting's BM25 term score, segment by segment, at this snapshot."""
+        segments = self.segments
+        n_terms = max((int(seg.terms[-1]) + 1 for seg in segments if len(seg.terms)), default=0)
+        df = np.zeros(n_terms, dtype=np.float64)
+        for seg in segments:
+            np.add.at(df, seg.terms, _per_term(seg, self.alive[seg.rows]))
+        term_idf = idf(self.live_rows, df)
+        avgdl = self.live_length / self.live_rows if self.live_rows else 1.0
+        return [
+            index.term_scores(term_idf[np.repeat(seg.terms, np.diff(seg.indptr))], seg.tfs,
+                              self.lengths[seg.rows], avgdl)
+            for seg in segments
+        ]
 
 
 class KeywordIndex:
@@ -161,25 +200,43 @@ class KeywordIndex:
             term_of = np.repeat(seg.terms, np.diff(seg.indptr))
             self.segments = [Segment.build(new_row[seg.rows].astype(np.int32), term_of, seg.tfs)]
 
-    def _weigh(self, alive: npt.NDArray[np.bool_], all_alive: bool) -> None:
-        """Every posting's BM25 term score for the live rows as they are now."""
-        stale = [seg for seg in self.segments if seg.weights is None]
-        if self._weighted_at == self._generation and not stale:
-            return
-        n_terms = max((int(seg.terms[-1]) + 1 for seg in self.segments if len(seg.terms)),
-                      default=0)
-        df = np.zeros(n_terms, dtype=np.float64)
-        for seg in self.segments:
-            live = np.diff(seg.indptr) if all_alive else _per_term(seg, alive[seg.rows])
-            np.add.at(df, seg.terms, live)
-        term_idf = idf(self.live_rows, df)
-        avgdl = self.live_length / self.live_rows or 1.0
-        for seg in self.segments:
-            tfs = seg.tfs.astype(np.float32)
-            norm = self.k1 * (1.0 - self.b + self.b * self.lengths[seg.rows] / avgdl)
-            scale = term_idf[np.repeat(seg.terms, np.diff(seg.indptr))] * (self.k1 + 1.0)
-            seg.weights = (scale * tfs / (tfs + norm)).astype(np.float32)
+    @property
+    def weighed(self) -> bool:
+        """Whether every posting's cached weight is of the rows as they are now."""
+        return self._weighted_at == self._generation and all(
+            seg.weights is not None for seg in self.segments
+        )
+
+    def snapshot(self, alive: npt.NDArray[np.bool_]) -> Snapshot:
+        """What weighing every posting reads, taken under the caller's lock so the weighing
+        itself can run outside it (`install` keeps the result if nothing moved meanwhile)."""
+        return Snapshot(self._generation, tuple(self.segments), alive.copy(),
+                        self.lengths, self.live_rows, self.live_length)
+
+    def install(self, snap: Snapshot, weights: Sequence[npt.NDArray[np.float32]]) -> bool:
+        """Cache `weights` (of `snap.weigh`) unless rows came or went since the snapshot."""
+        same = len(self.segments) == len(snap.segments) and all(
+            a is b for a, b in zip(self.segments, snap.segments, strict=False)
+        )
+        if snap.generation != self._generation or not same:
+            return False
+        for seg, w in zip(snap.segments, weights, strict=True):
+            seg.weights = w
         self._weighted_at = self._generation
+        return True
+
+    def term_scores(
+        self,
+        term_idf: npt.NDArray[np.float64],
+        tfs: npt.NDArray[np.uint16],
+        lengths: npt.NDArray[np.float32],
+        avgdl: float,
+    ) -> npt.NDArray[np.float32]:
+        """BM25 term scores of postings, element by element: the one formula both the cache
+        and a query's own weighing use, so their scores are the same to the last bit."""
+        tf = tfs.astype(np.float32)
+        norm = self.k1 * (1.0 - self.b + self.b * lengths / avgdl)
+        return (term_idf * (self.k1 + 1.0) * tf / (tf + norm)).astype(np.float32)
 
     def scores(
         self,
@@ -190,14 +247,46 @@ class KeywordIndex:
         """BM25 of every row for the query's distinct terms (0 for rows holding none, and
         for dead rows), or None when no live row holds any.
 
-        `all_alive` says no row is dead, which spares a mask per term.
+        With the cache current (`weigh`), a query sums cached weights, as bm25s does. While
+        a pass adds and drops rows, it weighs only its own terms' postings instead, with the
+        statistics as they are now: exact at every moment, at the cost of its postings
+        rather than the whole index's. `all_alive` says no row is dead, which spares a mask
+        per term.
         """
         if len(term_ids) == 0 or self.live_rows <= 0:
             return None
-        self._weigh(alive, all_alive)
+        term_ids = term_ids.astype(np.int32)
+        if self.weighed:
+            return self._cached_scores(term_ids, alive, all_alive)
+        found: list[tuple[int, npt.NDArray[np.int32], npt.NDArray[np.uint16]]] = []
+        df = np.zeros(len(term_ids), dtype=np.float64)
+        for seg in self.segments:
+            for i, span in enumerate(seg.spans(term_ids)):
+                if span is None:
+                    continue
+                rows, tfs = seg.rows[span], seg.tfs[span]
+                if not all_alive:
+                    ok = alive[rows]
+                    rows, tfs = rows[ok], tfs[ok]
+                df[i] += len(rows)
+                found.append((i, rows, tfs))
+        if not found:
+            return None
+        term_idf = idf(self.live_rows, df)
+        avgdl = self.live_length / self.live_rows
+        scores = np.zeros(len(alive), dtype=np.float32)
+        for i, rows, tfs in found:
+            weights = self.term_scores(np.full(len(rows), term_idf[i]), tfs, self.lengths[rows],
+                                       avgdl)
+            np.add.at(scores, rows, weights)
+        return scores
+
+    def _cached_scores(
+        self, term_ids: npt.NDArray[np.int32], alive: npt.NDArray[np.bool_], all_alive: bool
+    ) -> npt.NDArray[np.float32] | None:
+        """Scores as sums of cached weights: what bm25s does at query time."""
         scores = np.zeros(len(alive), dtype=np.float32)
         matched = False
-        term_ids = term_ids.astype(np.int32)
         for seg in self.segments:
             assert seg.weights is not None
             for span in seg.spans(term_ids):

@@ -3,8 +3,10 @@ operations the HTTP API exposes (search, status, documents, reindex, evaluate).
 
 A pass (spec 000, "Incremental indexing"): walk the sources; a file with the same
 size and mtime is left alone, otherwise its content hash decides; new and changed
-files are read (in killable worker processes), cut, embedded and committed one
-document at a time; files that are gone are dropped. When the embedding model
+files are read (in killable worker processes), cut, embedded and committed, many
+documents in flight at once: their passages share full embedding requests, and
+they are committed a few to a transaction, each document whole or not at all;
+files that are gone are dropped. When the embedding model
 does not answer, the pass waits (phase `waiting`) and resumes where it stopped.
 
 What fails is kept to what it is: a document that cannot be read, embedded or
@@ -49,6 +51,7 @@ from metis_indexer.readers.failures import detail
 from metis_indexer.readers.pool import ReaderPool
 from metis_indexer.schema import SearchAnswer, SearchRequest
 from metis_indexer.store import FileRecord
+from metis_indexer.writer import GroupWriter
 
 log = logging.getLogger("metis.indexer")
 
@@ -61,8 +64,10 @@ MODEL_SILENCE = 30.0
 PROBE_SECONDS = 30.0
 """A model whose request failed is asked for one word: an answer within this long
 means the failure was passing, and the pass goes on without saying it waits."""
-IN_FLIGHT_DOCUMENTS = 4
-"""Documents read, embedded and written at once: keeps both the workers and the model busy."""
+IN_FLIGHT_DOCUMENTS = 32
+"""Documents hashed, read, embedded and written at once: enough that the reader workers
+always have the next file, the model full requests (a document is 18 passages on
+average), and the writer a group to commit while the next embed."""
 DOCUMENT_STATES = ("indexed", "failed")
 LOCK_FILE = "writer.lock"
 STANDBY_LOOK = 1.0
@@ -129,6 +134,7 @@ class Indexer:
         self._task: asyncio.Task[None] | None = None
         self._model_lock = asyncio.Lock()
         self._pool: ReaderPool | None = None
+        self._writer = GroupWriter(self.index)
         self.on_progress: Callable[[PassState], None] | None = None
         self._lock_fd: int | None = None
         self._rebuilding = ""
@@ -142,7 +148,8 @@ class Indexer:
     def _clients_for(self, config: IndexerConfig) -> None:
         e, r = config.embedding, config.reranker
         self.embedder = None if e is None else EmbeddingClient(
-            e.url, query_prefix=e.query_prefix, document_prefix=e.document_prefix
+            e.url, query_prefix=e.query_prefix, document_prefix=e.document_prefix,
+            batch=config.embedding_batch,
         )
         self.reranker = None if r is None else RerankClient(
             r.url, query_prefix=r.query_prefix, name=r.name
@@ -229,6 +236,7 @@ class Indexer:
     def _check_and_load(self) -> None:
         self.index.store.check()
         self.index.load()
+        self.index.settle()
 
     async def _rebuild(self, error: Exception) -> None:
         """Move a damaged index aside and start an empty one; the next pass reads every
@@ -292,7 +300,9 @@ class Indexer:
             return
         old = self.config
         self.config = config
-        if (config.embedding, config.reranker) != (old.embedding, old.reranker):
+        if (config.embedding, config.reranker, config.embedding_batch) != (
+            old.embedding, old.reranker, old.embedding_batch
+        ):
             for client in (self.embedder, self.reranker):
                 if client is not None:
                     await client.close()
@@ -331,6 +341,8 @@ class Indexer:
         queue: asyncio.Queue[tuple[tuple[str, str], sources.Found]] = asyncio.Queue()
         for entry in todo:
             queue.put_nowait(entry)
+        self._writer = GroupWriter(self.index)
+        writing = asyncio.create_task(self._writer.run(), name="metis-writer")
         workers = [
             asyncio.create_task(self._work(queue, known, full, settings))
             for _ in range(min(IN_FLIGHT_DOCUMENTS, len(todo)))
@@ -340,6 +352,8 @@ class Indexer:
         finally:
             for w in workers:
                 w.cancel()
+            writing.cancel()
+        await asyncio.to_thread(self.index.settle)
         self.state.last_indexed_at = now()
         self.state.completed += 1
         self.state.indexed_revisions = revisions
@@ -475,7 +489,8 @@ class Indexer:
         chunks: list[Chunk] | None = None,
         vectors: npt.NDArray[np.float32] | None = None,
     ) -> None:
-        await asyncio.to_thread(self.index.put_document, record, chunks or [], vectors)
+        """Write one document, in a transaction with others that are ready."""
+        await self._writer.put((record, chunks or [], vectors))
 
     async def _embed(self, chunks: list[Chunk]) -> npt.NDArray[np.float32] | None:
         if self.embedder is None:

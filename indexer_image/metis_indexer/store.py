@@ -1,7 +1,8 @@
 """The durable index: one SQLite database in WAL mode in the index folder.
 
-A document's file record and all its chunks are written in one transaction, so a
-kill at any moment loses at most the document in flight. Chunks keep their text,
+A document's file record and all its chunks are written whole or not at all (a
+savepoint of a transaction that may carry a few documents), so a kill at any
+moment loses at most the documents in flight. Chunks keep their text,
 citation, word counts (term ids and counts, as int32 arrays) and their vector
 (float32 bytes, or NULL when the embedding model did not answer); loading reads
 arrays, it never re-tokenises. No pickles: every value is a plain SQL type.
@@ -25,6 +26,15 @@ import numpy.typing as npt
 
 WORD_CACHE = 20_000
 """Word ids kept for questions: about 2 MB, and a question's words skip SQLite."""
+WRITTEN_WORDS = 100_000
+"""Word ids kept for writing (about 15 MB; emptied when fuller): most words of a new
+document are common ones, and looking each up in SQLite was most of what writing a
+chunk cost."""
+
+WRITER_CACHE_KIB = 32 * 1024
+"""The writing connection's page cache: a transaction of a few documents (vectors of
+4 KB each) fits in it, and spilling it mid-transaction made writes half again slower.
+Readers keep SQLite's default."""
 
 DAMAGED_SUFFIX = ".damaged"
 """A damaged index is moved aside under this suffix (one copy, the latest), for a
@@ -193,6 +203,8 @@ class Store:
         self._unknown: dict[str, int] = {}
         """Words no chunk had, with the generation of words they were looked up in."""
         self._words_generation = 0
+        self._written_words: dict[str, int] = {}
+        """Ids of words on disk (or in the transaction being written), for the writer only."""
 
     @property
     def _writer(self) -> sqlite3.Connection:
@@ -209,6 +221,7 @@ class Store:
                 conn = self._connect()
             except (OSError, sqlite3.OperationalError) as e:
                 raise StoreUnavailable(self._why_not(e)) from None
+            conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
             with conn:
                 conn.executescript(SCHEMA)
                 columns = {row[1] for row in conn.execute("PRAGMA table_info(files)")}
@@ -312,6 +325,7 @@ class Store:
             db.execute("DELETE FROM files")
             db.execute("DELETE FROM terms")
         self._word_cache.clear()
+        self._written_words.clear()
         self._words_generation += 1
 
     # -- files -----------------------------------------------------------------------------
@@ -324,43 +338,116 @@ class Store:
         return [(r[0], FileRecord(*r[1:])) for r in rows]
 
     def put_document(self, record: FileRecord, chunks: Sequence[StoredChunk]) -> Written:
-        """Replace a file's record and chunks in one transaction.
+        """Replace a file's record and chunks in one transaction."""
+        [written] = self.put_documents([(record, chunks)])
+        if isinstance(written, Exception):
+            raise written
+        return written
 
-        Words get their ids here, in the same transaction, so the words on disk always
-        cover the term ids of the chunks on disk, and memory keeps no vocabulary.
+    def put_documents(
+        self, documents: Sequence[tuple[FileRecord, Sequence[StoredChunk]]]
+    ) -> list[Written | Exception]:
+        """Replace several files' records and chunks in one transaction, each document in a
+        savepoint of its own: whole or not at all. A document that cannot be stored is
+        given back as its error and the others are written; an error of the index itself
+        (a full drive, a damaged file) is raised and writes none.
+
+        One commit for several documents is what makes a pass's writes cheap; a kill
+        loses the documents of the transaction in flight, which the next pass reads again.
+        Words get their ids in the same savepoint as the chunks that use them, so the
+        words on disk always cover the term ids of the chunks on disk.
         """
-        with self._transaction() as db:
-            ids, new_words = self._word_ids(db, {w for c in chunks for w in c.words})
-            file_id = self._upsert_file(db, record)
-            db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
-            written = Written(file_id, [], [], [])
-            for ord_, c in enumerate(chunks):
-                term_ids = np.fromiter((ids[w] for w in c.words), np.int32, len(c.words))
-                counts = np.fromiter(c.words.values(), np.int32, len(c.words))
-                cur = db.execute(
-                    "INSERT INTO chunks (file_id, ord, headings, page, line, text, terms,"
-                    " vector) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        file_id,
-                        ord_,
-                        json.dumps(c.headings, ensure_ascii=False),
-                        c.page,
-                        c.line,
-                        c.text,
-                        _terms_blob(term_ids, counts),
-                        None if c.vector is None else c.vector.astype("<f4").tobytes(),
-                    ),
+        results: list[Written | Exception] = []
+        words = self._written_words
+        if len(words) > WRITTEN_WORDS:
+            words.clear()
+        added: list[str] = []
+        """Words this transaction gave ids: forgotten again if it does not commit."""
+        try:
+            with self._transaction() as db:
+                next_id = int(
+                    db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM chunks").fetchone()[0]
                 )
-                written.chunk_ids.append(int(cur.lastrowid or 0))
-                written.term_ids.append(term_ids)
-                written.counts.append(counts)
-        if new_words:  # after the commit: a question's lookup from now on sees them
+                for record, chunks in documents:
+                    db.execute("SAVEPOINT document")
+                    mark = len(added)
+                    try:
+                        results.append(self._write(db, record, chunks, next_id, added))
+                        db.execute("RELEASE document")
+                    except (sqlite3.Error, ValueError) as e:
+                        if trouble(e) is not None or not db.in_transaction:
+                            raise
+                        db.execute("ROLLBACK TO document")
+                        db.execute("RELEASE document")
+                        for w in added[mark:]:
+                            del words[w]
+                        del added[mark:]
+                        results.append(e)
+                        continue
+                    next_id += len(chunks)
+        except BaseException:
+            for w in added:
+                del words[w]
+            raise
+        if added:  # after the commit: a question's lookup from now on sees them
             self._words_generation += 1
+        return results
+
+    def _write(
+        self,
+        db: sqlite3.Connection,
+        record: FileRecord,
+        chunks: Sequence[StoredChunk],
+        first_id: int,
+        added: list[str],
+    ) -> Written:
+        """One document's rows; its chunks take ids from `first_id` on, and the words it
+        brings get ids (and are listed in `added`)."""
+        ids = self._written_words
+        flat = [w for c in chunks for w in c.words]
+        missing = {w for w in flat if w not in ids}
+        if missing:
+            found, new = self._word_ids(db, missing)
+            ids.update(found)
+            added += new
+        term_ids = np.array([ids[w] for w in flat], dtype=np.int32)
+        counts = np.array([n for c in chunks for n in c.words.values()], dtype=np.int32)
+        ends = np.cumsum([len(c.words) for c in chunks])
+        file_id = self._upsert_file(db, record)
+        db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
+        written = Written(
+            file_id,
+            list(range(first_id, first_id + len(chunks))),
+            np.split(term_ids, ends[:-1]) if chunks else [],
+            np.split(counts, ends[:-1]) if chunks else [],
+        )
+        db.executemany(
+            "INSERT INTO chunks (id, file_id, ord, headings, page, line, text, terms, vector)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    first_id + ord_,
+                    file_id,
+                    ord_,
+                    json.dumps(c.headings, ensure_ascii=False),
+                    c.page,
+                    c.line,
+                    c.text,
+                    _terms_blob(t, n),
+                    None if c.vector is None else c.vector.astype("<f4").tobytes(),
+                )
+                for ord_, (c, t, n) in enumerate(
+                    zip(chunks, written.term_ids, written.counts, strict=True)
+                )
+            ],
+        )
         return written
 
     @staticmethod
-    def _word_ids(db: sqlite3.Connection, words: set[str]) -> tuple[dict[str, int], bool]:
-        """Ids of `words`, giving new words the next free ids; and whether any was new."""
+    def _word_ids(db: sqlite3.Connection, words: set[str]) -> tuple[dict[str, int], list[str]]:
+        """Ids of `words`, giving new words the next free ids; and which were new."""
+        if not words:
+            return {}, []
         ids = dict(_select_words(db, words))
         new = sorted(words - ids.keys())
         if new:
@@ -368,7 +455,7 @@ class Store:
             rows = [(start + i, w) for i, w in enumerate(new)]
             db.executemany("INSERT INTO terms (id, word) VALUES (?, ?)", rows)
             ids.update((w, i) for i, w in rows)
-        return ids, bool(new)
+        return ids, new
 
     def word_ids(self, words: Iterable[str]) -> npt.NDArray[np.int32]:
         """Ids of the known words among `words` (an unknown word matches nothing).
@@ -407,7 +494,8 @@ class Store:
             " state = excluded.state, indexed_at = excluded.indexed_at,"
             " reason = excluded.reason, detail = excluded.detail, title = excluded.title,"
             " chunks = excluded.chunks, built_with = excluded.built_with RETURNING id",
-            dataclasses.astuple(r),
+            (r.source, r.path, r.kind, r.size, r.mtime_ns, r.hash, r.state, r.indexed_at,
+             r.reason, r.detail, r.title, r.chunks, r.built_with),
         ).fetchone()
         return int(row[0])
 

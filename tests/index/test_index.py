@@ -91,6 +91,31 @@ def test_a_failed_write_leaves_memory_and_disk_as_they_were(tmp_path):
     assert keyword_rows(again, "epsilon") != [] and again.chunk_count == 2
 
 
+def test_documents_written_together_fail_alone(tmp_path):
+    index = new_index(tmp_path)
+    index.put_document(record("old.md"), [chunk("former text")], None)
+    errors = index.put_documents([
+        (record("a.md"), [chunk("alpha words")], np.stack([axis(0)])),
+        (record("b.md"), [chunk("beta \ud800 surrogate")], None),
+        (record("c.md"), [chunk("gamma"), chunk("delta")], np.zeros((1, 8), np.float32)),
+        (record("old.md"), [chunk("latter text")], np.stack([axis(2)])),
+    ])
+    assert errors[0] is None and errors[3] is None
+    assert isinstance(errors[1], UnicodeEncodeError), "text SQLite cannot store"
+    assert isinstance(errors[2], ValueError) and "2 chunks but 1 vectors" in str(errors[2])
+    assert index.store.word_ids(["beta", "surrogate", "gamma"]).size == 0, (
+        "no word of a document that failed stays"
+    )
+    again = Index(tmp_path)
+    again.load()
+    assert sorted(f.record.path for f in again.files.values()) == ["a.md", "old.md"]
+    assert keyword_rows(again, "alpha") != [] and keyword_rows(again, "latter") != []
+    assert keyword_rows(again, "former") == []
+    for mem in (index, again):
+        assert mem.chunk_count == 2
+        assert np.allclose(mem.vectors[keyword_rows(mem, "latter")[0]], axis(2))
+
+
 WRITER = textwrap.dedent(
     """
     import sys
@@ -104,22 +129,29 @@ WRITER = textwrap.dedent(
     index.load()
     print("ready", flush=True)
     i = 0
+    group = int(sys.argv[2])
     while True:
-        n = 1 + i % 7
-        chunks = [Chunk(None, (), f"doc {i} part {j} word{i}x{j}", None, 1, 0, 0) for j in range(n)]
-        rec = FileRecord("docs", f"d{i % 50}.md", "md", 1, 1, "h", "indexed", "t", chunks=n)
-        index.put_document(rec, chunks, np.ones((n, 8), np.float32))
+        documents = []
+        for _ in range(group):
+            n = 1 + i % 7
+            chunks = [Chunk(None, (), f"doc {i} part {j} word{i}x{j}", None, 1, 0, 0)
+                      for j in range(n)]
+            rec = FileRecord("docs", f"d{i % 50}.md", "md", 1, 1, "h", "indexed", "t", chunks=n)
+            documents.append((rec, chunks, np.ones((n, 8), np.float32)))
+            i += 1
+        index.put_documents(documents)
         print("put", i, flush=True)
-        i += 1
     """
 )
 
 
-def test_a_kill_at_any_moment_loses_at_most_the_document_in_flight(tmp_path):
+@pytest.mark.parametrize("group", [1, 8], ids=["one-per-transaction", "eight-per-transaction"])
+def test_a_kill_at_any_moment_loses_at_most_the_documents_in_flight(tmp_path, group):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     for attempt in range(3):
         proc = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, env=env
+            [sys.executable, "-c", WRITER, str(tmp_path), str(group)], stdout=subprocess.PIPE,
+            env=env,
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
         # Kill once it has said it committed some documents: it is writing the next one by

@@ -207,3 +207,31 @@ def test_an_index_of_wordless_chunks_answers_nothing():
     index.add([0], np.zeros(0, np.int32), np.zeros(0, np.int32), np.array([0], np.int64))
     assert index.live_rows == 1
     assert index.scores(np.array([0], np.int32), np.ones(1, dtype=bool)) is None
+
+
+def test_scores_weighed_at_query_time_are_the_cached_scores_to_the_bit(docs):
+    vocab, index = build(docs, batches=4)
+    alive = np.ones(len(docs), dtype=bool)
+    alive[5] = False
+    index.drop(np.array([5]))
+    ids = vocab.lookup(words("python generator expressions unicode the"))
+    assert not index.weighed, "rows came and went: the cache is stale"
+    during = dense(index, ids, alive).copy()
+    snap = index.snapshot(alive)
+    assert index.install(snap, snap.weigh(index)) and index.weighed
+    assert np.array_equal(during, dense(index, ids, alive))
+
+
+def test_a_weighing_overtaken_by_a_new_row_is_not_kept(docs):
+    vocab, index = build(docs[:-1])
+    alive = np.ones(len(docs), dtype=bool)
+    snap = index.snapshot(alive)
+    weights = snap.weigh(index)
+    add(vocab, index, [len(docs) - 1], docs)
+    assert not index.install(snap, weights)
+    assert not index.weighed
+    q = words("python import module")
+    assert np.allclose(dense(index, vocab.lookup(q), alive), reference_scores(docs, q),
+                       rtol=1e-4, atol=1e-5)
+    snap = index.snapshot(alive)
+    assert index.install(snap, snap.weigh(index)) and index.weighed

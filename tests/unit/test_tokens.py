@@ -1,3 +1,8 @@
+import unicodedata
+
+import hypothesis
+from hypothesis import strategies as st
+
 from metis_indexer.tokens import fold, words
 
 
@@ -19,3 +24,19 @@ def test_words_are_runs_of_letters_and_digits():
 def test_no_stemming_and_scripts_without_spaces_stay_whole():
     assert words("travel travelling") == ["travel", "travelling"]
     assert words("東京タワーへ行く") == ["東京タワーへ行く"]
+
+
+def reference_fold(text):
+    """Folding written out character by character: the slow, obvious version."""
+    decomposed = unicodedata.normalize("NFKD", text.lower())
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
+
+
+@hypothesis.settings(max_examples=300)
+@hypothesis.given(st.text(alphabet=st.characters(codec=None, exclude_categories=())))
+def test_folding_matches_the_reference_on_any_text(text):
+    assert fold(text) == reference_fold(text)
+
+
+def test_folding_keeps_lone_surrogates_and_drops_every_mark():
+    assert fold("A\ud800É\u0301") == "a\ud800e"

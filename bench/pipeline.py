@@ -1,0 +1,194 @@
+"""Indexing throughput: a whole pass against reading and cutting alone (issue 13).
+
+An OpenAI-compatible embedding server that answers at once (each passage's vector
+is a unit vector seeded by its text's hash) runs in its own process, so what is
+measured is the indexer's own cost: hashing, reading and cutting in the worker
+pool, batching and decoding embeddings, tokenising, writing SQLite and memory.
+The same files are first read and cut alone through the same pool, in the same
+run, for the baseline.
+
+    .venv/bin/python bench/pipeline.py [--corpus ../shared/data/perf/python-peps]
+        [--dim 384] [--encoding base64|float] [--out bench/results/pipeline.md]
+
+`--encoding float` makes the server refuse base64 (as some servers do), so the
+indexer falls back to JSON floats: the cost of floats, measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import hashlib
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from metis_indexer import sources
+from metis_indexer.config import IndexerConfig
+from metis_indexer.documents import ReadFailed
+from metis_indexer.readers.pool import ReaderPool
+from metis_indexer.service import Indexer
+
+PEPS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "perf" / "python-peps"
+TARGET = 3000.0
+"""Chunks a second a whole pass should reach on 2 cores (issue 13)."""
+
+
+def vector(text: str, dim: int) -> np.ndarray:
+    """A unit vector seeded by the text: the same text, the same vector."""
+    seed = int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"),
+                                          digest_size=8).digest(), "little")
+    v = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def serve(port: int, dim: int, base64_ok: bool) -> None:
+    """The instant embedding server (run in its own process)."""
+    from aiohttp import web
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "instant-hash",
+                                                              "object": "model"}]})
+
+    async def embeddings(request: web.Request) -> web.Response:
+        body = await request.json()
+        texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
+        fmt = body.get("encoding_format", "float")
+        if fmt == "base64" and not base64_ok:
+            return web.json_response({"error": "encoding_format must be float"}, status=422)
+        vectors = [vector(t, dim) for t in texts]
+        rows = (
+            [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
+            if fmt == "base64" else [v.tolist() for v in vectors]
+        )
+        data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
+        return web.json_response({"object": "list", "data": data, "model": "instant-hash"})
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/embeddings", embeddings)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+@contextlib.contextmanager
+def instant_server(dim: int, base64_ok: bool) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(port), "--dim", str(dim),
+         "--encoding", "base64" if base64_ok else "float"],
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/v1/models").status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def read_and_cut(corpus: Path, workers: int) -> tuple[float, int, int]:
+    """Seconds to read and cut every file through the pool, the files, and the chunks."""
+    started = time.perf_counter()
+    listing = sources.walk(corpus)
+    chunks = 0
+    with ReaderPool(workers) as pool:
+        futures = [pool.submit_chunks(f.absolute, f.kind, 1200, 200) for f in listing.files]
+        for future in futures:
+            done = future.result()
+            if not isinstance(done.result, ReadFailed):
+                chunks += len(done.result)
+    return time.perf_counter() - started, len(listing.files), chunks
+
+
+async def whole_pass(corpus: Path, url: str, workers: int, folder: Path) -> tuple[float, int]:
+    """Seconds of a first pass over the corpus, from start to `ready`, and its chunks."""
+    config = IndexerConfig(
+        name="bench",
+        sources=[{"drive": "corpus", "root": corpus}],  # type: ignore[list-item]
+        embedding={"url": url, "name": "instant"},  # type: ignore[arg-type]
+        index_dir=folder,
+        rescan_seconds=0,
+        workers=workers,
+    )
+    indexer = Indexer(config)
+    done = asyncio.Event()
+    indexer.on_progress = lambda state: done.set() if state.completed else None
+    started = time.perf_counter()
+    await indexer.start()
+    try:
+        await done.wait()
+        seconds = time.perf_counter() - started
+    finally:
+        await indexer.stop()
+    return seconds, indexer.index.chunk_count
+
+
+def report(args: argparse.Namespace, read: tuple[float, int, int], passed: tuple[float, int],
+           load: float) -> str:
+    read_s, files, read_chunks = read
+    pass_s, chunks = passed
+    rate = chunks / pass_s
+    return "\n".join([
+        f"# Pipeline benchmark — {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on "
+        f"{platform.node()} ({os.cpu_count()} cores, Python {platform.python_version()})",
+        "",
+        f"Corpus `{args.corpus}`: {files:,} files, {read_chunks:,} chunks; {args.workers} "
+        f"reader workers; an instant embedding server ({args.dim} dimensions, "
+        f"{args.encoding} offered) in its own process. Load average before: {load:.2f}.",
+        "",
+        "| step | seconds | chunks/s |",
+        "|---|---|---|",
+        f"| baseline: read and cut alone (the reader pool) | {read_s:.2f} | "
+        f"{read_chunks / read_s:,.0f} |",
+        f"| whole pass (hash, read, cut, embed, tokenise, write) | {pass_s:.2f} | {rate:,.0f} |",
+        "",
+        f"Whole pass / read and cut: {pass_s / read_s:.2f} ×. Target ≥ {TARGET:,.0f} chunks/s: "
+        f"{'met' if rate >= TARGET else 'MISSED'} ({rate:,.0f}).",
+        "",
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, default=PEPS)
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--encoding", choices=("base64", "float"), default="base64")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/pipeline.md"))
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.dim, args.encoding == "base64")
+        return
+    load = os.getloadavg()[0]
+    read = read_and_cut(args.corpus, args.workers)
+    with instant_server(args.dim, args.encoding == "base64") as url, \
+            tempfile.TemporaryDirectory(prefix="metis-pipeline-") as tmp:
+        passed = asyncio.run(whole_pass(args.corpus, url, args.workers, Path(tmp)))
+    text = report(args, read, passed, load)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""The embedding client's requests: filled across documents, base64 where the server
+takes it, floats once it does not, and a refusal kept to the document refused.
+
+The local model server is the real one; the servers that refuse base64 or a word are
+small stand-ins for servers that do (their answers are what they would send)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+
+import httpx
+import numpy as np
+import pytest
+from aiohttp import web
+
+from metis_indexer.clients import (
+    EmbeddingClient,
+    ModelRefused,
+    _Asked,
+    _Item,
+    decode_embeddings,
+    take_batch,
+)
+from tests.support.model_server import ModelServer, free_port, start_model_server
+
+
+@pytest.fixture(scope="module")
+def models() -> Iterator[ModelServer]:
+    server = start_model_server()
+    yield server
+    server.stop()
+
+
+def recording() -> tuple[httpx.AsyncClient, list[dict]]:
+    """An HTTP client that keeps each embeddings request's body."""
+    bodies: list[dict] = []
+
+    async def keep(request: httpx.Request) -> None:
+        if request.url.path.endswith("/embeddings"):
+            bodies.append(json.loads(request.content))
+
+    return httpx.AsyncClient(timeout=60, event_hooks={"request": [keep]}), bodies
+
+
+def documents() -> list[list[str]]:
+    return [[f"document {d} passage {p} about topic {d * p}" for p in range(3)]
+            for d in range(10)]
+
+
+def test_passages_of_many_documents_share_requests_and_get_their_own_vectors(models):
+    async def run() -> tuple[list[np.ndarray], list[np.ndarray], list[dict]]:
+        http, bodies = recording()
+        client = EmbeddingClient(models.base_url, client=http, batch=8, in_flight=1)
+        await client.connect()
+        together = await asyncio.gather(*(client.embed_documents(d) for d in documents()))
+        batched = list(bodies)
+        alone = [await client.embed_documents(d) for d in documents()]
+        await client.close()
+        return together, alone, batched
+
+    together, alone, bodies = asyncio.run(run())
+    assert [len(b["input"]) for b in bodies] == [8, 8, 8, 6], "full requests across documents"
+    assert {b["encoding_format"] for b in bodies} == {"base64"}, "the local server takes it"
+    for got, want in zip(together, alone, strict=True):
+        assert got.shape == (3, 384)
+        assert np.allclose(got, want, atol=1e-5)
+
+
+@asynccontextmanager
+async def stand_in(answer: Callable[[dict], web.Response]) -> AsyncIterator[str]:
+    """An OpenAI-shaped server whose embeddings answers `answer` gives."""
+
+    async def models_list(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "stand-in", "object": "model"}]})
+
+    async def embeddings(request: web.Request) -> web.Response:
+        return answer(await request.json())
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models_list)
+    app.router.add_post("/v1/embeddings", embeddings)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def floats_only(body: dict) -> web.Response:
+    """A server that knows only floats, and refuses any passage with "poison"."""
+    if body.get("encoding_format") != "float":
+        return web.json_response({"error": "encoding_format: only float"}, status=422)
+    if any("poison" in t for t in body["input"]):
+        return web.json_response({"error": "input refused"}, status=400)
+    data = [{"index": i, "embedding": [float(len(t)), 1.0]} for i, t in enumerate(body["input"])]
+    return web.json_response({"data": data})
+
+
+def test_a_server_refusing_base64_is_asked_in_floats_from_then_on():
+    async def run() -> tuple[list[str], np.ndarray]:
+        http, bodies = recording()
+        async with stand_in(floats_only) as url:
+            client = EmbeddingClient(url, client=http)
+            first = await client.embed_documents(["abc", "de"])
+            await client.embed_documents(["f"])
+            await client.close()
+        return [b["encoding_format"] for b in bodies], first
+
+    formats, first = asyncio.run(run())
+    assert formats == ["base64", "float", "float"]
+    assert first.tolist() == [[3.0, 1.0], [2.0, 1.0]]
+
+
+def test_a_refused_passage_fails_its_own_document_only():
+    async def run() -> list[np.ndarray | BaseException]:
+        async with stand_in(floats_only) as url:
+            client = EmbeddingClient(url, batch=64, in_flight=1)
+            await client.connect()
+            docs = [["fine", "words"], ["a poison pill", "more"], ["also fine"]]
+            got = await asyncio.gather(*(client.embed_documents(d) for d in docs),
+                                       return_exceptions=True)
+            await client.close()
+        return got
+
+    fine, poisoned, also = asyncio.run(run())
+    assert isinstance(poisoned, ModelRefused) and "HTTP 400" in str(poisoned)
+    assert fine.tolist() == [[4.0, 1.0], [5.0, 1.0]]
+    assert also.tolist() == [[9.0, 1.0]]
+
+
+def test_a_batch_is_taken_in_order_without_documents_that_stopped_waiting():
+    async def run() -> list[tuple[int, str]]:
+        waiting: collections.deque[_Item] = collections.deque()
+        first, gone, last = _Asked(2), _Asked(1), _Asked(2)
+        gone.done.cancel()
+        for asked, texts in ((first, "ab"), (gone, "x"), (last, "cd")):
+            waiting.extend(_Item(asked, i, t) for i, t in enumerate(texts))
+        batch = take_batch(waiting, 3)
+        return [(i.index, i.text) for i in batch] + [(-1, i.text) for i in waiting]
+
+    assert asyncio.run(run()) == [(0, "a"), (1, "b"), (0, "c"), (-1, "d")]
+
+
+def b64(v: list[float]) -> str:
+    return base64.b64encode(np.asarray(v, "<f4").tobytes()).decode()
+
+
+@pytest.mark.parametrize(
+    ("rows", "want"),
+    [
+        ([b64([1, 2]), b64([3, 4])], [[1, 2], [3, 4]]),
+        ([[1.0, 2.0], [3.0, 4.0]], [[1, 2], [3, 4]]),
+    ],
+    ids=["base64", "floats-from-a-server-ignoring-the-format"],
+)
+def test_embeddings_decode_in_input_order(rows, want):
+    answer = {"data": [{"index": 1, "embedding": rows[1]}, {"index": 0, "embedding": rows[0]}]}
+    assert decode_embeddings(answer, 2).tolist() == want
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [[b64([1, 2]), b64([3])], [b64([1, 2])], [[1.0, 2.0], [3.0]]],
+    ids=["unequal-lengths", "too-few", "ragged-floats"],
+)
+def test_malformed_embeddings_are_refused(rows):
+    answer = {"data": [{"index": i, "embedding": r} for i, r in enumerate(rows)]}
+    with pytest.raises(ValueError):
+        decode_embeddings(answer, 2)
