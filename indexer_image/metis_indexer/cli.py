@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=7700)
     serve.add_argument("--workers", type=int, default=2)
+    serve.add_argument("--embedding-batch", type=int, default=64,
+                       help="passages per embeddings request, across documents (1-2048)")
 
     def client(name: str, help_: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_)
@@ -110,6 +112,7 @@ def serve_config(args: argparse.Namespace) -> IndexerConfig:
         "host": args.host,
         "port": args.port,
         "workers": args.workers,
+        "embedding_batch": args.embedding_batch,
     }
     if args.embedding:
         raw["embedding"] = {"url": args.embedding, "name": args.embedding}
