@@ -54,7 +54,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
 BINARIES = (
-    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kstatus",
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kstatus",
 )
 """`kstatus` is not Kubernetes: sigs.k8s.io/cli-utils' status computation (what Flux
 reads) as a small checker, built by build.sh beside the others."""
