@@ -184,14 +184,15 @@ async def run(ctx: Context, body: Mapping[str, Any], previous: Mapping[str, Any]
     except spec_mod.SpecError as e:
         return _outcome(
             previous,
-            Observation(invalid=str(e)),
+            Observation(invalid=str(e), generation=generation),
             generation=generation,
             address=None,
             revisions={},
             with_reranker=False,
         )
     inputs = await _inputs(ctx, owner, spec)
-    o = inputs.observation
+    served = bool((previous.get("observed") or {}).get("index"))
+    o = dataclasses.replace(inputs.observation, generation=generation, served=served)
     address = f"http://{owner.child}.{owner.namespace}.svc:{ctx.settings.indexer.port}"
     done = functools.partial(
         _outcome, previous, generation=generation, address=address, revisions=inputs.revisions,
@@ -202,7 +203,7 @@ async def run(ctx: Context, body: Mapping[str, Any], previous: Mapping[str, Any]
     config = spec_mod.to_indexer_config(
         owner.name, spec, port=ctx.settings.indexer.port, embedding_url=inputs.embedding_url,
         reranker_url=inputs.reranker_url, revisions=inputs.revisions,
-    )  # fmt: skip
+    ).model_copy(update={"generation": generation})  # fmt: skip
     claim, deployment = await _apply_children(ctx, owner, spec, config)
     pods = await ctx.cluster.list(
         kube.path("v1", "pods", owner.namespace),
