@@ -195,3 +195,25 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
         if key not in new:
             patch[key] = None
     return patch
+
+
+def is_paused(status: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == PAUSED and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def paused(previous: Mapping[str, Any], now: str) -> dict[str, Any]:
+    """The status of a paused base: as it was, with a Paused condition. The
+    observedGeneration stays: a change made meanwhile is not observed."""
+    condition = {
+        "type": PAUSED,
+        "status": "True",
+        "reason": "Paused",
+        "message": "annotation metis.astraeus.io/paused is \"true\": the operator leaves the "
+        "base and its children as they are",
+    }
+    before = previous.get("conditions") or []
+    kept = [c for c in before if c.get("type") != PAUSED]
+    return {**previous, "conditions": merge_conditions(before, [*kept, condition], now)}

@@ -44,9 +44,38 @@ OPERATOR_USER = "system:serviceaccount:metis-system:metis-operator"
 INDEXER_SELECTOR = "app.kubernetes.io/name=metis-indexer"
 
 
+OPERATOR_RULES = [
+    # The watch cache: drives, model Services, workloads, its ConfigMaps and pods.
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims", "services", "configmaps",
+                                      "pods"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"],
+     "verbs": ["list", "watch"]},
+    # A base's API token, read by name when a request needs it.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    # Leader election.
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+     "verbs": ["get", "create", "update"]},
+]  # fmt: skip
+"""What the operator needs beyond manifests/rbac.yaml of this branch (manifests are
+another change's): the same rules must be in the ClusterRole `metis-operator`."""
+
+
 def install(kube: ControlPlane) -> None:
-    """Apply manifests/ (CRD, namespace, RBAC, operator Deployment); idempotent."""
+    """Apply manifests/ (CRD, namespace, RBAC, operator Deployment) and the rules of
+    `OPERATOR_RULES`; idempotent."""
     kube.kubectl("apply", "-k", str(ROOT / "manifests"))
+    extra = [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "metis-operator-watches"}, "rules": OPERATOR_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "metis-operator-watches"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "metis-operator-watches"},
+         "subjects": [{"kind": "ServiceAccount", "name": "metis-operator",
+                       "namespace": "metis-system"}]},
+    ]  # fmt: skip
+    kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                       "items": extra}))  # fmt: skip
     kube.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
 
 
@@ -127,6 +156,9 @@ class Operator:
     indexer_port: int
     poll_seconds: float = 0.5
     namespaces: tuple[str, ...] = ()
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Settings over the tests' defaults (leader election off, fast probes)."""
+    identity: str = "metis-operator-0"
     metrics_port: int = dataclasses.field(default_factory=free_port)
     health_port: int = dataclasses.field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
@@ -152,6 +184,12 @@ class Operator:
             "METIS_NAMESPACES": ",".join(self.namespaces),
             "METIS_METRICS_PORT": str(self.metrics_port),
             "METIS_HEALTH_PORT": str(self.health_port),
+            "METIS_PROBE_SECONDS": "1",
+            "METIS_MODEL_GRACE_SECONDS": "3",
+            "METIS_LEADER_ELECTION": "false",
+            "METIS_LOG_FORMAT": "json",
+            "POD_NAME": self.identity,
+            **self.env,
         }
         with self.log_path.open("ab") as log:
             log.write(f"--- start {self.starts + 1}\n".encode())
@@ -161,8 +199,13 @@ class Operator:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
         self.starts += 1
-        wait_for(self._healthy, timeout=60, what="the operator's /healthz", alive=self.check_alive)
+        if self.env.get("METIS_LEADER_ELECTION") != "true":
+            self.wait_healthy()
         return self
+
+    def wait_healthy(self, timeout: float = 60) -> None:
+        wait_for(self._healthy, timeout=timeout, what="the operator's /healthz",
+                 alive=self.check_alive)  # fmt: skip
 
     def _healthy(self) -> bool:
         try:

@@ -185,3 +185,18 @@ def test_warnings_count_folders_instead_of_naming_them() -> None:
 )  # fmt: skip
 def test_merge_patch(old: dict[str, Any], new: dict[str, Any], patch: dict[str, Any]) -> None:
     assert status_mod.merge_patch(old, new) == patch
+
+
+def test_a_paused_base_keeps_its_status_and_says_so() -> None:
+    before = compose({}, now=T0)
+    paused = status_mod.paused(before, T1)
+    assert status_mod.is_paused(paused) and not status_mod.is_paused(before)
+    cond = next(c for c in paused["conditions"] if c["type"] == "Paused")
+    assert (cond["status"], cond["lastTransitionTime"]) == ("True", T1)
+    assert "metis.astraeus.io/paused" in cond["message"]
+    assert {k: v for k, v in paused.items() if k != "conditions"} == {
+        k: v for k, v in before.items() if k != "conditions"
+    }
+    assert status_mod.paused(paused, "later") == paused  # nothing more to write
+    resumed = compose(paused, now=T1)
+    assert not status_mod.is_paused(resumed)
