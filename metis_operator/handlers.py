@@ -100,7 +100,9 @@ class Runner:
             if base is not None and base.task is not None:
                 base.task.cancel()
             self.bases.pop(key, None)
-            self.rolling.discard(key)
+            if key in self.rolling:
+                self.rolling.discard(key)
+                self.wake(set(self.bases))  # the next may roll out
             self.ctx.probers.release(key, set())
             self.ctx.metrics.forget(key)
             return
@@ -169,7 +171,8 @@ class Runner:
         self._follow_rollout(base.key, outcome.rollout, state)
         for done in outcome.applied:
             _say(base.key, done, child=done.split(" ")[0])
-            await post_event(ctx, body, "Normal", "Applied", "Apply", done)
+            if done.endswith(" repaired"):  # someone changed what the operator owns
+                await post_event(ctx, body, "Normal", "Repaired", "Apply", done)
         ctx.metrics.record(base.key, state)
         if state.value != previous.get("state"):
             _say(base.key, f"{state.value}: {reason}", state=state.value)

@@ -257,6 +257,9 @@ class Kubelet:
         self.namespace = namespace
         self.workdir = workdir
         self.hold = False
+        self.late_config = False
+        """Keep ConfigMap updates from the running pods, as a real kubelet does for up
+        to a minute."""
         self.pods: dict[str, _Pod] = {}
         self.errors: list[str] = []
         self.volumes: list[str] = []
@@ -309,7 +312,8 @@ class Kubelet:
                 if pod["spec"].get("nodeName") and not self.hold:
                     self.pods[uid] = self._start(pod)
                 continue
-            self._follow_config(known)
+            if not self.late_config:
+                self._follow_config(known)
             if not known.running and self._ready(known.process):
                 self.kube.mark_pod_running(self.namespace, known.name)
                 known.running = True
@@ -440,6 +444,20 @@ def wait_state(
     except TimeoutError as e:
         status = get_kb(kube, namespace, name).get("status")
         raise AssertionError(f"{e}; its status: {yaml.safe_dump(status)}") from None
+
+
+def kstatus(kube: ControlPlane, obj: dict[str, Any]) -> dict[str, str]:
+    """What sigs.k8s.io/cli-utils' kstatus (Flux's reading) computes for `obj`:
+    {"status": "InProgress" | "Current" | "Failed" | ..., "message": ...}."""
+    return read_kstatus(kube.bin_dir, obj)
+
+
+def read_kstatus(bin_dir: Path, obj: dict[str, Any]) -> dict[str, str]:
+    out = subprocess.run(
+        [str(bin_dir / "kstatus")], input=json.dumps(obj), capture_output=True, text=True,
+        check=True, timeout=30,
+    )  # fmt: skip
+    return dict(json.loads(out.stdout))
 
 
 def state_events(kube: ControlPlane, namespace: str, name: str) -> list[tuple[str, str]]:
