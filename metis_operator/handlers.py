@@ -230,7 +230,9 @@ def _key(body: Mapping[str, Any]) -> Key:
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """kopf's records in annotations (the status is ours alone), and the shared context.
 
-    Nothing is closed at exit: the loops end with the process."""
+    Nothing is closed at exit: the loops end with the process. No handler needs a
+    finalizer; naming the one earlier versions added lets kopf remove it from them."""
+    settings.persistence.finalizer = f"{children.GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=KOPF_PREFIX, key="last-handled-configuration"
