@@ -247,7 +247,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.context.metrics.serve(ours.runtime.metrics_port)
 
 
-def base_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+async def base_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """A base appeared, changed or went: its loop starts, wakes or stops."""
     ctx: Context = memo.context
     if not ctx.cache.bound:
@@ -263,7 +263,7 @@ def _indexer(plural: str) -> Any:
 
 
 def _waker(plural: str) -> Any:
-    def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    async def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         runner: Runner | None = memo.get("runner")
         if runner is not None:
             runner.wake(cache.affected(runner.deps(), plural, body))

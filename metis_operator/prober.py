@@ -106,7 +106,11 @@ class Prober:
     async def _loop(self) -> None:
         while True:
             before = verdict(self.history, time.monotonic(), self.grace)
-            await self.probe_once()
+            try:
+                await self.probe_once()
+            except Exception as e:  # a prober that died would leave its bases waiting
+                log.exception("probing %s %s failed", self.role, self.name)
+                self._failed(f"the probe failed: {e!r}", time.monotonic())
             self._first.set()
             after = verdict(self.history, time.monotonic(), self.grace)
             if after != before:
