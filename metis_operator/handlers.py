@@ -271,32 +271,40 @@ def _waker(plural: str) -> Any:
     return changed
 
 
+async def created(body: kopf.Body, **_: Any) -> None:
+    """A new base, said once. It also makes kopf record the base as handled (its
+    diff base), so that the first reindex annotation reads as a change, not a creation."""
+    _say(_key(body), "created")
+
+
 def _created(reason: kopf.Reason) -> bool:
     """A new base runs its first pass anyway: an annotation it was created with is moot."""
     return reason == kopf.Reason.CREATE
 
 
 async def reindex(
-    new: str, body: kopf.Body, memo: kopf.Memo, reason: kopf.Reason, **_: Any
+    new: str, body: kopf.Body, memo: kopf.Memo, reason: kopf.Reason, retry: int, **_: Any
 ) -> None:
     if _created(reason) or paused(body):
         return
     full = str(new).startswith("full")
     what = "a full reindex" if full else "a pass"
-    _say(_key(body), f"{what} asked ({REINDEX}={new})", request="reindex")
+    if not retry:
+        _say(_key(body), f"{what} asked ({REINDEX}={new})", request="reindex")
     await _ask(body, memo, reconcile.reindex(memo.context, children.Owner.of(body), full=full))
     await post_event(memo.context, body, "Normal", "Reindex", "Reindex", f"{what} started")
 
 
 async def evaluate(
-    new: str, body: kopf.Body, memo: kopf.Memo, reason: kopf.Reason, **_: Any
+    new: str, body: kopf.Body, memo: kopf.Memo, reason: kopf.Reason, retry: int, **_: Any
 ) -> None:
     if _created(reason) or paused(body):
         return
     found = _K.search(str(new))
     k = int(found[1]) if found else DEFAULT_K
     ctx: Context = memo.context
-    _say(_key(body), f"an evaluation asked ({EVALUATE}={new})", request="evaluate")
+    if not retry:
+        _say(_key(body), f"an evaluation asked ({EVALUATE}={new})", request="evaluate")
     figures = await _ask(body, memo, reconcile.evaluate(ctx, children.Owner.of(body), k=k))
     runner: Runner = memo.runner
     base = runner.bases.get(_key(body)) or Base(_key(body), copy.deepcopy(dict(body)))
@@ -337,6 +345,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
             _waker(w.plural)
         )
     kopf.on.event(**on, id="base")(base_event)
+    kopf.on.create(**on)(created)
     for annotation, fn in ((REINDEX, reindex), (EVALUATE, evaluate)):
         kopf.on.field(
             **on, field=("metadata", "annotations", annotation), new=kopf.PRESENT,
