@@ -157,13 +157,10 @@ class Runner:
                 return
             if status_mod.is_paused(previous):
                 _say(base.key, "resumed")
-            may_roll = reconcile.rollout_allowed(
-                base.key, self.rolling, ctx.settings.runtime.max_rollouts
-            )
             with ctx.metrics.errors.labels(trigger=trigger).count_exceptions():
                 with ctx.metrics.seconds.time():
                     outcome = await reconcile.run(
-                        ctx, body, previous, fresh=resync, may_roll=may_roll
+                        ctx, body, previous, fresh=resync, may_roll=lambda: self.turn(base.key)
                     )
                 await self.write(base, body, outcome.status)
         base.deps = outcome.deps
@@ -179,9 +176,16 @@ class Runner:
             kind = "Warning" if state in _WARNING_STATES else "Normal"
             await post_event(ctx, body, kind, state.value, "Reconcile", reason)
 
+    def turn(self, key: Key) -> bool:
+        """Whether `key` may roll out now; if so it holds a turn (no await between the
+        check and the taking: the loops share one thread)."""
+        if not reconcile.rollout_allowed(key, self.rolling, self.ctx.settings.runtime.max_rollouts):
+            return False
+        self.rolling.add(key)
+        return True
+
     def _follow_rollout(self, key: Key, rollout: str, state: State) -> None:
-        if rollout == "started" and key not in self.rolling:
-            self.rolling.add(key)
+        if rollout == "started":
             _say(key, "rolling out the operator's change (an image or setting)")
         elif rollout == "held":
             log.debug("%s/%s waits for its turn to roll out", *key)

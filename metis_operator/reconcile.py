@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -149,7 +149,7 @@ async def _apply_children(
     *,
     generation: int,
     fresh: bool,
-    may_roll: bool,
+    may_roll: Callable[[], bool],
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[str], str]:
     """Create what is missing and re-apply what drifted; (index claim, Deployment) as
     they are now, what was done, and the operator's own rollout ("held", "started")."""
@@ -174,7 +174,7 @@ async def _apply_children(
         found = await _read(ctx, kind, manifest, fresh)
         if children.needs_apply(manifest, found):
             if kind == "Deployment" and operators_change(manifest, found):
-                rollout = "started" if may_roll else "held"
+                rollout = "started" if may_roll() else "held"
             if rollout != "held":
                 verb = "created" if found is None else "updated"
                 if found is not None and _hash(found) == _hash(manifest):
@@ -251,11 +251,12 @@ async def run(
     previous: Mapping[str, Any],
     *,
     fresh: bool = False,
-    may_roll: bool = True,
+    may_roll: Callable[[], bool] = lambda: True,
 ) -> Outcome:
     """Reconcile the base `body` whose stored status is `previous`; `fresh` reads its
-    children from the API server instead of the cache; `may_roll` lets a rollout of
-    the operator's own start."""
+    children from the API server instead of the cache; `may_roll` is asked, at the
+    moment it is due, whether a rollout of the operator's own may start (and takes
+    the turn when it may)."""
     owner = children.Owner.of(body)
     generation = int(body["metadata"].get("generation", 0))
     try:
