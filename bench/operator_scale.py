@@ -219,7 +219,7 @@ def main() -> int:
                             f"# Page {d} of base {i}\n\nHow team {i} handles topic {d}.\n"
                         )
                     make_drive(kube, ns, f"docs-{i}", docs)
-                started = time.monotonic()
+                started, wall_start = time.monotonic(), dt.datetime.now(dt.UTC)
                 for i in range(args.bases):
                     kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(kb(f"kb-{i}", {
                         "sources": [{"drive": f"docs-{i}"}], "embedding": {"deployment": "minilm"},
@@ -249,6 +249,7 @@ def main() -> int:
             finally:
                 op.stop()
         requests = audit_requests(kube.audit_log, wall0, wall1)
+        creating = audit_requests(kube.audit_log, wall_start, wall0)
     models.stop()
     minutes = (t1 - t0) / 60
     total = sum(requests.values())
@@ -261,6 +262,7 @@ def main() -> int:
         "idle_minutes": round(minutes, 2),
         "api_requests_per_min_per_base": round(total / minutes / args.bases, 3),
         "api_requests_by_kind": dict(requests.most_common()),
+        "api_requests_per_base_until_all_ready": round(sum(creating.values()) / args.bases, 1),
         "model_calls_per_min_per_service": round(model_calls / minutes, 2),
         "operator_cpu_percent_idle": round(100 * (cpu1 - cpu0) / (t1 - t0), 2),
         "operator_rss_mib": round(rss / 2**20, 1),
