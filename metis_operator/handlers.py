@@ -120,9 +120,8 @@ class Runner:
                 base.wake.set()
 
     def deps(self) -> dict[Key, Deps]:
-        return {
-            k: b.deps or Deps(k[0]) for k, b in self.bases.items()
-        }
+        """What each base read last (only its own children before its first look)."""
+        return {k: b.deps or Deps(k[0]) for k, b in self.bases.items()}
 
     async def _loop(self, base: Base) -> None:
         interval = self.ctx.settings.poll.interval_seconds
