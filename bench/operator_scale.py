@@ -199,7 +199,9 @@ def main() -> int:
         kube.rest().post("/api/v1/namespaces", {"metadata": {"name": ns}})
         wait_for(lambda: kube.rest().get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"),
                  timeout=60, what="the default service account")  # fmt: skip
-        kube.add_node("bench-node", {"pool": "bench"})
+        # Each indexer asks 1 CPU and 2 GiB (the spec's defaults): room for all.
+        kube.add_node("bench-node", {"pool": "bench"}, cpu=str(args.bases + 1),
+                      memory=f"{2 * args.bases + 2}Gi")  # fmt: skip
         router.routes[(ns, "minilm")] = int(models.base_url.rsplit(":", 1)[1])
         model_service(kube, ns, "minilm", 80)
         (work / "op").mkdir()
