@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,6 +37,7 @@ from metis_operator.state import (
     derive,
 )
 
+log = logging.getLogger("metis_operator")
 EMBEDDING = "embedding model"
 RERANKER = "reranker"
 
@@ -327,8 +329,17 @@ def _outcome(
 
 
 async def token(ctx: Context, owner: children.Owner) -> str | None:
-    """The base's API token (Secret `metis-<name>`, key `token`), None without one."""
-    secret = await ctx.cluster.get(kube.path("v1", "secrets", owner.namespace, owner.child))
+    """The base's API token (Secret `metis-<name>`, key `token`), None without one or
+    without the right to read it (the indexer then answers 401, which says so)."""
+    try:
+        secret = await ctx.cluster.get(kube.path("v1", "secrets", owner.namespace, owner.child))
+    except kube.ApiError as e:
+        if e.status != 403:
+            raise
+        where = f"{owner.namespace}/{owner.name}"
+        log.warning("%s: cannot read Secret %s: %s", where, owner.child, e.message,
+                    extra={"base": where})  # fmt: skip
+        return None
     return cache_mod.token(secret) if secret is not None else None
 
 

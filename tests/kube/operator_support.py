@@ -50,14 +50,13 @@ OPERATOR_RULES = [
                                       "pods"], "verbs": ["list", "watch"]},
     {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"],
      "verbs": ["list", "watch"]},
-    # A base's API token, read by name when a request needs it.
-    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
     # Leader election.
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
      "verbs": ["get", "create", "update"]},
 ]  # fmt: skip
 """What the operator needs beyond manifests/rbac.yaml of this branch (manifests are
-another change's): the same rules must be in the ClusterRole `metis-operator`."""
+another change's): the same rules must be in the ClusterRole `metis-operator`, and
+`get` on secrets once bases have API tokens (without it a request goes without one)."""
 
 
 def install(kube: ControlPlane) -> None:
