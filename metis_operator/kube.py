@@ -105,10 +105,6 @@ class Cluster:
                 return None
             raise
 
-    async def list(self, url_path: str, selector: str | None = None) -> list[dict[str, Any]]:
-        query = {"labelSelector": selector} if selector else None
-        return (await self.call("GET", url_path, query=query))["items"]
-
     async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply: creates the object or brings the fields it names into
         shape, taking them over from whoever changed them (force)."""
