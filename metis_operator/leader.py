@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import http.server
 import logging
 import os
 import threading
@@ -191,3 +192,27 @@ class Elector:
             log.info("%s released the Lease", self.me)
         except (kube.ApiError, OSError) as e:
             log.warning("cannot release the Lease: %s", e)
+
+
+class StandbyHealth:
+    """`/healthz` while standing by, so that a liveness probe does not restart a
+    standby; closed before the operator serves its own on the same port."""
+
+    def __init__(self, port: int) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/plain")
+                self.end_headers()
+                self.wfile.write(b"standing by\n")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+        threading.Thread(target=self.server.serve_forever, name="standby health",
+                         daemon=True).start()  # fmt: skip
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

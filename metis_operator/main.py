@@ -32,7 +32,12 @@ def main(argv: list[str] | None = None) -> int:
         elector = leader.Elector(
             kube.Cluster.connect(runtime.field_manager), namespace, report.instance()
         )
+        health_while_standing_by = (
+            leader.StandbyHealth(runtime.health_port) if runtime.health_port else None
+        )
         elector.acquire()
+        if health_while_standing_by is not None:
+            health_while_standing_by.close()
     registry = kopf.OperatorRegistry()
     handlers.register(registry, settings)
     health = f"http://0.0.0.0:{runtime.health_port}/healthz" if runtime.health_port else None

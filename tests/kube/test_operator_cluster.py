@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.kube.controlplane import ControlPlane, free_port, gone, wait_for
@@ -86,6 +87,15 @@ def setup(kube: ControlPlane, ns: str, models: ModelServer, tmp_path: Path) -> N
     model_service(kube, ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
 
 
+def acting(op: Operator) -> bool:
+    """Whether `op` runs the operator (its metrics are served once it does)."""
+    try:
+        op.metrics()
+        return True
+    except httpx.HTTPError:
+        return False
+
+
 def test_two_replicas_act_once_and_the_standby_takes_over(
     kube: ControlPlane, namespace: str, node: str, models: ModelServer, tmp_path: Path
 ) -> None:
@@ -109,7 +119,7 @@ def test_two_replicas_act_once_and_the_standby_takes_over(
                      timeout=30, what="replica-a to lead")  # fmt: skip
             apply_kb(kube, ns, kb("handbook", spec_for(node)))
             wait_state(kube, ns, "handbook", "Ready", timeout=120, alive=first.check_alive)
-            assert not second._healthy()  # the standby runs nothing
+            assert second._healthy() and not acting(second)  # alive, standing by
 
             passes = kubelet.indexer().status()["passes"]
             kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/reindex=1")
@@ -126,7 +136,8 @@ def test_two_replicas_act_once_and_the_standby_takes_over(
             first.stop(signal.SIGKILL)
             wait_for(lambda: kube.rest().get(LEASE)["spec"]["holderIdentity"] == "replica-b",
                      timeout=15 + 2 + 5, interval=0.5, what="replica-b to take over")  # fmt: skip
-            second.wait_healthy()
+            wait_for(lambda: acting(second), timeout=30, what="replica-b to act",
+                     alive=second.check_alive)  # fmt: skip
             kube.kubectl("annotate", "kb", "handbook", "-n", ns, "--overwrite",
                          "metis.astraeus.io/reindex=2")  # fmt: skip
             wait_for(lambda: kubelet.indexer().status()["passes"] == passes + 2, timeout=60,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import httpx
 import pytest
 
 from metis_operator import kube, leader
 from metis_operator.leader import Action, Seen
+from tests.support.processes import free_port
 
 
 def lease(holder: str, renew: str = "t1", duration: int = 15) -> dict[str, Any]:
@@ -91,3 +93,14 @@ def test_two_replicas_one_leader_until_it_releases() -> None:
     assert b.try_once() is True
     assert api.lease is not None and api.lease["spec"]["holderIdentity"] == "b"
     assert a.try_once() is False
+
+
+def test_a_standby_answers_its_liveness_probe() -> None:
+    port = free_port()
+    health = leader.StandbyHealth(port)
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    finally:
+        health.close()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/healthz")
