@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.server
 import json
 import os
 import signal
@@ -141,6 +142,54 @@ def model_service(
     kube.rest().post(
         f"/api/v1/namespaces/{namespace}/services", {"metadata": {"name": name}, "spec": spec}
     )
+
+
+class StallingProxy:
+    """A model server's front: forwards every request, and holds the next `stall`
+    `GET /v1/models` calls (a prober's cheap call) for `seconds` before answering."""
+
+    def __init__(self, target: str, seconds: float = 5.0) -> None:
+        self.target, self.seconds = target, seconds
+        self.stall = 0
+        self.models_calls: list[str] = []
+        """`stalled` or `answered`, one per `GET /v1/models`, in order."""
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.command == "GET" and self.path == "/v1/models":
+                    stalled = proxy.stall > 0
+                    proxy.stall -= stalled
+                    proxy.models_calls.append("stalled" if stalled else "answered")
+                    if stalled:
+                        threading.Event().wait(proxy.seconds)
+                answer = httpx.request(
+                    self.command, proxy.target + self.path, content=body, timeout=60,
+                    headers={"content-type": self.headers.get("content-type", "")},
+                )  # fmt: skip
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(answer.status_code)
+                    self.send_header("content-type", answer.headers.get("content-type", ""))
+                    self.send_header("content-length", str(len(answer.content)))
+                    self.end_headers()
+                    self.wfile.write(answer.content)
+
+            do_GET = do_POST = _forward
+
+        self.port = free_port()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 # --------------------------------------------------------------------------- the operator

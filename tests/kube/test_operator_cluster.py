@@ -24,6 +24,7 @@ from tests.kube.operator_support import (
     CRD,
     Kubelet,
     Operator,
+    StallingProxy,
     get_kb,
     install,
     kb,
@@ -155,6 +156,41 @@ def test_two_replicas_act_once_and_the_standby_takes_over(
         finally:
             for op in ops:
                 op.stop()
+
+
+def test_a_slow_probe_does_not_flip_the_state(
+    kube: ControlPlane, namespace: str, node: str, models: ModelServer, tmp_path: Path
+) -> None:
+    install(kube)
+    ns = namespace
+    proxy = StallingProxy(models.base_url, seconds=5)  # the operator gives up after 2 s
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    write_documents(docs, 6)
+    make_drive(kube, ns, "docs", docs)
+    model_service(kube, ns, "minilm", proxy.port)
+    (tmp_path / "op").mkdir()
+    op = Operator(kube, tmp_path / "op", free_port(),
+                  env={"METIS_MODEL_GRACE_SECONDS": "20"}).start()  # fmt: skip
+    try:
+        with Kubelet(kube, ns, tmp_path / "kubelet"):
+            apply_kb(kube, ns, kb("handbook", spec_for(node)))
+            s = wait_state(kube, ns, "handbook", "Ready", timeout=120, alive=op.check_alive)
+            ready_since = next(c for c in s["conditions"] if c["type"] == "Ready")
+            events = state_events(kube, ns, "handbook")
+            proxy.stall = 1
+            # The slow call, then three answered cheap calls: the prober has recovered.
+            wait_for(lambda: proxy.models_calls[-3:] == ["answered"] * 3
+                     and "stalled" in proxy.models_calls, timeout=60,
+                     what="a stalled probe, then three answered", alive=op.check_alive)  # fmt: skip
+            looked_again(op)
+            s = get_kb(kube, ns, "handbook")["status"]
+            assert s["state"] == "Ready", s
+            assert next(c for c in s["conditions"] if c["type"] == "Ready") == ready_since
+            assert state_events(kube, ns, "handbook") == events
+    finally:
+        op.stop()
+        proxy.close()
 
 
 def managers(obj: dict[str, Any]) -> set[str]:
