@@ -182,7 +182,7 @@ def test_what_only_the_operator_can_check(
             "observedGeneration": 1, "lastTransitionTime": None,
         }  # fmt: skip
         s = wait_state(kube, ns, "on-gpu", "Pending", alive=alive,
-                       check=lambda s: "scheduler" in s["reason"])  # fmt: skip
+                       check=lambda s: "node affinity/selector" in s["reason"])  # fmt: skip
         assert s["reason"].startswith(f"no machine matches placement labels pool={pool} ")
         assert "(scheduler: 0/" in s["reason"] and "node affinity/selector" in s["reason"]
         assert condition(s, "RerankerAvailable")["status"] == "True"
@@ -253,7 +253,7 @@ def test_a_base_indexes_answers_and_follows_changes(
     }
     apply_kb(kube, ns, kb("handbook", spec))
     s = wait_state(kube, ns, "handbook", "Pending", alive=alive,
-                   check=lambda s: "scheduler" in s["reason"])  # fmt: skip
+                   check=lambda s: "node affinity/selector" in s["reason"])  # fmt: skip
     assert s["reason"].startswith(f"no machine matches placement labels pool=gpu-{pool}")
 
     # The pod the operator made: the drives read-only, the index at /index, no root.
