@@ -814,6 +814,10 @@ class ControlPlane:
                 f"--secure-port={port}",
                 f"--cert-dir={self.workdir / 'scheduler-certs'}",
                 "--leader-elect=false",
+                # An unschedulable pod is tried again within seconds, not 5 minutes:
+                # the claims the test kubelet binds a moment after the pod appeared
+                # do not always requeue it, and a test should not wait minutes.
+                "--pod-max-in-unschedulable-pods-duration=5s",
                 "--profiling=false",
             ]
 
