@@ -1,26 +1,40 @@
-"""The kopf handlers: each a few lines over `reconcile`; the policy (interval,
-backoff, which field) is in `register`, the one place that lists them all.
+"""The kopf handlers, and the loop that looks after each base.
 
-A base is reconciled on a timer (every `poll.interval_seconds`, at once when it
-appears or the operator starts) and when its spec changes. The two may overlap,
-so each base's reconciliations take turns on a lock in its own kopf memo, which
-also remembers the last status written: the status is written only when it
-changed, and an Event is posted only when the state changed.
+kopf watches the bases and what decides them (drives, model Services, workloads,
+the operator's ConfigMaps and indexer pods: cache.py) and keeps them in memory. A
+change of any of them wakes the bases it concerns (`cache.affected`); each base has
+one loop of its own (`Runner`), which reconciles it when woken, else every
+`poll.interval_seconds` (the indexer's `GET /v1/status` over HTTP, everything else
+from the cache) and reads its children from the API server every
+`poll.resync_seconds`. The loops are the operator's own tasks, not kopf timers, so a
+base carries no finalizer: deleting it, or the CRD with bases present, completes at
+once, and the garbage collector removes the children by their owner references.
+
+A base's status is written only when it changed, an Event is posted and a line
+logged when its state changed, and the user's requests (reindex, evaluate
+annotations) are kopf field handlers. A base annotated `metis.astraeus.io/paused:
+"true"` is left alone: its children are not touched and a Paused condition says so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
+import logging
 import re
+import time
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
 import httpx
 import kopf
 
-from metis_operator import children, kube, reconcile
+from metis_operator import cache, children, kube, reconcile, report
+from metis_operator import status as status_mod
+from metis_operator.cache import Cache, Deps, Key
 from metis_operator.metrics import Metrics
+from metis_operator.prober import Probers
 from metis_operator.reconcile import Context
 from metis_operator.settings import Settings
 from metis_operator.state import State
@@ -31,6 +45,8 @@ REINDEX = f"{children.GROUP}/reindex"
 """Annotation: a new value asks for a pass; a value starting with `full` reads everything."""
 EVALUATE = f"{children.GROUP}/evaluate"
 """Annotation: a new value runs the evaluation set (`k=5` in it sets k; 10 by default)."""
+PAUSED = f"{children.GROUP}/paused"
+"""Annotation: "true" leaves the base and its children untouched."""
 DEFAULT_K = 10
 _K = re.compile(r"(?:^|[^a-z])k=(\d+)")
 _WARNING_STATES = (State.FAILED, State.WAITING)
@@ -39,62 +55,230 @@ KOPF_PREFIX = f"kopf.{children.GROUP}"
 """kopf's own annotations. Not the group itself: kopf leaves every annotation under its
 prefix out of the changes it reacts to, and the user's requests (reindex, evaluate)
 are annotations under the group."""
+log = logging.getLogger("metis_operator")
+
+
+def paused(body: Mapping[str, Any]) -> bool:
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(PAUSED, "")).strip().lower() == "true"
+
+
+@dataclasses.dataclass
+class Base:
+    """One base's loop: its latest body, what it depends on, what it last wrote."""
+
+    key: Key
+    body: dict[str, Any]
+    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    status: dict[str, Any] | None = None
+    deps: Deps | None = None
+    task: asyncio.Task[None] | None = None
+    resynced: float = dataclasses.field(default_factory=time.monotonic)
+
+    def previous(self) -> dict[str, Any]:
+        """The status last written by this process, else the stored one."""
+        if self.status is not None:
+            return self.status
+        return copy.deepcopy(dict(self.body.get("status") or {}))
+
+
+class Runner:
+    """Every base's loop, and which bases are rolling out a change of the operator's."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.bases: dict[Key, Base] = {}
+        self.rolling: set[Key] = set()
+        ctx.probers.wake = self.wake
+
+    def seen(self, body: Mapping[str, Any], deleted: bool) -> None:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        base = self.bases.get(key)
+        if deleted:
+            if base is not None and base.task is not None:
+                base.task.cancel()
+            self.bases.pop(key, None)
+            if key in self.rolling:
+                self.rolling.discard(key)
+                self.wake(set(self.bases))  # the next may roll out
+            self.ctx.probers.release(key, set())
+            self.ctx.metrics.forget(key)
+            self.ctx.tokens.discard(key)  # its Secret goes with it; a new base needs one
+            return
+        if base is None:
+            base = self.bases[key] = Base(key, copy.deepcopy(dict(body)))
+            base.task = asyncio.create_task(self._loop(base), name=f"base {key[0]}/{key[1]}")
+        else:
+            base.body = copy.deepcopy(dict(body))
+        base.wake.set()
+
+    def wake(self, keys: set[Key]) -> None:
+        for key in keys:
+            base = self.bases.get(key)
+            if base is not None:
+                base.wake.set()
+
+    def deps(self) -> dict[Key, Deps]:
+        """What each base read last (only its own children before its first look)."""
+        return {k: b.deps or Deps(k[0]) for k, b in self.bases.items()}
+
+    async def _loop(self, base: Base) -> None:
+        interval = self.ctx.settings.poll.interval_seconds
+        trigger = "change"
+        while True:
+            base.wake.clear()
+            try:
+                await self.reconcile(base, trigger)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reconciling %s/%s failed", *base.key, extra=_about(base.key))
+            try:
+                await asyncio.wait_for(base.wake.wait(), timeout=interval)
+                trigger = "change"
+            except TimeoutError:
+                trigger = "timer"
+
+    async def reconcile(self, base: Base, trigger: str) -> None:
+        ctx = self.ctx
+        resync = time.monotonic() - base.resynced >= ctx.settings.poll.resync_seconds
+        if resync:
+            base.resynced, trigger = time.monotonic(), "resync"
+        ctx.metrics.reconciliations.labels(trigger=trigger).inc()
+        async with base.lock:
+            body = copy.deepcopy(base.body)
+            previous = base.previous()
+            if paused(body):
+                await self.write(base, body, status_mod.paused(previous, _now()))
+                if not status_mod.is_paused(previous):
+                    _say(base.key, "paused: the base and its children are left as they are")
+                return
+            if status_mod.is_paused(previous):
+                _say(base.key, "resumed")
+            with ctx.metrics.errors.labels(trigger=trigger).count_exceptions():
+                with ctx.metrics.seconds.time():
+                    outcome = await reconcile.run(
+                        ctx, body, previous, fresh=resync, may_roll=lambda: self.turn(base.key)
+                    )
+                await self.write(base, body, outcome.status)
+        base.deps = outcome.deps
+        state, reason = outcome.verdict.state, outcome.verdict.reason
+        self._follow_rollout(base.key, outcome.rollout, state)
+        for done in outcome.applied:
+            _say(base.key, done, child=done.split(" ")[0])
+            if done.endswith(" repaired"):  # someone changed what the operator owns
+                await post_event(ctx, body, "Normal", "Repaired", "Apply", done)
+        ctx.metrics.record(base.key, state)
+        if state.value != previous.get("state"):
+            _say(base.key, f"{state.value}: {reason}", state=state.value)
+            kind = "Warning" if state in _WARNING_STATES else "Normal"
+            await post_event(ctx, body, kind, state.value, "Reconcile", reason)
+
+    def turn(self, key: Key) -> bool:
+        """Whether `key` may roll out now; if so it holds a turn (no await between the
+        check and the taking: the loops share one thread)."""
+        if not reconcile.rollout_allowed(key, self.rolling, self.ctx.settings.runtime.max_rollouts):
+            return False
+        self.rolling.add(key)
+        return True
+
+    def _follow_rollout(self, key: Key, rollout: str, state: State) -> None:
+        if rollout == "started":
+            _say(key, "rolling out the operator's change (an image or setting)")
+        elif rollout == "held":
+            log.debug("%s/%s waits for its turn to roll out", *key)
+        if key in self.rolling and rollout != "started" and state in (State.READY, State.FAILED):
+            self.rolling.discard(key)
+            self.wake(set(self.bases) - self.rolling)  # the next may start
+
+    async def write(self, base: Base, body: Mapping[str, Any], new: dict[str, Any]) -> None:
+        patch = merge_patch(base.previous(), new)
+        if patch:
+            owner = children.Owner.of(body)
+            await self.ctx.cluster.merge_patch(
+                reconcile.kb_path(owner) + "/status", {"status": patch}
+            )
+        base.status = new
+
+
+def _about(key: Key, **fields: str) -> dict[str, str]:
+    return {"base": f"{key[0]}/{key[1]}", **fields}
+
+
+def _say(key: Key, message: str, **fields: str) -> None:
+    log.info("%s/%s: %s", key[0], key[1], message, extra=_about(key, **fields))
+
+
+def _now() -> str:
+    return reconcile.now()
+
+
+async def post_event(
+    ctx: Context, body: Mapping[str, Any], kind: str, reason: str, action: str, message: str
+) -> None:
+    """An Event from metis-operator; one that cannot be posted is logged, never raised."""
+    event = report.event(body, kind=kind, reason=reason, action=action, message=message)
+    path = kube.path("v1", "events", body["metadata"]["namespace"])
+    try:
+        await ctx.cluster.post(path, event)
+    except (kube.ApiError, OSError) as e:
+        log.warning("cannot post an Event: %s", e, extra=_about(_key(body)))
+
+
+def _key(body: Mapping[str, Any]) -> Key:
+    return body["metadata"]["namespace"], body["metadata"]["name"]
 
 
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """kopf's records in annotations (the status is ours alone), and the shared context.
 
-    Nothing is closed at exit: kopf leaves running timers orphaned then, and a
-    client closed under them would only turn their last round into errors."""
+    Nothing is closed at exit: the loops end with the process. No handler needs a
+    finalizer; naming the one earlier versions added lets kopf remove it from them."""
     settings.persistence.finalizer = f"{children.GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=KOPF_PREFIX, key="last-handled-configuration"
     )
+    settings.posting.enabled = False  # Events are ours, from metis-operator
     ours: Settings = memo.config
-    cluster = await asyncio.to_thread(kube.Cluster.connect)
+    cluster = await asyncio.to_thread(kube.Cluster.connect, ours.runtime.field_manager)
     http = httpx.AsyncClient(timeout=ours.reach.timeout_seconds)
-    memo.context = Context(ours, cluster, http, Metrics.create())
+    probers = Probers(http, interval=ours.poll.probe_seconds, grace=ours.poll.model_grace_seconds)
+    memo.context = Context(ours, cluster, http, Metrics.create(), Cache(), probers)
+    memo.runner = Runner(memo.context)
     memo.context.metrics.serve(ours.runtime.metrics_port)
 
 
-def _previous(body: Mapping[str, Any], memo: kopf.Memo) -> dict[str, Any]:
-    """The status last written by this process, else the stored one."""
-    return memo.get("status") or copy.deepcopy(dict(body.get("status") or {}))
-
-
-async def _write(ctx: Context, body: Mapping[str, Any], memo: kopf.Memo, new: dict) -> None:
-    patch = merge_patch(_previous(body, memo), new)
-    if patch:
-        owner = children.Owner.of(body)
-        await ctx.cluster.merge_patch(reconcile.kb_path(owner) + "/status", {"status": patch})
-    memo["status"] = new
-
-
-async def _reconcile(body: kopf.Body, memo: kopf.Memo, trigger: str) -> None:
+async def base_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    """A base appeared, changed or went: its loop starts, wakes or stops."""
     ctx: Context = memo.context
-    ctx.metrics.reconciliations.labels(trigger=trigger).inc()
-    snapshot = copy.deepcopy(dict(body))
-    async with memo.setdefault("lock", asyncio.Lock()):
-        previous = _previous(snapshot, memo)
-        with ctx.metrics.errors.labels(trigger=trigger).count_exceptions():
-            with ctx.metrics.seconds.time():
-                outcome = await reconcile.run(ctx, snapshot, previous)
-            await _write(ctx, snapshot, memo, outcome.status)
-    state, reason = outcome.verdict.state, outcome.verdict.reason
-    meta = snapshot["metadata"]
-    ctx.metrics.record((meta["namespace"], meta["name"]), state)
-    if state.value != previous.get("state"):
-        kind = "Warning" if state in _WARNING_STATES else "Normal"
-        kopf.event(body, type=kind, reason=state.value, message=reason)
+    if not ctx.cache.bound:
+        ctx.cache.bind(kwargs)
+    memo.runner.seen(body, deleted=event.get("type") == "DELETED")
 
 
-async def poll(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await _reconcile(body, memo, "timer")
+def _indexer(plural: str) -> Any:
+    def index(body: kopf.Body, **_: Any) -> dict[Any, dict[str, Any]]:
+        return cache.index_keys(plural, body)
+
+    return index
 
 
-async def spec_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await _reconcile(body, memo, "change")
+def _waker(plural: str) -> Any:
+    async def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        runner: Runner | None = memo.get("runner")
+        if runner is not None:
+            runner.wake(cache.affected(runner.deps(), plural, body))
+
+    return changed
+
+
+async def created(body: kopf.Body, **_: Any) -> None:
+    """A new base, said once. It also makes kopf record the base as handled (its
+    diff base), so that the first reindex annotation reads as a change, not a creation."""
+    _say(_key(body), "created")
 
 
 def _created(reason: kopf.Reason) -> bool:
@@ -103,33 +287,39 @@ def _created(reason: kopf.Reason) -> bool:
 
 
 async def reindex(
-    new: str, body: kopf.Body, memo: kopf.Memo, reason: kopf.Reason, **_: Any
+    new: str, body: kopf.Body, memo: kopf.Memo, reason: kopf.Reason, retry: int, **_: Any
 ) -> None:
-    if _created(reason):
+    if _created(reason) or paused(body):
         return
     full = str(new).startswith("full")
+    what = "a full reindex" if full else "a pass"
+    if not retry:
+        _say(_key(body), f"{what} asked ({REINDEX}={new})", request="reindex")
     await _ask(body, memo, reconcile.reindex(memo.context, children.Owner.of(body), full=full))
-    kopf.info(
-        body, reason="Reindex", message="a full reindex started" if full else "a pass started"
-    )
+    await post_event(memo.context, body, "Normal", "Reindex", "Reindex", f"{what} started")
 
 
 async def evaluate(
-    new: str, body: kopf.Body, memo: kopf.Memo, reason: kopf.Reason, **_: Any
+    new: str, body: kopf.Body, memo: kopf.Memo, reason: kopf.Reason, retry: int, **_: Any
 ) -> None:
-    if _created(reason):
+    if _created(reason) or paused(body):
         return
     found = _K.search(str(new))
     k = int(found[1]) if found else DEFAULT_K
     ctx: Context = memo.context
+    if not retry:
+        _say(_key(body), f"an evaluation asked ({EVALUATE}={new})", request="evaluate")
     figures = await _ask(body, memo, reconcile.evaluate(ctx, children.Owner.of(body), k=k))
-    async with memo.setdefault("lock", asyncio.Lock()):
-        previous = _previous(body, memo)
-        await _write(ctx, body, memo, {**previous, "evaluation": figures})
-    kopf.info(body, reason="Evaluated", message=(
+    runner: Runner = memo.runner
+    base = runner.bases.get(_key(body)) or Base(_key(body), copy.deepcopy(dict(body)))
+    async with base.lock:
+        await runner.write(base, body, {**base.previous(), "evaluation": figures})
+    message = (
         f"recall@{figures['k']} {figures['recall_at_k']:.3f}, MRR {figures['mrr']:.3f} over "
         f"{figures['cases']} questions"
-    ))  # fmt: skip
+    )
+    _say(_key(body), f"evaluated: {message}", request="evaluate")
+    await post_event(ctx, body, "Normal", "Evaluated", "Evaluate", message)
 
 
 async def _ask(body: kopf.Body, memo: kopf.Memo, request: Awaitable[T]) -> T:
@@ -140,13 +330,9 @@ async def _ask(body: kopf.Body, memo: kopf.Memo, request: Awaitable[T]) -> T:
         if e.temporary:
             delay = memo.context.settings.poll.interval_seconds
             raise kopf.TemporaryError(str(e), delay=delay) from None
-        kopf.warn(body, reason="RequestRefused", message=str(e))
+        log.warning("%s/%s: request refused: %s", *_key(body), e, extra=_about(_key(body)))
+        await post_event(memo.context, body, "Warning", "RequestRefused", "Request", str(e))
         raise kopf.PermanentError(str(e)) from None
-
-
-def forget(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    meta = body["metadata"]
-    memo.context.metrics.forget((meta["namespace"], meta["name"]))
 
 
 def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
@@ -156,11 +342,17 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     # A registry of our own has no login handlers: log in as the kubernetes client does.
     kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(configure)
-    kopf.timer(**on, interval=interval, backoff=interval)(poll)
-    kopf.on.update(**on, field="spec", backoff=interval)(spec_changed)
+    for w in cache.WATCHED:
+        kind = {"group": w.group, "version": w.version, "plural": w.plural}
+        kopf.index(**kind, registry=registry, id=w.index, labels=w.labels)(_indexer(w.plural))
+        kopf.on.event(**kind, registry=registry, id=f"{w.index}_changed", labels=w.labels)(
+            _waker(w.plural)
+        )
+    kopf.on.event(**on, id="base")(base_event)
+    kopf.on.create(**on)(created)
     for annotation, fn in ((REINDEX, reindex), (EVALUATE, evaluate)):
         kopf.on.field(
             **on, field=("metadata", "annotations", annotation), new=kopf.PRESENT,
             backoff=interval, timeout=3600,
         )(fn)  # fmt: skip
-    kopf.on.delete(**on, optional=True)(forget)
+

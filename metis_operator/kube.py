@@ -53,22 +53,26 @@ def manifest_path(manifest: Mapping[str, Any]) -> str:
 
 
 class Cluster:
-    """One API server, as the operator's credentials see it."""
+    """One API server, as the operator's credentials see it; every write names the
+    field manager `manager`."""
 
-    def __init__(self, api: client.ApiClient, timeout: float = 30.0) -> None:
+    def __init__(
+        self, api: client.ApiClient, timeout: float = 30.0, manager: str = "metis-operator"
+    ) -> None:
         self._api = api
         self._timeout = timeout
+        self.manager = manager
 
     @classmethod
-    def connect(cls) -> Cluster:
+    def connect(cls, manager: str = "metis-operator") -> Cluster:
         """In a pod, its service account; elsewhere, KUBECONFIG (as kubectl does)."""
         try:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
-        return cls(client.ApiClient())
+        return cls(client.ApiClient(), manager=manager)
 
-    def _call(
+    def request(
         self,
         method: str,
         url_path: str,
@@ -92,7 +96,7 @@ class Cluster:
         return json.loads(data) if data else None
 
     async def call(self, method: str, url_path: str, **kw: Any) -> Any:
-        return await asyncio.to_thread(self._call, method, url_path, **kw)
+        return await asyncio.to_thread(self.request, method, url_path, **kw)
 
     async def get(self, url_path: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
@@ -103,14 +107,10 @@ class Cluster:
                 return None
             raise
 
-    async def list(self, url_path: str, selector: str | None = None) -> list[dict[str, Any]]:
-        query = {"labelSelector": selector} if selector else None
-        return (await self.call("GET", url_path, query=query))["items"]
-
-    async def apply(self, manifest: Mapping[str, Any], field_manager: str) -> dict[str, Any]:
+    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply: creates the object or brings the fields it names into
         shape, taking them over from whoever changed them (force)."""
-        query = {"fieldManager": field_manager, "force": "true"}
+        query = {"fieldManager": self.manager, "force": "true"}
         return await self.call(
             "PATCH", manifest_path(manifest), body=dict(manifest), query=query,
             content_type="application/apply-patch+yaml",
@@ -120,7 +120,9 @@ class Cluster:
         """Create once: an object that appeared meanwhile is read instead."""
         collection = manifest_path(manifest).rsplit("/", 1)[0]
         try:
-            return await self.call("POST", collection, body=dict(manifest))
+            return await self.call(
+                "POST", collection, body=dict(manifest), query={"fieldManager": self.manager}
+            )
         except ApiError as e:
             if e.status != 409:
                 raise
@@ -131,5 +133,9 @@ class Cluster:
 
     async def merge_patch(self, url_path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return await self.call(
-            "PATCH", url_path, body=dict(patch), content_type="application/merge-patch+json"
-        )
+            "PATCH", url_path, body=dict(patch), query={"fieldManager": self.manager},
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+    async def post(self, url_path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.call("POST", url_path, body=dict(body))

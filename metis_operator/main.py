@@ -1,44 +1,58 @@
 """`metis-operator`: runs the kopf operator with the handlers of handlers.py.
 
 Settings come from METIS_* environment variables or the matching flags
-(settings.py); `metis-operator --help` lists them. It runs standalone (no kopf
-peering): one replica at a time, which the Deployment's Recreate strategy ensures.
+(settings.py); `metis-operator --help` lists them. With leader election on (the
+default), it first waits for the Lease `metis-operator` (namespace POD_NAMESPACE,
+default metis-system; identity POD_NAME, else the host name): of several replicas
+only the holder runs, and it exits when it loses the Lease (leader.py).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 import kopf
 
-from metis_operator import handlers
+from metis_operator import handlers, kube, leader, report
 from metis_operator import settings as settings_mod
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    # Every poll of every base would log "Timer 'poll' succeeded", every probe a request.
-    for chatty in ("httpx", "kopf.objects", "aiohttp.access"):
-        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         settings = settings_mod.load(os.environ, sys.argv[1:] if argv is None else argv)
     except ValueError as e:
         print(f"metis-operator: {e}", file=sys.stderr)
         return 2
+    report.configure_logging(settings.runtime.log_format)
+    runtime = settings.runtime
+    elector = None
+    if runtime.leader_election:
+        namespace = os.environ.get("POD_NAMESPACE") or "metis-system"
+        elector = leader.Elector(
+            kube.Cluster.connect(runtime.field_manager), namespace, report.instance()
+        )
+        health_while_standing_by = (
+            leader.StandbyHealth(runtime.health_port) if runtime.health_port else None
+        )
+        elector.acquire()
+        if health_while_standing_by is not None:
+            health_while_standing_by.close()
     registry = kopf.OperatorRegistry()
     handlers.register(registry, settings)
-    runtime = settings.runtime
     health = f"http://0.0.0.0:{runtime.health_port}/healthz" if runtime.health_port else None
-    kopf.run(
-        registry=registry,
-        standalone=True,
-        clusterwide=not runtime.namespaces,
-        namespaces=runtime.namespaces,
-        liveness_endpoint=health,
-        memo=kopf.Memo(config=settings),
-    )
+    try:
+        kopf.run(
+            registry=registry,
+            standalone=True,
+            clusterwide=not runtime.namespaces,
+            namespaces=runtime.namespaces,
+            liveness_endpoint=health,
+            memo=kopf.Memo(config=settings),
+        )
+    finally:
+        if elector is not None:
+            elector.release()
     return 0
 
 

@@ -8,21 +8,24 @@ what changed and posts the Events. The requests a user makes by annotation
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
 
 from metis_indexer import clients
 from metis_indexer.config import IndexerConfig
-from metis_operator import children, kube, observe, probes
+from metis_operator import cache as cache_mod
+from metis_operator import children, kube, observe
 from metis_operator import spec as spec_mod
 from metis_operator import status as status_mod
+from metis_operator.cache import Cache, Deps
 from metis_operator.metrics import Metrics
+from metis_operator.prober import Probers
 from metis_operator.settings import Settings
 from metis_operator.state import (
     IndexerStatus,
@@ -34,6 +37,7 @@ from metis_operator.state import (
     derive,
 )
 
+log = logging.getLogger("metis_operator")
 EMBEDDING = "embedding model"
 RERANKER = "reranker"
 
@@ -46,12 +50,22 @@ class Context:
     cluster: kube.Cluster
     http: httpx.AsyncClient
     metrics: Metrics
+    cache: Cache
+    probers: Probers
+    tokens: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    """Bases whose token Secret this process has seen (Secrets are not watched)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     verdict: Verdict
     status: dict[str, Any]
+    deps: Deps
+    applied: tuple[str, ...] = ()
+    """What this reconciliation created or repaired: `Deployment metis-x created`."""
+    rollout: str = ""
+    """A rollout of the operator's own (a new image or setting): "held" while it waits
+    for its turn, "started" when this reconciliation started it."""
 
 
 class IndexerError(Exception):
@@ -75,60 +89,111 @@ def indexer_url(ctx: Context, owner: children.Owner) -> str:
 
 
 async def _check_model(
-    ctx: Context, namespace: str, name: str, role: str
-) -> tuple[ModelCheck, str | None]:
-    """The model Service `name`: whether it exists and serves `role`, and its URL."""
-    svc = await ctx.cluster.get(kube.path("v1", "services", namespace, name))
+    ctx: Context, owner: children.Owner, name: str, role: str
+) -> tuple[ModelCheck, str | None, Mapping[str, str]]:
+    """The model Service `name`: whether it exists and serves `role`, its URL and its
+    selector; the answer is its shared prober's."""
+    namespace = owner.namespace
+    svc = ctx.cache.service(namespace, name)
     if svc is None:
-        return ModelCheck(role, name, Model.NOT_FOUND), None
+        return ModelCheck(role, name, Model.NOT_FOUND), None, {}
     url = ctx.settings.url(name, namespace, observe.service_port(svc))
-    probe = probes.embedding if role == EMBEDDING else probes.reranker
-    (result, detail), workloads = await asyncio.gather(
-        probe(ctx.http, url), _workloads(ctx, namespace, svc)
-    )
-    idle = observe.scaled_to_zero((svc.get("spec") or {}).get("selector") or {}, workloads)
+    prober = ctx.probers.get((namespace, name, role), url, (namespace, owner.name))
+    result, detail = await prober.result()
+    selector = (svc.get("spec") or {}).get("selector") or {}
+    idle = observe.scaled_to_zero(selector, ctx.cache.workloads(namespace) if selector else [])
     warnings = tuple(
         f"{role} {name}: {w} is scaled to zero; the base does not wake it (keep one replica)"
         for w in idle
     )
-    return ModelCheck(role, name, result, detail, warnings), url
+    return ModelCheck(role, name, result, detail, warnings), url, selector
 
 
-async def _workloads(ctx: Context, namespace: str, svc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    if not (svc.get("spec") or {}).get("selector"):
-        return []
-    found = []
-    for kind, plural in (("Deployment", "deployments"), ("StatefulSet", "statefulsets")):
-        items = await ctx.cluster.list(kube.path("apps/v1", plural, namespace))
-        found += [{**item, "kind": kind} for item in items]
-    return found
+def rollout_allowed(key: tuple[str, str], rolling: set[tuple[str, str]], limit: int) -> bool:
+    """A rollout of the operator's own starts when the base already rolls or fewer
+    than `limit` do."""
+    return key in rolling or len(rolling) < limit
+
+
+def operators_change(desired: Mapping[str, Any], actual: Mapping[str, Any] | None) -> bool:
+    """Whether applying `desired` over `actual` replaces a running indexer for a
+    reason of the operator's (image, settings), not the user's: the Deployment was
+    last applied for this very generation of the base (or before generations were
+    recorded), and its pod template would change."""
+    if actual is None:
+        return False
+    want = (desired["metadata"].get("annotations") or {}).get(GENERATION_ANNOTATION)
+    have = ((actual.get("metadata") or {}).get("annotations") or {}).get(GENERATION_ANNOTATION)
+    template = desired["spec"]["template"]
+    return (have is None or have == want) and not children.is_subset(
+        template, (actual.get("spec") or {}).get("template")
+    )
+
+
+GENERATION_ANNOTATION = f"{children.GROUP}/generation"
+"""On the Deployment: the base's generation it was applied for."""
+
+
+def _hash(obj: Mapping[str, Any]) -> str | None:
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(children.HASH_ANNOTATION)
+
+
+async def _read(ctx: Context, kind: str, manifest: Mapping[str, Any], fresh: bool) -> Any:
+    meta = manifest["metadata"]
+    if fresh:
+        return await ctx.cluster.get(kube.manifest_path(manifest))
+    return ctx.cache.child(kind, meta["namespace"], meta["name"])
 
 
 async def _apply_children(
-    ctx: Context, owner: children.Owner, spec: spec_mod.KnowledgeBaseSpec, config: IndexerConfig
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    ctx: Context,
+    owner: children.Owner,
+    spec: spec_mod.KnowledgeBaseSpec,
+    config: IndexerConfig,
+    *,
+    generation: int,
+    fresh: bool,
+    may_roll: Callable[[], bool],
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[str], str]:
     """Create what is missing and re-apply what drifted; (index claim, Deployment) as
-    they are now."""
+    they are now, what was done, and the operator's own rollout ("held", "started")."""
+    done: list[str] = []
     claim = children.index_claim(owner, ctx.settings)
-    actual_claim = await ctx.cluster.get(kube.manifest_path(claim))
+    actual_claim = await _read(ctx, "PersistentVolumeClaim", claim, fresh)
     if actual_claim is None:  # its spec is immutable once bound: created, never re-applied
         actual_claim = await ctx.cluster.create(claim)
-    token = children.api_secret(owner)
-    if await ctx.cluster.get(kube.manifest_path(token)) is None:  # a new token would lock us out
-        await ctx.cluster.create(token)
+        done.append(f"PersistentVolumeClaim {owner.child} created")
+    token, key = children.api_secret(owner), (owner.namespace, owner.name)
+    if fresh or key not in ctx.tokens:
+        if await ctx.cluster.get(kube.manifest_path(token)) is None:
+            await ctx.cluster.create(token)  # once: a new token would lock the operator out
+            done.append(f"Secret {owner.child} created")
+        ctx.tokens.add(key)
+    deployment = children.deployment(owner, spec, ctx.settings)
+    annotations = deployment["metadata"].setdefault("annotations", {})
+    annotations[GENERATION_ANNOTATION] = str(generation)
     desired = [
         children.config_map(owner, config),
         children.service(owner, ctx.settings),
         children.network_policy(owner, ctx.settings, ctx.settings.runtime.operator_namespace),
-        children.deployment(owner, spec, ctx.settings),
+        deployment,
     ]
-    actual: dict[str, dict[str, Any]] = {}
+    actual: dict[str, dict[str, Any] | None] = {}
+    rollout = ""
     for manifest in map(children.with_hash, desired):
-        found = await ctx.cluster.get(kube.manifest_path(manifest))
+        kind = manifest["kind"]
+        found = await _read(ctx, kind, manifest, fresh)
         if children.needs_apply(manifest, found):
-            found = await ctx.cluster.apply(manifest, ctx.settings.runtime.field_manager)
-        actual[manifest["kind"]] = found or {}
-    return actual_claim, actual["Deployment"]
+            if kind == "Deployment" and operators_change(manifest, found):
+                rollout = "started" if may_roll() else "held"
+            if rollout != "held":
+                verb = "created" if found is None else "updated"
+                if found is not None and _hash(found) == _hash(manifest):
+                    verb = "repaired"  # the wish is the same: someone changed a field
+                found = await ctx.cluster.apply(manifest)
+                done.append(f"{kind} {owner.child} {verb}")
+        actual[kind] = found
+    return actual_claim, actual["Deployment"], done, rollout
 
 
 async def _indexer_status(
@@ -152,17 +217,28 @@ class _Inputs:
     revisions: dict[str, str]
     embedding_url: str | None
     reranker_url: str | None
+    deps: Deps
 
 
 async def _inputs(ctx: Context, owner: children.Owner, spec: spec_mod.KnowledgeBaseSpec) -> _Inputs:
     ns = owner.namespace
-    claims = await asyncio.gather(
-        *(ctx.cluster.get(kube.path("v1", "persistentvolumeclaims", ns, d)) for d in spec.drives)
+    claims = [ctx.cache.claim(ns, d) for d in spec.drives]
+    embedding, embedding_url, selector = await _check_model(
+        ctx, owner, spec.embedding.deployment, EMBEDDING
     )
-    embedding, embedding_url = await _check_model(ctx, ns, spec.embedding.deployment, EMBEDDING)
+    selectors = [selector]
     reranker, reranker_url = (None, None)
+    services = {spec.embedding.deployment}
     if spec.reranker is not None:
-        reranker, reranker_url = await _check_model(ctx, ns, spec.reranker.deployment, RERANKER)
+        reranker, reranker_url, rr_selector = await _check_model(
+            ctx, owner, spec.reranker.deployment, RERANKER
+        )
+        selectors.append(rr_selector)
+        services.add(spec.reranker.deployment)
+    keep = {(ns, spec.embedding.deployment, EMBEDDING)}
+    if spec.reranker is not None:
+        keep.add((ns, spec.reranker.deployment, RERANKER))
+    ctx.probers.release((ns, owner.name), keep)
     found = {d: c for d, c in zip(spec.drives, claims, strict=True) if c is not None}
     o = Observation(
         placement=spec.placement,
@@ -176,47 +252,60 @@ async def _inputs(ctx: Context, owner: children.Owner, spec: spec_mod.KnowledgeB
         index_drive=owner.child,
     )
     revisions = {d: observe.revision(c) for d, c in found.items() if observe.revision(c)}
-    return _Inputs(o, revisions, embedding_url, reranker_url)
+    deps = Deps(ns, frozenset(spec.drives), frozenset(services), tuple(s for s in selectors if s))
+    return _Inputs(o, revisions, embedding_url, reranker_url, deps)
 
 
-async def run(ctx: Context, body: Mapping[str, Any], previous: Mapping[str, Any]) -> Outcome:
-    """Reconcile the base `body` whose stored status is `previous`."""
+async def run(
+    ctx: Context,
+    body: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    *,
+    fresh: bool = False,
+    may_roll: Callable[[], bool] = lambda: True,
+) -> Outcome:
+    """Reconcile the base `body` whose stored status is `previous`; `fresh` reads its
+    children from the API server instead of the cache; `may_roll` is asked, at the
+    moment it is due, whether a rollout of the operator's own may start (and takes
+    the turn when it may)."""
     owner = children.Owner.of(body)
     generation = int(body["metadata"].get("generation", 0))
     try:
         spec = spec_mod.parse(owner.name, body.get("spec") or {})
     except spec_mod.SpecError as e:
+        ctx.probers.release((owner.namespace, owner.name), set())
         return _outcome(
             previous,
-            Observation(invalid=str(e)),
+            Observation(invalid=str(e), generation=generation),
             generation=generation,
             address=None,
             revisions={},
             with_reranker=False,
+            deps=Deps(owner.namespace),
         )
     inputs = await _inputs(ctx, owner, spec)
-    o = inputs.observation
+    served = bool((previous.get("observed") or {}).get("index"))
+    o = dataclasses.replace(inputs.observation, generation=generation, served=served)
     address = f"http://{owner.child}.{owner.namespace}.svc:{ctx.settings.indexer.port}"
     done = functools.partial(
         _outcome, previous, generation=generation, address=address, revisions=inputs.revisions,
-        with_reranker=spec.reranker is not None,
+        with_reranker=spec.reranker is not None, deps=inputs.deps,
     )  # fmt: skip
     if derive(o).state is State.FAILED or inputs.embedding_url is None:
         return done(o)  # the children stay as they are: there is nothing right to apply
     config = spec_mod.to_indexer_config(
         owner.name, spec, port=ctx.settings.indexer.port, embedding_url=inputs.embedding_url,
         reranker_url=inputs.reranker_url, revisions=inputs.revisions,
-    )  # fmt: skip
-    claim, deployment = await _apply_children(ctx, owner, spec, config)
-    pods = await ctx.cluster.list(
-        kube.path("v1", "pods", owner.namespace),
-        ",".join(f"{k}={v}" for k, v in children.selector(owner.name).items()),
+    ).model_copy(update={"generation": generation})  # fmt: skip
+    claim, deployment, applied, rollout = await _apply_children(
+        ctx, owner, spec, config, generation=generation, fresh=fresh, may_roll=may_roll
     )
+    pods = ctx.cache.pods(owner.namespace, owner.name)
     pod = observe.pod_view(pods)
     indexer, error = (None, None)
     if pod is not None and pod.running and not pod.terminating:
         indexer, error = await _indexer_status(ctx, owner)
-    return done(
+    outcome = done(
         dataclasses.replace(
             o,
             index_drive_bound=observe.claim_bound(claim),
@@ -227,6 +316,7 @@ async def run(ctx: Context, body: Mapping[str, Any], previous: Mapping[str, Any]
             indexer_error=error,
         )
     )
+    return dataclasses.replace(outcome, applied=tuple(applied), rollout=rollout)
 
 
 def _outcome(
@@ -237,21 +327,39 @@ def _outcome(
     address: str | None,
     revisions: Mapping[str, str],
     with_reranker: bool,
+    deps: Deps,
 ) -> Outcome:
     verdict = derive(o)
     status = status_mod.compose(
         previous, verdict, o, generation=generation, address=address, revisions=revisions,
         with_reranker=with_reranker, now=now(),
     )  # fmt: skip
-    return Outcome(verdict, status)
+    return Outcome(verdict, status, deps)
+
+
+async def token(ctx: Context, owner: children.Owner) -> str | None:
+    """The base's API token (Secret `metis-<name>`, key `token`), None without one or
+    without the right to read it (the indexer then answers 401, which says so)."""
+    try:
+        secret = await ctx.cluster.get(kube.path("v1", "secrets", owner.namespace, owner.child))
+    except kube.ApiError as e:
+        if e.status != 403:
+            raise
+        where = f"{owner.namespace}/{owner.name}"
+        log.warning("%s: cannot read Secret %s: %s", where, owner.child, e.message,
+                    extra={"base": where})  # fmt: skip
+        return None
+    return cache_mod.token(secret) if secret is not None else None
 
 
 async def _ask(
     ctx: Context, owner: children.Owner, route: str, body: Mapping[str, Any], timeout: float
 ) -> Any:
     url = f"{indexer_url(ctx, owner)}{route}"
+    secret = await token(ctx, owner)
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
     try:
-        answer = await ctx.http.post(url, json=dict(body), timeout=timeout)
+        answer = await ctx.http.post(url, json=dict(body), timeout=timeout, headers=headers)
     except httpx.HTTPError as e:
         raise IndexerError(
             f"its indexer does not answer: {clients.describe(e)}", temporary=True

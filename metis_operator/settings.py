@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 ACCESS_MODES = ("ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany")
+LOG_FORMATS = ("text", "json")
 
 
 def _env(name: str, default: Any) -> Any:
@@ -72,8 +73,22 @@ class PollSettings:
     """How often each base is looked at again."""
 
     interval_seconds: float = _env("METIS_POLL_SECONDS", 10.0)
-    """Seconds between two reconciliations of a base: its children, model Services
-    and the indexer's `GET /v1/status`. Spec changes are handled at once besides."""
+    """Seconds between two looks at a base when nothing woke it: the indexer's
+    `GET /v1/status` over HTTP, everything else from the watch cache (no API request).
+    A change of the base or of anything it depends on wakes it at once besides."""
+
+    resync_seconds: float = _env("METIS_RESYNC_SECONDS", 300.0)
+    """Seconds between two reads of a base's children from the API server itself
+    rather than the cache: a repair of anything a watch may have missed."""
+
+    probe_seconds: float = _env("METIS_PROBE_SECONDS", 60.0)
+    """Seconds between two cheap calls (`GET /v1/models`) to each model Service, one
+    prober per Service whatever the number of bases naming it; every 2 s while it fails."""
+
+    model_grace_seconds: float = _env("METIS_MODEL_GRACE_SECONDS", 20.0)
+    """Seconds a model Service must keep failing before its bases count it as not
+    answering: one slow answer never flips a base. The indexer's own `waiting` counts
+    at once."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +109,20 @@ class RuntimeSettings:
     manifests): each base's NetworkPolicy lets it, and the console there, in."""
 
     field_manager: str = _env("METIS_FIELD_MANAGER", "metis-operator")
-    """The server-side-apply field manager that owns the children's fields."""
+    """The field manager of every write: the children's fields and the status."""
+
+    log_format: str = _env("METIS_LOG_FORMAT", "text")
+    """`text`, or `json`: one JSON object a line, with the base it concerns."""
+
+    leader_election: bool = _env("METIS_LEADER_ELECTION", True)
+    """Run only while holding the Lease `metis-operator` (namespace POD_NAMESPACE,
+    default metis-system): of several replicas, one acts; the process exits when it
+    loses the Lease and its restart stands by."""
+
+    max_rollouts: int = _env("METIS_MAX_ROLLOUTS", 2)
+    """Bases whose indexer the operator replaces at once after a change of its own
+    (a new indexer image or setting), each until it is Ready again. A user's change of
+    a base is never held."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +176,11 @@ def load(environ: Mapping[str, str], argv: Sequence[str] | None = None) -> Setti
                 changes[f.name] = _convert(raw, f.default, env)
         values[name] = dataclasses.replace(group, **changes)
     settings = Settings(**values)
+    if settings.runtime.log_format not in LOG_FORMATS:
+        raise ValueError(
+            f"METIS_LOG_FORMAT={settings.runtime.log_format!r}: expected one of "
+            f"{', '.join(LOG_FORMATS)}"
+        )
     if settings.indexer.index_access_mode not in ACCESS_MODES:
         raise ValueError(
             f"METIS_INDEX_ACCESS_MODE={settings.indexer.index_access_mode!r}: expected one of "

@@ -88,6 +88,10 @@ class IndexerStatus(BaseModel):
     revisions: dict[str, str] = {}
     indexed_revisions: dict[str, str] = {}
     warnings: list[str] = []
+    generation: int | None = None
+    """The base's generation of the configuration the indexer runs."""
+    indexed_generation: int | None = None
+    """The generation whose pass last finished; None until one finishes."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +116,12 @@ class Observation:
     indexer: IndexerStatus | None = None
     indexer_error: str | None = None
     """Why `GET /v1/status` did not answer, when the pod runs."""
+    generation: int = 0
+    """The base's metadata.generation: Ready only once the indexer has indexed it."""
+    served: bool = False
+    """An indexer of this base has answered before (its status holds index totals): only
+    then is a pod going away a replacement taking over, rather than a first pod that
+    never ran being replaced before it started."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +189,9 @@ def _pending(o: Observation) -> str | None:
     if o.pod_failure:
         return f"its pod cannot be created: {o.pod_failure}"
     if o.pod is None:
-        return None if o.replacing else "its pod is not created yet"
+        return None if o.replacing and o.served else "its pod is not created yet"
+    if o.pod.terminating and not o.served:
+        return "its pod is not created yet"
     if o.pod.unschedulable is not None:
         return unschedulable(o.pod.unschedulable, o.placement)
     if o.pod.node is None and not o.pod.terminating:
@@ -189,7 +201,7 @@ def _pending(o: Observation) -> str | None:
 
 def _starting(o: Observation) -> str | None:
     pod = o.pod
-    if o.replacing or pod is None or pod.terminating:
+    if pod is None or (o.served and (o.replacing or pod.terminating)):
         where = f" on machine {pod.node}" if pod is not None and pod.node else ""
         return f"a replacement is taking over after a change{where}"
     if not pod.running:
@@ -202,6 +214,10 @@ def _starting(o: Observation) -> str | None:
         return "loading its index"
     if o.indexer.phase == "standby":
         return "a replacement is taking over; searches are answered meanwhile"
+    runs = o.indexer.generation
+    if o.generation and runs != o.generation:
+        old = f"generation {runs}" if runs is not None else "a configuration of no generation"
+        return f"applying generation {o.generation}: the indexer still runs {old}"
     return None
 
 
@@ -228,10 +244,12 @@ def derive(o: Observation) -> Verdict:
         return Verdict(State.STARTING, reason)
     if reason := _waiting(o):
         return Verdict(State.WAITING, reason)
-    assert o.indexer is not None  # _waiting returned for a missing status
+    ix = o.indexer
+    assert ix is not None  # _waiting returned for a missing status
+    reading = "reading documents; searches are answered from what is indexed so far"
+    if o.generation and ix.indexed_generation != o.generation:
+        return Verdict(State.INDEXING, f"indexing for generation {o.generation}: {reading}")
     # A rescan after a finished pass scans without reading anything: still Ready.
-    if o.indexer.phase == "indexing" or (o.indexer.phase == "scanning" and not o.indexer.passes):
-        return Verdict(
-            State.INDEXING, "reading documents; searches are answered from what is indexed so far"
-        )
+    if ix.phase == "indexing" or (ix.phase == "scanning" and not ix.passes):
+        return Verdict(State.INDEXING, reading)
     return Verdict(State.READY, "everything is indexed; watching its sources")

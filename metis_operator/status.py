@@ -18,6 +18,13 @@ from metis_operator.state import IndexerStatus, Model, ModelCheck, Observation, 
 READY = "Ready"
 """True only in state Ready: what `kubectl wait --for=condition=Ready` and GitOps
 health checks read. Its reason is the state; its message, why."""
+RECONCILING = "Reconciling"
+"""True while the base works towards Ready (Pending, Starting, Waiting, Indexing): kstatus'
+abnormal-true condition, which makes Flux and `kstatus` read the base as InProgress."""
+STALLED = "Stalled"
+"""True while Failed: it will not progress until someone changes something (kstatus)."""
+PAUSED = "Paused"
+"""True while the base carries the pause annotation: nothing of it is touched."""
 EMBEDDING = "EmbeddingModelAvailable"
 """True when the embedding model's Service answers as an embedding model."""
 RERANKER = "RerankerAvailable"
@@ -53,12 +60,15 @@ def conditions(
     verdict: Verdict, o: Observation, generation: int, with_reranker: bool
 ) -> list[dict[str, Any]]:
     """The conditions, without timestamps (`merge_conditions` adds them)."""
+    state, why = verdict.state, verdict.reason
+    settled = state in (State.READY, State.FAILED)
     out = [
-        _condition(
-            READY, verdict.state is State.READY, verdict.state.value, verdict.reason, generation
-        ),
+        _condition(READY, state is State.READY, state.value, why, generation),
+        _condition(RECONCILING, not settled, state.value, "" if settled else why, generation),
+        _condition(STALLED, state is State.FAILED, state.value,
+                   why if state is State.FAILED else "", generation),
         _model_condition(EMBEDDING, o.embedding, generation),
-    ]
+    ]  # fmt: skip
     if with_reranker:
         out.append(_model_condition(RERANKER, o.reranker, generation))
     return out
@@ -185,3 +195,25 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
         if key not in new:
             patch[key] = None
     return patch
+
+
+def is_paused(status: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == PAUSED and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def paused(previous: Mapping[str, Any], now: str) -> dict[str, Any]:
+    """The status of a paused base: as it was, with a Paused condition. The
+    observedGeneration stays: a change made meanwhile is not observed."""
+    condition = {
+        "type": PAUSED,
+        "status": "True",
+        "reason": "Paused",
+        "message": "annotation metis.astraeus.io/paused is \"true\": the operator leaves the "
+        "base and its children as they are",
+    }
+    before = previous.get("conditions") or []
+    kept = [c for c in before if c.get("type") != PAUSED]
+    return {**previous, "conditions": merge_conditions(before, [*kept, condition], now)}

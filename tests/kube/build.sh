@@ -6,6 +6,7 @@
 # tests/kube/go/ pin k8s.io/kubernetes and etcd, and this script builds
 #   kube-apiserver kube-controller-manager kube-scheduler kubectl  (go/kube-bin)
 #   etcd                                                           (go/etcd-bin)
+#   kstatus (sigs.k8s.io/cli-utils' kstatus as a stdin → stdout checker) (go/kstatus)
 # into a cache outside the repository, keyed by version, so only the first run
 # on a machine pays for the build. Idempotent: a binary is rebuilt only when
 # it is missing or its stamp (version + go.sum hash) does not match.
@@ -22,6 +23,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 kube_mod="$here/go/kube-bin"
 etcd_mod="$here/go/etcd-bin"
+kstatus_mod="$here/go/kstatus"
 
 die() { echo "build.sh: error: $*" >&2; exit 1; }
 log() { echo "build.sh: $*" >&2; }
@@ -34,6 +36,8 @@ kube_version="$(mod_version "$kube_mod/go.mod" k8s.io/kubernetes)"
 etcd_version="$(mod_version "$etcd_mod/go.mod" go.etcd.io/etcd/server/v3)"
 [[ -n "$kube_version" ]] || die "cannot read the k8s.io/kubernetes version from $kube_mod/go.mod"
 [[ -n "$etcd_version" ]] || die "cannot read the etcd version from $etcd_mod/go.mod"
+kstatus_version="$(mod_version "$kstatus_mod/go.mod" sigs.k8s.io/cli-utils)"
+[[ -n "$kstatus_version" ]] || die "cannot read the cli-utils version from $kstatus_mod/go.mod"
 
 out="${METIS_KUBE_ASSETS:-${XDG_CACHE_HOME:-$HOME/.cache}/metis/kube/$kube_version}"
 if [[ "${1:-}" == "--print-dir" ]]; then
@@ -45,6 +49,7 @@ fi
 sum_of() { sha256sum "$1/go.sum" | cut -c1-16; }
 kube_stamp="$kube_version $(sum_of "$kube_mod")"
 etcd_stamp="$etcd_version $(sum_of "$etcd_mod")"
+kstatus_stamp="$kstatus_version $(sum_of "$kstatus_mod") $(sha256sum "$kstatus_mod/main.go" | cut -c1-16)"
 kube_bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
 fresh() { # <binary> <stamp>: is the cached binary present and built from these pins?
@@ -54,8 +59,10 @@ missing_kube=()
 for b in "${kube_bins[@]}"; do fresh "$b" "$kube_stamp" || missing_kube+=("$b"); done
 missing_etcd=()
 fresh etcd "$etcd_stamp" || missing_etcd=(etcd)
+missing_kstatus=()
+fresh kstatus "$kstatus_stamp" || missing_kstatus=(kstatus)
 
-if [[ ${#missing_kube[@]} -eq 0 && ${#missing_etcd[@]} -eq 0 ]]; then
+if [[ ${#missing_kube[@]} -eq 0 && ${#missing_etcd[@]} -eq 0 && ${#missing_kstatus[@]} -eq 0 ]]; then
   log "up to date: kubernetes $kube_version, etcd $etcd_version in $out"
   echo "$out"
   exit 0
@@ -110,6 +117,16 @@ if [[ ${#missing_etcd[@]} -gt 0 ]]; then
   log "built etcd in $((SECONDS - t)) s"
   mv -f "$tmp/etcd" "$out/etcd"
   echo "$etcd_stamp" >"$out/.stamp-etcd"
+fi
+
+if [[ ${#missing_kstatus[@]} -gt 0 ]]; then
+  log "go build kstatus (cli-utils $kstatus_version) ..."
+  t=$SECONDS
+  (cd "$kstatus_mod" && "$GO" build -trimpath -ldflags "-s -w" -o "$tmp/kstatus" .) \
+    || die "go build of the kstatus checker failed; see the output above"
+  log "built kstatus in $((SECONDS - t)) s"
+  mv -f "$tmp/kstatus" "$out/kstatus"
+  echo "$kstatus_stamp" >"$out/.stamp-kstatus"
 fi
 
 log "build took $((SECONDS - t0)) s in all"

@@ -53,7 +53,16 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kstatus",
+)
+"""`kstatus` is not Kubernetes: sigs.k8s.io/cli-utils' status computation (what Flux
+reads) as a small checker, built by build.sh beside the others."""
 
 # Controllers that a test cluster needs. Deliberately absent: node-lifecycle
 # (it would taint and evict our kubelet-less nodes), cloud and IPAM controllers.
@@ -474,6 +483,7 @@ class ControlPlane:
         controllers: Sequence[str] = DEFAULT_CONTROLLERS,
         scheduler: bool = True,
         reap_terminating_pods: bool = True,
+        audit_policy: Path | None = None,
     ) -> None:
         self.bin_dir = Path(bin_dir)
         missing = missing_binaries(self.bin_dir)
@@ -491,6 +501,9 @@ class ControlPlane:
         self.controllers = tuple(controllers)
         self.with_scheduler = scheduler
         self.reap_terminating_pods = reap_terminating_pods
+        self.audit_policy = audit_policy
+        self.audit_log = self.workdir / "audit.log"
+        """The API server's audit log (JSON lines), written when `audit_policy` is set."""
         self.kubectl_path = self.bin_dir / "kubectl"
         self.kubeconfig = self.workdir / "kubeconfig"
         self.server = ""
@@ -730,6 +743,13 @@ class ControlPlane:
             ]
             # Loopback is refused as an advertise address; without a default
             # route, the apiserver cannot choose one itself.
+            if self.audit_policy is not None:
+                a += [
+                    f"--audit-policy-file={self.audit_policy}",
+                    f"--audit-log-path={self.audit_log}",
+                    "--audit-log-format=json",
+                    "--audit-log-mode=blocking",
+                ]
             advertise = os.environ.get("METIS_KUBE_ADVERTISE_ADDRESS")
             if advertise or not _has_default_route():
                 a.append(f"--advertise-address={advertise or _non_loopback_ipv4()}")
@@ -794,6 +814,10 @@ class ControlPlane:
                 f"--secure-port={port}",
                 f"--cert-dir={self.workdir / 'scheduler-certs'}",
                 "--leader-elect=false",
+                # An unschedulable pod is tried again within seconds, not 5 minutes:
+                # the claims the test kubelet binds a moment after the pod appeared
+                # do not always requeue it, and a test should not wait minutes.
+                "--pod-max-in-unschedulable-pods-duration=5s",
                 "--profiling=false",
             ]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http.server
 import json
 import os
 import signal
@@ -44,9 +45,37 @@ OPERATOR_USER = "system:serviceaccount:metis-system:metis-operator"
 INDEXER_SELECTOR = "app.kubernetes.io/name=metis-indexer"
 
 
+OPERATOR_RULES = [
+    # The watch cache: drives, model Services, workloads, its ConfigMaps and pods.
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims", "services", "configmaps",
+                                      "pods"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"],
+     "verbs": ["list", "watch"]},
+    # Leader election.
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+     "verbs": ["get", "create", "update"]},
+]  # fmt: skip
+"""What the operator needs beyond manifests/rbac.yaml of this branch (manifests are
+another change's): the same rules must be in the ClusterRole `metis-operator`, and
+`get` on secrets once bases have API tokens (without it a request goes without one)."""
+
+
 def install(kube: ControlPlane) -> None:
-    """Apply manifests/ (CRD, namespace, RBAC, operator Deployment); idempotent."""
+    """Apply manifests/ (CRD, namespace, RBAC, operator Deployment) and the rules of
+    `OPERATOR_RULES`; idempotent."""
     kube.kubectl("apply", "-k", str(ROOT / "manifests"))
+    extra = [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "metis-operator-watches"}, "rules": OPERATOR_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "metis-operator-watches"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "metis-operator-watches"},
+         "subjects": [{"kind": "ServiceAccount", "name": "metis-operator",
+                       "namespace": "metis-system"}]},
+    ]  # fmt: skip
+    kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                       "items": extra}))  # fmt: skip
     kube.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
 
 
@@ -115,6 +144,54 @@ def model_service(
     )
 
 
+class StallingProxy:
+    """A model server's front: forwards every request, and holds the next `stall`
+    `GET /v1/models` calls (a prober's cheap call) for `seconds` before answering."""
+
+    def __init__(self, target: str, seconds: float = 5.0) -> None:
+        self.target, self.seconds = target, seconds
+        self.stall = 0
+        self.models_calls: list[str] = []
+        """`stalled` or `answered`, one per `GET /v1/models`, in order."""
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.command == "GET" and self.path == "/v1/models":
+                    stalled = proxy.stall > 0
+                    proxy.stall -= stalled
+                    proxy.models_calls.append("stalled" if stalled else "answered")
+                    if stalled:
+                        threading.Event().wait(proxy.seconds)
+                answer = httpx.request(
+                    self.command, proxy.target + self.path, content=body, timeout=60,
+                    headers={"content-type": self.headers.get("content-type", "")},
+                )  # fmt: skip
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(answer.status_code)
+                    self.send_header("content-type", answer.headers.get("content-type", ""))
+                    self.send_header("content-length", str(len(answer.content)))
+                    self.end_headers()
+                    self.wfile.write(answer.content)
+
+            do_GET = do_POST = _forward
+
+        self.port = free_port()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 # --------------------------------------------------------------------------- the operator
 
 
@@ -127,6 +204,9 @@ class Operator:
     indexer_port: int
     poll_seconds: float = 0.5
     namespaces: tuple[str, ...] = ()
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Settings over the tests' defaults (leader election off, fast probes)."""
+    identity: str = "metis-operator-0"
     metrics_port: int = dataclasses.field(default_factory=free_port)
     health_port: int = dataclasses.field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
@@ -152,6 +232,12 @@ class Operator:
             "METIS_NAMESPACES": ",".join(self.namespaces),
             "METIS_METRICS_PORT": str(self.metrics_port),
             "METIS_HEALTH_PORT": str(self.health_port),
+            "METIS_PROBE_SECONDS": "1",
+            "METIS_MODEL_GRACE_SECONDS": "3",
+            "METIS_LEADER_ELECTION": "false",
+            "METIS_LOG_FORMAT": "json",
+            "POD_NAME": self.identity,
+            **self.env,
         }
         with self.log_path.open("ab") as log:
             log.write(f"--- start {self.starts + 1}\n".encode())
@@ -161,8 +247,13 @@ class Operator:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
         self.starts += 1
-        wait_for(self._healthy, timeout=60, what="the operator's /healthz", alive=self.check_alive)
+        if self.env.get("METIS_LEADER_ELECTION") != "true":
+            self.wait_healthy()
         return self
+
+    def wait_healthy(self, timeout: float = 60) -> None:
+        wait_for(self._healthy, timeout=timeout, what="the operator's /healthz",
+                 alive=self.check_alive)  # fmt: skip
 
     def _healthy(self) -> bool:
         try:
@@ -214,6 +305,9 @@ class Kubelet:
         self.namespace = namespace
         self.workdir = workdir
         self.hold = False
+        self.late_config = False
+        """Keep ConfigMap updates from the running pods, as a real kubelet does for up
+        to a minute."""
         self.pods: dict[str, _Pod] = {}
         self.errors: list[str] = []
         self.volumes: list[str] = []
@@ -266,7 +360,8 @@ class Kubelet:
                 if pod["spec"].get("nodeName") and not self.hold:
                     self.pods[uid] = self._start(pod)
                 continue
-            self._follow_config(known)
+            if not self.late_config:
+                self._follow_config(known)
             if not known.running and self._ready(known.process):
                 self.kube.mark_pod_running(self.namespace, known.name)
                 known.running = True
@@ -397,6 +492,20 @@ def wait_state(
     except TimeoutError as e:
         status = get_kb(kube, namespace, name).get("status")
         raise AssertionError(f"{e}; its status: {yaml.safe_dump(status)}") from None
+
+
+def kstatus(kube: ControlPlane, obj: dict[str, Any]) -> dict[str, str]:
+    """What sigs.k8s.io/cli-utils' kstatus (Flux's reading) computes for `obj`:
+    {"status": "InProgress" | "Current" | "Failed" | ..., "message": ...}."""
+    return read_kstatus(kube.bin_dir, obj)
+
+
+def read_kstatus(bin_dir: Path, obj: dict[str, Any]) -> dict[str, str]:
+    out = subprocess.run(
+        [str(bin_dir / "kstatus")], input=json.dumps(obj), capture_output=True, text=True,
+        check=True, timeout=30,
+    )  # fmt: skip
+    return dict(json.loads(out.stdout))
 
 
 def state_events(kube: ControlPlane, namespace: str, name: str) -> list[tuple[str, str]]:

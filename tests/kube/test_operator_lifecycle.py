@@ -30,6 +30,7 @@ from tests.kube.operator_support import (
     install,
     kb,
     kb_path,
+    kstatus,
     make_drive,
     model_service,
     running_operator,
@@ -181,7 +182,7 @@ def test_what_only_the_operator_can_check(
             "observedGeneration": 1, "lastTransitionTime": None,
         }  # fmt: skip
         s = wait_state(kube, ns, "on-gpu", "Pending", alive=alive,
-                       check=lambda s: "scheduler" in s["reason"])  # fmt: skip
+                       check=lambda s: "node affinity/selector" in s["reason"])  # fmt: skip
         assert s["reason"].startswith(f"no machine matches placement labels pool={pool} ")
         assert "(scheduler: 0/" in s["reason"] and "node affinity/selector" in s["reason"]
         assert condition(s, "RerankerAvailable")["status"] == "True"
@@ -252,7 +253,7 @@ def test_a_base_indexes_answers_and_follows_changes(
     }
     apply_kb(kube, ns, kb("handbook", spec))
     s = wait_state(kube, ns, "handbook", "Pending", alive=alive,
-                   check=lambda s: "scheduler" in s["reason"])  # fmt: skip
+                   check=lambda s: "node affinity/selector" in s["reason"])  # fmt: skip
     assert s["reason"].startswith(f"no machine matches placement labels pool=gpu-{pool}")
 
     # The pod the operator made: the drives read-only, the index at /index, no root.
@@ -347,21 +348,40 @@ def test_a_base_indexes_answers_and_follows_changes(
     assert condition(s, "EmbeddingModelAvailable")["reason"] == "NotAnswering"
     restarted = start_model_server(port=model_port)
     try:
-        wait_state(kube, ns, "handbook", "Ready", alive=alive)
-        # Chunking changes: every document is read again, by the running indexer.
+        s = wait_state(kube, ns, "handbook", "Ready", alive=alive)
+        assert kstatus(kube, get_kb(kube, ns, "handbook"))["status"] == "Current"
+        # Chunking changes: every document is read again, by the running indexer. The
+        # ConfigMap reaches the pod late (as on a real kubelet): until the indexer runs
+        # generation 3 and has indexed it, kstatus (Flux) reads the base as InProgress.
+        kubelet.late_config = True
         spec["chunking"] = {"size": 400, "overlap": 50}
         apply_kb(kube, ns, kb("handbook", spec))
-        s = wait_state(
-            kube,
-            ns,
-            "handbook",
-            "Ready",
-            alive=alive,
-            timeout=120,
-            check=lambda s: s["observed"]["index"]["chunks"] > index["chunks"],
-        )
+        s = wait_state(kube, ns, "handbook", "Starting", alive=alive,
+                       check=lambda s: s["observedGeneration"] == 3)  # fmt: skip
+        assert s["reason"] == "applying generation 3: the indexer still runs generation 2"
+        assert condition(s, "Ready")["status"] == "False"
+        assert condition(s, "Reconciling")["status"] == "True"
+        seen = kstatus(kube, get_kb(kube, ns, "handbook"))
+        assert seen["status"] == "InProgress", seen
+        wait = kube.kubectl("wait", "--for=condition=Ready", "kb/handbook", "-n", ns,
+                            "--timeout=2s", check=False)  # fmt: skip
+        assert wait.returncode != 0
+        kubelet.late_config = False
+
+        def current() -> dict[str, Any] | None:
+            obj = get_kb(kube, ns, "handbook")
+            if kstatus(kube, obj)["status"] != "Current":
+                return None
+            # Current only once the indexer's totals reflect the new chunking.
+            totals = indexer_totals(kubelet)
+            assert totals["indexed_generation"] == 3, totals
+            assert obj["status"]["observed"]["index"]["chunks"] == totals["chunks"]
+            return obj
+
+        obj = wait_for(current, timeout=120, what="kstatus Current", alive=alive)
+        assert obj["status"]["observed"]["index"]["chunks"] > index["chunks"]
+        assert obj["status"]["state"] == "Ready" and obj["status"]["observedGeneration"] == 3
         assert indexer_totals(kubelet)["last_pass"]["read"] == len(names)
-        assert s["observedGeneration"] == 3
 
         # A new source changes the mounts: a replacement takes over, then Ready.
         more = tmp_path / "runbooks"

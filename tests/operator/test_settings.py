@@ -34,10 +34,22 @@ def test_environment_then_flags() -> None:
         ({"METIS_INDEXER_PORT": "seventy"}, "METIS_INDEXER_PORT='seventy': expected int"),
         ({"METIS_URL_TEMPLATE": "http://{host}:{port}"}, "is not a template of"),
         ({"METIS_INDEX_ACCESS_MODE": "Shared"}, "expected one of ReadWriteOnce"),
+        ({"METIS_LOG_FORMAT": "xml"}, "expected one of text, json"),
     ],
-    ids=["not-a-number", "unknown-placeholder", "unknown-access-mode"],
+    ids=["not-a-number", "unknown-placeholder", "unknown-access-mode", "unknown-log-format"],
 )
 def test_a_bad_value_is_named(env: dict[str, str], words: str) -> None:
     with pytest.raises(ValueError, match="METIS_") as e:
         settings_mod.load(env)
     assert words in str(e.value)
+
+
+def test_the_cluster_citizens_settings() -> None:
+    s = settings_mod.load({})
+    assert s.runtime.leader_election is True and s.runtime.max_rollouts == 2
+    assert (s.poll.probe_seconds, s.poll.model_grace_seconds) == (60.0, 20.0)
+    assert s.poll.resync_seconds == 300.0 and s.runtime.log_format == "text"
+    s = settings_mod.load({"METIS_LEADER_ELECTION": "false", "METIS_MAX_ROLLOUTS": "5"},
+                          ["--log-format", "json"])  # fmt: skip
+    assert s.runtime.leader_election is False and s.runtime.max_rollouts == 5
+    assert s.runtime.log_format == "json"

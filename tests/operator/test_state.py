@@ -24,7 +24,10 @@ RUNNING = PodView("metis-hb-1", node="node-a", running=True, ready=True)
 
 
 def ix(phase: str, **kw: object) -> IndexerStatus:
-    return IndexerStatus.model_validate({"phase": phase, **kw})
+    """The indexer's status; by default it runs and has indexed generation 2."""
+    return IndexerStatus.model_validate(
+        {"phase": phase, "generation": 2, "indexed_generation": 2, **kw}
+    )
 
 
 HEALTHY = Observation(
@@ -33,6 +36,8 @@ HEALTHY = Observation(
     index_drive_bound=True,
     pod=RUNNING,
     indexer=ix("ready", passes=1),
+    generation=2,
+    served=True,
 )
 
 
@@ -71,6 +76,11 @@ CASES = [
     ("pod-cannot-be-created", given(pod=None, pod_failure="exceeded quota: mem"), State.PENDING,
      "its pod cannot be created: exceeded quota: mem"),
     ("no-pod-yet", given(pod=None), State.PENDING, "its pod is not created yet"),
+    # A first pod replaced (a changed placement) before it ever ran is no replacement.
+    ("first-pod-replaced-before-it-ran", given(served=False, pod=None, replacing=True),
+     State.PENDING, "its pod is not created yet"),
+    ("first-pod-going-before-it-ran", given(served=False, pod=PodView("p", terminating=True)),
+     State.PENDING, "its pod is not created yet"),
     ("unschedulable",
      given(placement=Placement(labels={"pool": "gpu"}),
            pod=PodView("p", unschedulable="0/3 nodes are available: 3 node(s) didn't match "
@@ -92,6 +102,9 @@ CASES = [
      "a replacement is taking over after a change on machine node-a"),
     ("new-template-rolling-out", given(replacing=True), State.STARTING,
      "a replacement is taking over after a change on machine node-a"),
+    ("new-pod-of-a-first-rollout",
+     given(served=False, replacing=True, pod=PodView("p", node="node-a")),
+     State.STARTING, "its indexer is starting on machine node-a"),
     ("container-not-started", given(pod=PodView("p", node="node-a")), State.STARTING,
      "its indexer is starting on machine node-a"),
     ("image-pull", given(pod=PodView("p", node="node-a", waiting="ImagePullBackOff: not found")),
@@ -102,6 +115,15 @@ CASES = [
     ("loading", given(indexer=ix("loading")), State.STARTING, "loading its index"),
     ("standby", given(indexer=ix("standby")), State.STARTING,
      "a replacement is taking over; searches are answered meanwhile"),
+    # A spec change: not Ready until the indexer runs the new generation and indexed it.
+    ("runs-the-old-generation", given(generation=3), State.STARTING,
+     "applying generation 3: the indexer still runs generation 2"),
+    ("runs-no-generation", given(generation=3, indexer=ix("ready", generation=None)),
+     State.STARTING, "applying generation 3: the indexer still runs a configuration of no "
+     "generation"),
+    ("old-generation-beats-waiting",
+     given(generation=3, embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING)),
+     State.STARTING, None),
     ("starting-beats-waiting",
      given(indexer=ix("loading"),
            embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING)),
@@ -128,6 +150,16 @@ CASES = [
     ("indexing", given(indexer=ix("indexing", pass_total=9, pass_done=2)), State.INDEXING,
      "reading documents; searches are answered from what is indexed so far"),
     ("first-scan", given(indexer=ix("scanning", passes=0)), State.INDEXING, None),
+    ("new-generation-not-indexed-yet",
+     given(generation=3, indexer=ix("ready", generation=3, indexed_generation=2, passes=4)),
+     State.INDEXING,
+     "indexing for generation 3: reading documents; searches are answered from what is "
+     "indexed so far"),
+    ("first-pass-not-finished",
+     given(indexer=ix("scanning", passes=3, indexed_generation=None)), State.INDEXING, None),
+    ("waiting-beats-new-generation-indexing",
+     given(generation=3, indexer=ix("waiting", reason="waiting for x", generation=3)),
+     State.WAITING, "waiting for x"),
     ("rescan-after-a-pass-stays-ready", given(indexer=ix("scanning", passes=3)), State.READY,
      None),
     ("ready", HEALTHY, State.READY, "everything is indexed; watching its sources"),

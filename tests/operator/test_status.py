@@ -53,6 +53,8 @@ def test_a_ready_base() -> None:
     }  # fmt: skip
     assert [(c["type"], c["status"], c["reason"]) for c in s["conditions"]] == [
         ("Ready", "True", "Ready"),
+        ("Reconciling", "False", "Ready"),
+        ("Stalled", "False", "Ready"),
         ("EmbeddingModelAvailable", "True", "Available"),
     ]
     assert all(c["lastTransitionTime"] == T1 for c in s["conditions"])
@@ -71,10 +73,32 @@ def test_a_condition_keeps_its_time_unless_status_or_message_change() -> None:
     waiting = Verdict(State.WAITING, "waiting for embedding model bge-m3: connection refused")
     later = compose(first, verdict=waiting, now=T1)
     times = {c["type"]: c["lastTransitionTime"] for c in later["conditions"]}
-    assert times == {"Ready": T1, "EmbeddingModelAvailable": T0}
+    assert times == {"Ready": T1, "Reconciling": T1, "Stalled": T0, "EmbeddingModelAvailable": T0}
     reworded = compose(later, verdict=Verdict(State.WAITING, "waiting for x"), now="later")
     assert next(c for c in reworded["conditions"] if c["type"] == "Ready")[
         "lastTransitionTime"] == "later"  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("state", "ready", "reconciling", "stalled"),
+    [
+        (State.READY, "True", "False", "False"),
+        (State.INDEXING, "False", "True", "False"),
+        (State.STARTING, "False", "True", "False"),
+        (State.PENDING, "False", "True", "False"),
+        (State.WAITING, "False", "True", "False"),
+        (State.FAILED, "False", "False", "True"),
+    ],
+)
+def test_kstatus_conditions_follow_the_state(
+    state: State, ready: str, reconciling: str, stalled: str
+) -> None:
+    """Reconciling and Stalled are kstatus' abnormal-true conditions: True says why."""
+    s = compose({}, verdict=Verdict(state, f"why {state}"))
+    got = {c["type"]: (c["status"], c["message"]) for c in s["conditions"]}
+    assert got["Ready"] == (ready, f"why {state}")
+    assert got["Reconciling"] == (reconciling, f"why {state}" if reconciling == "True" else "")
+    assert got["Stalled"] == (stalled, f"why {state}" if stalled == "True" else "")
 
 
 def test_progress_while_a_pass_reads() -> None:
@@ -161,3 +185,18 @@ def test_warnings_count_folders_instead_of_naming_them() -> None:
 )  # fmt: skip
 def test_merge_patch(old: dict[str, Any], new: dict[str, Any], patch: dict[str, Any]) -> None:
     assert status_mod.merge_patch(old, new) == patch
+
+
+def test_a_paused_base_keeps_its_status_and_says_so() -> None:
+    before = compose({}, now=T0)
+    paused = status_mod.paused(before, T1)
+    assert status_mod.is_paused(paused) and not status_mod.is_paused(before)
+    cond = next(c for c in paused["conditions"] if c["type"] == "Paused")
+    assert (cond["status"], cond["lastTransitionTime"]) == ("True", T1)
+    assert "metis.astraeus.io/paused" in cond["message"]
+    assert {k: v for k, v in paused.items() if k != "conditions"} == {
+        k: v for k, v in before.items() if k != "conditions"
+    }
+    assert status_mod.paused(paused, "later") == paused  # nothing more to write
+    resumed = compose(paused, now=T1)
+    assert not status_mod.is_paused(resumed)

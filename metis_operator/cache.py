@@ -1,0 +1,209 @@
+"""What the operator reads from the API server, kept in memory by kopf's watches.
+
+kopf indexes every watched kind (one watch per kind, not one request per base) and
+holds the operator's handlers back until each kind's first listing is in, so a
+reconciliation never sees a half-filled cache. This module says what is kept of each
+object (`slim`: children and drives whole, other workloads only what the scaled-to-zero
+warning needs), reads it back by name (`Cache`), and decides which bases an object's
+change concerns (`affected`), a pure function over plain data.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from metis_operator import children
+
+Key = tuple[str, str]
+"""(namespace, name)."""
+
+MANAGED = {"app.kubernetes.io/managed-by": children.MANAGER}
+INDEXER_PODS = {"app.kubernetes.io/name": children.APP}
+TOKEN_KEY = "token"
+
+
+@dataclasses.dataclass(frozen=True)
+class Watched:
+    """One kind the operator watches: what kopf needs, and the index's kwarg name."""
+
+    index: str
+    group: str
+    version: str
+    plural: str
+    labels: Mapping[str, str] | None = None
+
+
+WATCHED = (
+    Watched("metis_claims", "", "v1", "persistentvolumeclaims"),
+    Watched("metis_services", "", "v1", "services"),
+    Watched("metis_deployments", "apps", "v1", "deployments"),
+    Watched("metis_statefulsets", "apps", "v1", "statefulsets"),
+    Watched("metis_configmaps", "", "v1", "configmaps", MANAGED),
+    Watched("metis_networkpolicies", "networking.k8s.io", "v1", "networkpolicies", MANAGED),
+    Watched("metis_pods", "", "v1", "pods", INDEXER_PODS),
+)
+"""Drives and model Services by name (any in the namespace may be named by a base),
+workloads (a child, or behind a model Service), and the operator's own ConfigMaps,
+NetworkPolicies and indexer pods by label. Not Secrets: a watch would bring every
+Secret of the cluster into the operator; a base's token is read by name when a request
+needs it."""
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _ours(obj: Mapping[str, Any]) -> bool:
+    labels = _meta(obj).get("labels") or {}
+    return all(labels.get(k) == v for k, v in MANAGED.items())
+
+
+def slim(plural: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the cache keeps of `obj`: never managedFields; of a workload that is not a
+    child, only its kind, name, replicas and pod labels."""
+    meta = {k: v for k, v in _meta(obj).items() if k != "managedFields"}
+    kind = {"deployments": "Deployment", "statefulsets": "StatefulSet"}.get(plural)
+    if kind and not _ours(obj):
+        spec = obj.get("spec") or {}
+        labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        return {
+            "kind": kind,
+            "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+            "spec": {"replicas": spec.get("replicas", 1), "template": {
+                "metadata": {"labels": dict(labels)}}},
+        }  # fmt: skip
+    out = {k: v for k, v in obj.items() if k != "metadata"}
+    if kind:
+        out["kind"] = kind
+    return {**out, "metadata": meta}
+
+
+def token(secret: Mapping[str, Any]) -> str | None:
+    """The base64-decoded `token` of a Secret, None when absent or not base64."""
+    raw = (secret.get("data") or {}).get(TOKEN_KEY)
+    if not raw:
+        return None
+    try:
+        return base64.b64decode(raw, validate=True).decode().strip() or None
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Deps:
+    """What one base's last reconciliation read besides its own children: the names of
+    drives and model Services in its namespace, and the model Services' selectors."""
+
+    namespace: str
+    claims: frozenset[str] = frozenset()
+    services: frozenset[str] = frozenset()
+    selectors: tuple[Mapping[str, str], ...] = ()
+
+
+def _matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def affected(bases: Mapping[Key, Deps], plural: str, obj: Mapping[str, Any]) -> set[Key]:
+    """The bases whose state `obj` (of kind `plural`) may change: its owner or
+    instance, and every base that reads it by name or selects it as a model's workload."""
+    meta = _meta(obj)
+    ns, name = meta.get("namespace", ""), meta.get("name", "")
+    out: set[Key] = set()
+    labels = meta.get("labels") or {}
+    if labels.get("app.kubernetes.io/name") == children.APP:
+        instance = labels.get("app.kubernetes.io/instance")
+        if instance:
+            out.add((ns, instance))
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == children.KIND and ref.get("apiVersion", "").startswith(
+            children.GROUP + "/"
+        ):
+            out.add((ns, ref.get("name", "")))
+    template = ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    for key, deps in bases.items():
+        if deps.namespace != ns:
+            continue
+        by_name = {"persistentvolumeclaims": deps.claims, "services": deps.services}
+        selected = plural in ("deployments", "statefulsets") and any(
+            _matches(s, template.get("labels") or {}) for s in deps.selectors
+        )
+        if name in by_name.get(plural, ()) or selected:
+            out.add(key)
+    return {k for k in out if k in bases}
+
+
+class Cache:
+    """Reads from kopf's indices (bound once the first handler call brings them)."""
+
+    def __init__(self) -> None:
+        self._indices: Mapping[str, Any] = {}
+
+    @property
+    def bound(self) -> bool:
+        return bool(self._indices)
+
+    def bind(self, kwargs: Mapping[str, Any]) -> None:
+        """Keep the live indices that kopf passes to every handler."""
+        self._indices = {w.index: kwargs[w.index] for w in WATCHED if w.index in kwargs}
+
+    def _all(self, index: str, key: Any) -> Iterable[dict[str, Any]]:
+        store = self._indices[index].get(key)
+        return list(store) if store is not None else []
+
+    def _one(self, index: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return next(iter(self._all(index, (namespace, name))), None)
+
+    def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._one("metis_claims", namespace, name)
+
+    def service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._one("metis_services", namespace, name)
+
+    def configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._one("metis_configmaps", namespace, name)
+
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._one("metis_deployments", namespace, name)
+
+    def child(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        index = {
+            "ConfigMap": "metis_configmaps",
+            "Service": "metis_services",
+            "Deployment": "metis_deployments",
+            "PersistentVolumeClaim": "metis_claims",
+            "NetworkPolicy": "metis_networkpolicies",
+        }[kind]
+        return self._one(index, namespace, name)
+
+    def pods(self, namespace: str, instance: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self._all("metis_pods", namespace)
+            if (_meta(p).get("labels") or {}).get("app.kubernetes.io/instance") == instance
+        ]
+
+    def workloads(self, namespace: str) -> list[dict[str, Any]]:
+        return [
+            *self._all("metis_deployments", ("*", namespace)),
+            *self._all("metis_statefulsets", ("*", namespace)),
+        ]
+
+
+
+def index_keys(plural: str, obj: Mapping[str, Any]) -> dict[Any, dict[str, Any]]:
+    """The index entries of `obj`: by (namespace, name); pods also by namespace, and
+    workloads also by ("*", namespace), to list a namespace's without a request."""
+    meta = _meta(obj)
+    ns, name = meta.get("namespace", ""), meta.get("name", "")
+    value = slim(plural, obj)
+    keys: dict[Any, dict[str, Any]] = {(ns, name): value}
+    if plural == "pods":
+        keys = {ns: value}
+    if plural in ("deployments", "statefulsets"):
+        keys[("*", ns)] = value
+    return keys

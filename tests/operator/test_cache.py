@@ -1,0 +1,76 @@
+"""The watch cache: what is kept of an object, and which bases a change wakes."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from metis_operator import cache
+from metis_operator.cache import Deps
+
+BASES = {
+    ("team", "handbook"): Deps("team", frozenset({"docs"}), frozenset({"minilm"}),
+                               ({"app": "minilm"},)),
+    ("team", "wiki"): Deps("team", frozenset({"wiki"}), frozenset({"bge"})),
+    ("other", "handbook"): Deps("other", frozenset({"docs"}), frozenset({"minilm"})),
+}  # fmt: skip
+
+
+def obj(name: str, ns: str = "team", **meta: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": ns, **meta}}
+
+
+def test_a_drive_or_model_service_wakes_the_bases_of_its_namespace_that_name_it() -> None:
+    assert cache.affected(BASES, "persistentvolumeclaims", obj("docs")) == {("team", "handbook")}
+    assert cache.affected(BASES, "services", obj("bge")) == {("team", "wiki")}
+    assert cache.affected(BASES, "services", obj("minilm", "other")) == {("other", "handbook")}
+    assert cache.affected(BASES, "services", obj("unrelated")) == set()
+
+
+def test_a_workload_wakes_the_bases_whose_model_selects_it() -> None:
+    model = {**obj("minilm"), "spec": {"template": {"metadata": {"labels": {"app": "minilm"}}}}}
+    other = {**obj("web"), "spec": {"template": {"metadata": {"labels": {"app": "web"}}}}}
+    assert cache.affected(BASES, "deployments", model) == {("team", "handbook")}
+    assert cache.affected(BASES, "deployments", other) == set()
+
+
+def test_a_child_or_pod_wakes_its_own_base_only_when_it_is_known() -> None:
+    pod = obj("metis-wiki-1", labels={"app.kubernetes.io/name": "metis-indexer",
+                                      "app.kubernetes.io/instance": "wiki"})  # fmt: skip
+    assert cache.affected(BASES, "pods", pod) == {("team", "wiki")}
+    ref = {"apiVersion": "metis.astraeus.io/v1", "kind": "KnowledgeBase"}
+    child = obj("metis-wiki", ownerReferences=[{**ref, "name": "wiki"}])
+    assert cache.affected(BASES, "configmaps", child) == {("team", "wiki")}
+    gone = obj("metis-old", ownerReferences=[{**ref, "name": "old"}])
+    assert cache.affected(BASES, "configmaps", gone) == set()
+
+
+def test_a_workload_that_is_not_a_child_is_kept_slim() -> None:
+    deployment = {
+        **obj("minilm", managedFields=[{"manager": "kubectl"}], labels={"app": "minilm"}),
+        "spec": {"replicas": 0, "template": {"metadata": {"labels": {"app": "minilm"}},
+                                             "spec": {"containers": [{"name": "tei"}]}}},
+        "status": {"replicas": 0},
+    }  # fmt: skip
+    assert cache.slim("deployments", deployment) == {
+        "kind": "Deployment",
+        "metadata": {"name": "minilm", "namespace": "team"},
+        "spec": {"replicas": 0, "template": {"metadata": {"labels": {"app": "minilm"}}}},
+    }
+    keys = cache.index_keys("deployments", deployment)
+    assert set(keys) == {("team", "minilm"), ("*", "team")}
+
+
+def test_a_child_is_kept_whole_but_for_managed_fields() -> None:
+    child = {**obj("metis-wiki", managedFields=[{}], labels=dict(cache.MANAGED)),
+             "spec": {"replicas": 1}, "status": {"readyReplicas": 1}}  # fmt: skip
+    kept = cache.slim("deployments", child)
+    assert "managedFields" not in kept["metadata"] and kept["status"] == {"readyReplicas": 1}
+    assert kept["kind"] == "Deployment"
+
+
+def test_a_token_is_decoded_and_nothing_else_is_a_token() -> None:
+    encoded = base64.b64encode(b"s3cret\n").decode()
+    assert cache.token({"data": {"token": encoded}}) == "s3cret"
+    assert cache.token({"data": {}}) is None
+    assert cache.token({"data": {"token": "%%%"}}) is None
