@@ -17,6 +17,7 @@ Every wait polls with a deadline (`wait_for`).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import http.server
@@ -45,37 +46,9 @@ OPERATOR_USER = "system:serviceaccount:metis-system:metis-operator"
 INDEXER_SELECTOR = "app.kubernetes.io/name=metis-indexer"
 
 
-OPERATOR_RULES = [
-    # The watch cache: drives, model Services, workloads, its ConfigMaps and pods.
-    {"apiGroups": [""], "resources": ["persistentvolumeclaims", "services", "configmaps",
-                                      "pods"], "verbs": ["list", "watch"]},
-    {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"],
-     "verbs": ["list", "watch"]},
-    # Leader election.
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-     "verbs": ["get", "create", "update"]},
-]  # fmt: skip
-"""What the operator needs beyond manifests/rbac.yaml of this branch (manifests are
-another change's): the same rules must be in the ClusterRole `metis-operator`, and
-`get` on secrets once bases have API tokens (without it a request goes without one)."""
-
-
 def install(kube: ControlPlane) -> None:
-    """Apply manifests/ (CRD, namespace, RBAC, operator Deployment) and the rules of
-    `OPERATOR_RULES`; idempotent."""
+    """Apply manifests/ (CRD, namespace, RBAC, operator Deployment); idempotent."""
     kube.kubectl("apply", "-k", str(ROOT / "manifests"))
-    extra = [
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": "metis-operator-watches"}, "rules": OPERATOR_RULES},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": "metis-operator-watches"},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": "metis-operator-watches"},
-         "subjects": [{"kind": "ServiceAccount", "name": "metis-operator",
-                       "namespace": "metis-system"}]},
-    ]  # fmt: skip
-    kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                       "items": extra}))  # fmt: skip
     kube.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
 
 
@@ -436,8 +409,24 @@ class Kubelet:
             f"http://127.0.0.1:{port}",
             metis("serve", "--config", str(config_path)),
             folder / "indexer.log",
+            env=self._env(pod),
         ).start()
         return _Pod(name, process, config_path, configmap, mounts, text)
+
+    def _env(self, pod: dict[str, Any]) -> dict[str, str]:
+        """The container's environment as a kubelet gives it: values, and keys of
+        Secrets (the base's API token)."""
+        env = {}
+        for var in pod["spec"]["containers"][0].get("env", []):
+            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
+            if ref is not None:
+                secret = self.kube.rest().get(
+                    f"/api/v1/namespaces/{self.namespace}/secrets/{ref['name']}"
+                )
+                env[var["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+            elif "value" in var:
+                env[var["name"]] = var["value"]
+        return env
 
     def _follow_config(self, pod: _Pod) -> None:
         text = self._configmap_text(pod.configmap)

@@ -209,6 +209,7 @@ def test_the_manifests_install_an_admitted_least_privilege_operator(
     assert not can("create", "knowledgebases.metis.astraeus.io", "-n", "team-a")
     assert not can("delete", "deployments.apps", "-n", "team-a")
     assert not can("delete", "secrets", "-n", "team-a")
+    assert not can("list", "secrets", "-n", "team-a"), "a base's token is read by name"
     assert not can("delete", "networkpolicies.networking.k8s.io", "-n", "team-a")
     assert not can("update", "pods", "-n", "team-a")
     # People: namespace editors manage bases (the aggregated edit role), viewers read them.

@@ -319,6 +319,9 @@ def test_a_base_indexes_answers_and_follows_changes(
     wait_for(lambda: indexer_totals(kubelet)["passes"] == passes + 2, timeout=30,
              what="a full pass")  # fmt: skip
     assert indexer_totals(kubelet)["last_pass"]["read"] == len(names)
+    # Those passes were the operator's, sent with the base's token; without it, none.
+    refused = kubelet.indexer().post("/v1/reindex", {"full": True})
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "UNAUTHORIZED"
     kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/evaluate=k=5")
     s = wait_state(kube, ns, "handbook", "Ready", check=lambda s: "evaluation" in s)
     evaluation = s["evaluation"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import os
 import signal
 import socket
 import subprocess
@@ -57,11 +58,14 @@ class Process:
     args: list[str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Set for the child on top of this process's environment."""
 
     def start(self) -> Process:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            self.args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            self.args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
         )
         log.close()
         _LIVE.append(self.proc)
