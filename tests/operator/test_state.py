@@ -100,6 +100,8 @@ CASES = [
      "a replacement is taking over after a change"),
     ("old-pod-going", given(pod=dataclasses.replace(RUNNING, terminating=True)), State.STARTING,
      "a replacement is taking over after a change on machine node-a"),
+    ("old-pod-going-its-node-gone", given(pod=PodView("p", terminating=True)), State.STARTING,
+     "a replacement is taking over after a change"),
     ("new-template-rolling-out", given(replacing=True), State.STARTING,
      "a replacement is taking over after a change on machine node-a"),
     ("new-pod-of-a-first-rollout",
