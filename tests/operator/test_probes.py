@@ -1,12 +1,14 @@
-"""Model Service probes over the public model APIs, against answers shaped like
-the servers teams run (TEI, vLLM/Infinity/OpenAI, a plain web server)."""
+"""Model Service probes over the public model APIs. What the real local model server
+(`metis models`: an OpenAI embedder and a Cohere-shaped reranker) can answer is probed
+against it; the table fakes only what it cannot show: TEI's routes, other models' ids
+and dimensions, a plain web site, a busy or malformed answer."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -15,6 +17,7 @@ import pytest
 from metis_indexer import clients
 from metis_operator import probes
 from metis_operator.state import Model
+from tests.support.model_server import ModelServer, start_model_server
 
 Route = Callable[[httpx.Request], httpx.Response]
 URL = "http://model.ns.svc:80"
@@ -131,3 +134,27 @@ def test_describe() -> None:
     assert clients.describe(httpx.ReadTimeout("slow")) == "timed out"
     assert clients.describe(httpx.ConnectError("Name or service not known")) == (
         "cannot connect: Name or service not known")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def local_models() -> Iterator[ModelServer]:
+    server = start_model_server()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize(
+    ("kind", "detail"),
+    [("embedding", "serves sentence-transformers/all-MiniLM-L6-v2 (384 dimensions)"),
+     ("reranker", "serves sentence-transformers/all-MiniLM-L6-v2")],
+)  # fmt: skip
+def test_the_real_local_server_probes_as_what_it_serves(
+    local_models: ModelServer, kind: str, detail: str
+) -> None:
+    async def run() -> tuple[Model, str]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await getattr(probes, kind)(client, local_models.base_url)
+
+    got, said = asyncio.run(run())
+    assert got is Model.AVAILABLE, said
+    assert said.startswith(detail), said
