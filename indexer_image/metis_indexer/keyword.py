@@ -14,7 +14,8 @@ costs its postings, never a re-weighing of the whole index.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -258,18 +259,10 @@ class KeywordIndex:
         term_ids = term_ids.astype(np.int32)
         if self.weighed:
             return self._cached_scores(term_ids, alive, all_alive)
-        found: list[tuple[int, npt.NDArray[np.int32], npt.NDArray[np.uint16]]] = []
+        found = list(self._postings(term_ids, alive, all_alive, lambda seg: seg.tfs))
         df = np.zeros(len(term_ids), dtype=np.float64)
-        for seg in self.segments:
-            for i, span in enumerate(seg.spans(term_ids)):
-                if span is None:
-                    continue
-                rows, tfs = seg.rows[span], seg.tfs[span]
-                if not all_alive:
-                    ok = alive[rows]
-                    rows, tfs = rows[ok], tfs[ok]
-                df[i] += len(rows)
-                found.append((i, rows, tfs))
+        for i, rows, _ in found:
+            df[i] += len(rows)
         if not found:
             return None
         term_idf = idf(self.live_rows, df)
@@ -287,15 +280,32 @@ class KeywordIndex:
         """Scores as sums of cached weights: what bm25s does at query time."""
         scores = np.zeros(len(alive), dtype=np.float32)
         matched = False
+        for _, rows, weights in self._postings(term_ids, alive, all_alive, _weights):
+            np.add.at(scores, rows, weights)  # numpy ≥ 1.25 makes ufunc.at fast
+            matched = True
+        return scores if matched else None
+
+    def _postings(
+        self,
+        term_ids: npt.NDArray[np.int32],
+        alive: npt.NDArray[np.bool_],
+        all_alive: bool,
+        column: Callable[[Segment], npt.NDArray[Any]],
+    ) -> Iterator[tuple[int, npt.NDArray[np.int32], npt.NDArray[Any]]]:
+        """Each query term's live postings in each segment: (term index, rows, values of
+        `column`)."""
         for seg in self.segments:
-            assert seg.weights is not None
-            for span in seg.spans(term_ids):
+            values = column(seg)
+            for i, span in enumerate(seg.spans(term_ids)):
                 if span is None:
                     continue
-                rows, weights = seg.rows[span], seg.weights[span]
+                rows, vals = seg.rows[span], values[span]
                 if not all_alive:
                     ok = alive[rows]
-                    rows, weights = rows[ok], weights[ok]
-                np.add.at(scores, rows, weights)  # numpy ≥ 1.25 makes ufunc.at fast
-                matched = True
-        return scores if matched else None
+                    rows, vals = rows[ok], vals[ok]
+                yield i, rows, vals
+
+
+def _weights(seg: Segment) -> npt.NDArray[np.float32]:
+    assert seg.weights is not None, "weights are cached for every segment once weighed"
+    return seg.weights
