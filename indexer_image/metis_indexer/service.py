@@ -134,7 +134,8 @@ class Indexer:
         self._task: asyncio.Task[None] | None = None
         self._model_lock = asyncio.Lock()
         self._pool: ReaderPool | None = None
-        self._writer = GroupWriter(self.index)
+        self._writer: GroupWriter | None = None
+        """The pass's writer (one a pass, over the index as it is then)."""
         self.on_progress: Callable[[PassState], None] | None = None
         self._lock_fd: int | None = None
         self._rebuilding = ""
@@ -490,6 +491,7 @@ class Indexer:
         vectors: npt.NDArray[np.float32] | None = None,
     ) -> None:
         """Write one document, in a transaction with others that are ready."""
+        assert self._writer is not None, "documents are written during a pass"
         await self._writer.put((record, chunks or [], vectors))
 
     async def _embed(self, chunks: list[Chunk]) -> npt.NDArray[np.float32] | None:
