@@ -58,6 +58,11 @@ def test_a_ready_base() -> None:
         ("EmbeddingModelAvailable", "True", "Available"),
     ]
     assert all(c["lastTransitionTime"] == T1 for c in s["conditions"])
+    assert all(c["observedGeneration"] == 3 for c in s["conditions"])
+    assert [c["message"] for c in s["conditions"]] == [
+        READY.reason, "", "", "serves BAAI/bge-m3 (1024)"
+    ]
+    assert s["reason"] == READY.reason
     assert "progress" not in s and "evaluation" not in s
 
 
@@ -166,6 +171,7 @@ def test_warnings_count_folders_instead_of_naming_them() -> None:
         "source wiki: the drive at /drives/wiki is not a folder",
         "source docs: 2 folder(s) cannot be listed",
     ]
+    assert compose({}, o=o)["observed"]["warnings"] == status_mod.warnings(o)
 
 
 @pytest.mark.parametrize(
@@ -179,9 +185,11 @@ def test_warnings_count_folders_instead_of_naming_them() -> None:
         ({"o": {"x": 1}}, {"o": {}}, {"o": {"x": None}}),
         ({"l": [1, 2]}, {"l": [1]}, {"l": [1]}),
         ({"a": None}, {"a": None}, {}),
+        ({"o": 1}, {"o": {"x": 1}}, {"o": {"x": 1}}),
+        ({"o": {"x": 1}}, {"o": 2}, {"o": 2}),
     ],
     ids=["empty", "same", "changed", "removed", "nested", "nested-removed", "list-whole",
-         "same-null"],
+         "same-null", "mapping-over-scalar", "scalar-over-mapping"],
 )  # fmt: skip
 def test_merge_patch(old: dict[str, Any], new: dict[str, Any], patch: dict[str, Any]) -> None:
     assert status_mod.merge_patch(old, new) == patch
