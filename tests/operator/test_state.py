@@ -205,10 +205,14 @@ def test_the_state_table(o: Observation, state: State, reason: str | None) -> No
          "no machine matches placement labels pool=gpu, zone=b and machines gpu-1 (scheduler:"),
         ("0/1 nodes are available: 1 node(s) didn't match the requested node name.",
          Placement(), "no machine matches placement (none set) (scheduler:"),
+        ("0/2 nodes are available: 1 Insufficient cpu, 1 Insufficient memory.",
+         Placement(memory_gb=8, cpu_cores=4), "no machine has 8 GiB of memory free "
+         "(placement.memory_gb); no machine has 4 CPU cores free (placement.cpu_cores) (sch"),
         ("0/1 nodes are available: 1 node(s) had untolerated taint {x: y}.", Placement(),
          "no machine can run it (scheduler: 0/1 nodes are available: 1 node(s) had untolerated"),
     ],
-    ids=["machines", "memory", "cpu", "volumes", "no-nodes", "node-name", "none-set", "other"],
+    ids=["machines", "memory", "cpu", "volumes", "no-nodes", "node-name", "none-set",
+         "memory-and-cpu", "other"],
 )  # fmt: skip
 def test_the_schedulers_message_says_what_to_do(
     message: str, placement: Placement, starts: str
@@ -216,3 +220,7 @@ def test_the_schedulers_message_says_what_to_do(
     said = unschedulable(message, placement)
     assert said.startswith(starts)
     assert message.split(" preemption:")[0] in said
+
+
+def test_a_scheduler_that_says_nothing_is_not_quoted() -> None:
+    assert unschedulable("", Placement()) == "no machine can run it"
