@@ -14,8 +14,14 @@ import httpx
 from pydantic import ValidationError
 
 from metis_indexer.console.views import COMPARED, CompareRow, Hit, SearchForm, compare, merge
-from metis_indexer.schema import DocumentsPage, ErrorAnswer, ErrorBody, Mode, SearchAnswer, \
-    SearchRequest
+from metis_indexer.schema import (
+    DocumentsPage,
+    ErrorAnswer,
+    ErrorBody,
+    Mode,
+    SearchAnswer,
+    SearchRequest,
+)
 
 Ask = Callable[[SearchRequest], Awaitable[SearchAnswer | ErrorBody]]
 """One base's search: its answer, or the error it gave."""

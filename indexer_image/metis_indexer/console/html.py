@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from html import escape
 
+
 class Html(str):
     """Markup that is already safe: built by `el` or `join`."""
 

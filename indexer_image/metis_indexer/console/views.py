@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,7 +25,6 @@ from metis_indexer.schema import (
     QUERY_MAX,
     TOP_K_MAX,
     ErrorBody,
-    Filters,
     Mode,
     Result,
     Scores,
@@ -58,13 +58,12 @@ class SearchForm(BaseModel):
 
     def request(self, mode: Mode | None = None) -> SearchRequest:
         """The indexer's search body for one mode (by default the form's)."""
-        filters = Filters(path_prefix=self.prefix or None, kinds=list(self.kinds) or None,
-                          sources=list(self.sources) or None)
-        return SearchRequest.model_validate({
-            "query": self.q or "", "top_k": self.top_k, "mode": mode or self.mode,
-            "rerank": None if self.rerank else False,
-            "filters": filters.model_dump(exclude_none=True) or None,
-        })
+        filters = {k: v for k, v in (("path_prefix", self.prefix), ("kinds", list(self.kinds)),
+                                     ("sources", list(self.sources))) if v}
+        body = {"query": self.q or "", "top_k": self.top_k, "mode": mode or self.mode,
+                "rerank": None if self.rerank else False, "filters": filters or None}
+        # As JSON: the request models are strict, and a kind is a string there.
+        return SearchRequest.model_validate_json(json.dumps(body))
 
 
 class FormError(Exception):
