@@ -135,8 +135,13 @@ def test_a_base_moving_from_indexing_to_ready_updates_the_bases_page_without_rel
                                   "after a quiet hour waits for it"]}})
     make_base(kube, namespace, "contracts", {
         "state": "Failed", "reason": "drive legal-docs does not exist in this namespace"})
-    wait(browser, "three bases", lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-base]"))
-         == 3)
+    make_base(kube, namespace, "notes", {
+        **INDEXING, "reason": "indexing for generation 2: 126 of 400 documents read",
+        "observed": {"index": {"phase": "indexing", "documents": 388, "chunks": 2140,
+                               "failed": 2, "pass_total": 400, "pass_done": 126,
+                               "last_indexed_at": "2026-11-30T20:15:40Z"}}})
+    wait(browser, "four bases", lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr[data-base]"))
+         == 4)
     assert browser.execute_script("return window.sameDocument === true")
     screenshot(browser, "bases")
     browser.set_window_size(390, 844)
