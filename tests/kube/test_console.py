@@ -56,23 +56,32 @@ READY: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def installed(kube: ControlPlane) -> None:
     install(kube)
-    kube.kubectl("apply", "-f", str(ROOT / "manifests" / "console" / "rbac.yaml"))
+    console = ROOT / "manifests" / "console"
+    kube.kubectl("apply", "-k", str(console), "--dry-run=server")
+    kube.kubectl("apply", "-f", str(console / "rbac.yaml"))
+
+
+def start_console(kube: ControlPlane, namespace: str, tmp_path: Path,
+                  user: str = CONSOLE_USER) -> Process:
+    """`metis console` as `user` (by default its service account), watching `namespace`."""
+    config = kube.write_kubeconfig(tmp_path / f"console-{free_port()}.kubeconfig", user,
+                                   groups=("system:serviceaccounts",
+                                           f"system:serviceaccounts:{user.split(':')[2]}"))
+    port = free_port()
+    p = Process(f"http://127.0.0.1:{port}", metis(
+        "console", "--kubeconfig", str(config), "--namespace", namespace, "--port", str(port),
+        "--url-template", "http://127.0.0.1:{port}"), tmp_path / f"console-{port}.log")
+    p.start()
+    p.wait_for("the console", lambda: p.get("/healthz").status_code == 200)
+    return p
 
 
 @pytest.fixture
 def console(kube: ControlPlane, installed: None, namespace: str,
             tmp_path: Path) -> Iterator[Process]:
-    """`metis console` as its service account, watching the test's namespace."""
-    config = kube.write_kubeconfig(tmp_path / "console.kubeconfig", CONSOLE_USER,
-                                   groups=("system:serviceaccounts",
-                                           "system:serviceaccounts:metis-system"))
-    port = free_port()
-    p = Process(f"http://127.0.0.1:{port}", metis(
-        "console", "--kubeconfig", str(config), "--namespace", namespace, "--port", str(port),
-        "--url-template", "http://127.0.0.1:{port}"), tmp_path / "console.log")
-    with processes.running(p):
-        p.wait_for("the console", lambda: p.get("/healthz").status_code == 200)
-        yield p
+    p = start_console(kube, namespace, tmp_path)
+    yield p
+    p.stop()
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +242,19 @@ def test_a_search_of_two_bases_merges_them_each_result_labelled(
         By.CSS_SELECTOR, ".scores").text) for r in found)
     assert "merged across bases by reciprocal rank" in browser.find_element(By.ID,
                                                                             "results").text
+
+
+def test_a_console_that_may_not_read_the_bases_says_so(
+        kube: ControlPlane, installed: None, namespace: str, tmp_path: Path,
+        browser: webdriver.Chrome) -> None:
+    p = start_console(kube, namespace, tmp_path, user="system:serviceaccount:nobody:nobody")
+    try:
+        def problem(d: webdriver.Chrome) -> str:
+            d.get(p.base_url + "/")
+            found = d.find_elements(By.CSS_SELECTOR, "#bases [role=alert]")
+            return found[0].text if found else ""
+
+        said = wait(browser, "the watch's refusal", problem)
+        assert "cannot watch knowledgebases: 403 Forbidden" in said
+    finally:
+        p.stop()
