@@ -22,6 +22,7 @@ from metis_indexer.console.views import (
     parse_search,
     score_line,
     search_query,
+    when,
     why,
 )
 from metis_indexer.schema import Result, Scores
@@ -258,3 +259,10 @@ def test_a_base_is_reached_at_its_address_or_through_the_template() -> None:
     assert indexer_url(address, "http://127.0.0.1:{port}") == "http://127.0.0.1:7700"
     assert indexer_url(address, "http://{name}.{namespace}:{port}/") == (
         "http://metis-handbook.team-a:7700")
+
+
+def test_a_timestamp_is_shown_to_the_minute_in_utc() -> None:
+    assert when("2026-11-30T21:04:12Z") == "2026-11-30 21:04 UTC"
+    assert when("2026-11-30T21:04:12.123456Z") == "2026-11-30 21:04 UTC"
+    assert when(None) == "—"
+    assert when("yesterday") == "yesterday"

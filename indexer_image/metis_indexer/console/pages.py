@@ -23,6 +23,7 @@ from metis_indexer.console.views import (
     score_line,
     search_query,
     took_line,
+    when,
 )
 from metis_indexer.schema import DocumentsPage, ErrorBody, Mode, Result, SearchAnswer
 
@@ -78,8 +79,9 @@ def evaluation(view: BaseView) -> Html:
     e = view.evaluation
     if e is None or e.recall_at_k is None:
         return el("span", "—", class_="muted")
-    return el("span", f"recall@{e.k} {e.recall_at_k:.2f} · MRR {e.mrr or 0:.2f}",
-              el("small", f" {e.cases} questions, {e.at}") if e.cases else None)
+    return join([el("span", f"recall@{e.k} {e.recall_at_k:.2f} · MRR {e.mrr or 0:.2f}",
+                    class_="figures"),
+                 el("small", f"{e.cases} questions, {when(e.at)}") if e.cases else None])
 
 
 def bases_fragment(views: Sequence[BaseView], problem: str | None) -> Html:
@@ -92,7 +94,7 @@ def bases_fragment(views: Sequence[BaseView], problem: str | None) -> Html:
         el("td", number(v.chunks), data_label="Chunks", class_="num"),
         el("td", number(v.failed), data_label="Failed", class_="num"),
         el("td", progress(v), data_label="Progress"),
-        el("td", v.last_indexed_at or "—", data_label="Last indexed"),
+        el("td", when(v.last_indexed_at), data_label="Last indexed"),
         el("td", evaluation(v), data_label="Evaluation"),
         el("td", el("ul", [el("li", w) for w in v.warnings], class_="warnings")
            if v.warnings else "—", data_label="Warnings"),
@@ -121,7 +123,7 @@ def base_fragment(view: BaseView, events: Sequence[EventView]) -> Html:
         ("Documents / chunks / failed",
          f"{number(view.documents)} / {number(view.chunks)} / {number(view.failed)}"),
         ("Progress", progress(view)),
-        ("Last indexed", view.last_indexed_at or "—"),
+        ("Last indexed", when(view.last_indexed_at)),
         ("Evaluation", evaluation(view)),
         ("Address", view.address or "—"),
         ("Machine", view.machine or "—"),
@@ -131,13 +133,13 @@ def base_fragment(view: BaseView, events: Sequence[EventView]) -> Html:
             "tr",
             el("td", c.type, data_label="Condition"), el("td", c.status, data_label="Status"),
             el("td", c.reason, data_label="Reason"), el("td", c.message, data_label="Message"),
-            el("td", c.lastTransitionTime or "", data_label="Since"),
+            el("td", when(c.lastTransitionTime), data_label="Since"),
         ) for c in view.conditions]), class_="stack") if view.conditions else el(
         "p", "No conditions yet.", class_="muted")
     recent = el("table", el("thead", el("tr", [el("th", h, scope="col") for h in (
         "Last seen", "Type", "Reason", "Message", "Count")])), el("tbody", [el(
             "tr",
-            el("td", e.last, data_label="Last seen"),
+            el("td", when(e.last), data_label="Last seen"),
             el("td", e.type, data_label="Type", class_=f"event-{e.type.lower()}"),
             el("td", e.reason, data_label="Reason"), el("td", e.message, data_label="Message"),
             el("td", e.count, data_label="Count", class_="num"),

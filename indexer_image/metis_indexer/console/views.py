@@ -79,8 +79,9 @@ def parse_search(query: Mapping[str, Sequence[str]], *, base: str | None = None)
 
     `base`: the one base of a page that serves a single index (`metis serve`).
     A checkbox that is cleared is not sent, so the form sends `rerank=0` before the
-    box's `rerank=1` and the last value wins. Raises FormError with QUERY_EMPTY,
-    QUERY_TOO_LONG, TOP_K_OUT_OF_RANGE or INVALID_BODY, as the indexer would.
+    box's `rerank=1` and the last value wins; a `source` may list several, comma-separated.
+    Raises FormError with QUERY_EMPTY, QUERY_TOO_LONG, TOP_K_OUT_OF_RANGE or INVALID_BODY,
+    as the indexer would.
     """
 
     def last(key: str, default: str = "") -> str:
@@ -281,6 +282,15 @@ def took_line(took: Mapping[str, float]) -> str:
     return " · ".join(f"{label} {took[key]:.1f} ms" for key, label in names if key in took)
 
 
+def when(timestamp: str | None) -> str:
+    """An API server's timestamp (`2026-11-30T21:04:12Z`) as `2026-11-30 21:04 UTC`;
+    anything else as it is, none as `—`."""
+    if not timestamp:
+        return "—"
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?Z", timestamp)
+    return f"{m[1]} {m[2]} UTC" if m else timestamp
+
+
 class Condition(BaseModel):
     type: str
     status: str
@@ -330,12 +340,6 @@ class BaseView(BaseModel):
         if self.phase in ("scanning", "indexing") and self.pass_total:
             return min(self.pass_done or 0, self.pass_total), self.pass_total
         return None
-
-    @property
-    def searchable(self) -> bool:
-        """Whether to ask its indexer: it has an address (spec 002: searches are answered
-        while Indexing and Waiting too; the indexer says when its index is not loaded)."""
-        return bool(self.address)
 
 
 def base_view(obj: Mapping[str, Any]) -> BaseView:
