@@ -197,6 +197,8 @@ class _Follow:
                 self._once()
                 failures = 0
             except ApiException as e:
+                if e.status == 410:
+                    continue  # the watch's resourceVersion expired: list again at once
                 failures += 1
                 self._failed(f"{e.status} {e.reason}")
             except Exception as e:  # any failure of a watch: say it, back off, try again
