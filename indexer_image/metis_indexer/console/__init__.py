@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
+import yaml
 from aiohttp import web
+from kubernetes.config import ConfigException
 
 from metis_indexer.console.app import Settings, add_search_page, create_app
 
@@ -39,7 +42,12 @@ def main(args: argparse.Namespace) -> int:
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     settings = Settings(kubeconfig=args.kubeconfig, namespace=args.namespace,
                         url_template=args.url_template)
-    web.run_app(create_app(settings), host=args.host, port=args.port, access_log=None,
-                print=lambda _: print(f"metis: console on http://{args.host}:{args.port}",
-                                      flush=True))
+    try:
+        web.run_app(create_app(settings), host=args.host, port=args.port, access_log=None,
+                    print=lambda _: print(f"metis: console on http://{args.host}:{args.port}",
+                                          flush=True))
+    except (ConfigException, OSError, yaml.YAMLError) as e:
+        print(f"metis: console: no cluster to watch: {e} "
+              "(outside a cluster, give a valid --kubeconfig)", file=sys.stderr)
+        return 2
     return 0
