@@ -1,0 +1,608 @@
+"""A real node for the local cluster: containerd, the CNI bridge, kubelet and kube-proxy.
+
+Everything runs under one work folder: containerd with its own configuration, state and
+socket; a CNI configuration that only this containerd reads; the kubelet's root folder.
+Nothing of the machine's global configuration is written (no /etc file, no system
+service): the node is registered against a running API server given its kubeconfig, and
+leaves with its processes.
+
+What the cluster lacks besides a kubelet, the node brings as one small loop (`_Keeper`):
+- DNS: pods (and processes started through `host_command`) resolve `<svc>.<ns>.svc` by
+  dnsmasq on the bridge's address, fed a hosts file of every Service's ClusterIP;
+- volumes: a claim that names no volume gets a hostPath PersistentVolume on a folder of
+  the work dir, bound to it (what local-path provisioners do);
+- readiness: the test control plane runs no node-lifecycle controller, so the node's
+  `not-ready` taint is removed here once the kubelet reports Ready.
+
+kubelet and kube-proxy are built from the same k8s.io/kubernetes as the control plane
+(go/node-bin) into the same cache, with stamps, by `ensure_binaries`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+from metis_dev import images
+
+HERE = Path(__file__).resolve().parent
+NODE_MODULE = HERE / "go" / "node-bin"
+KUBE_VERSION = "v1.34.4"
+ASSETS = Path(
+    os.environ.get("METIS_KUBE_ASSETS", Path.home() / ".cache" / "metis" / "kube" / KUBE_VERSION)
+)
+BINARIES = ("kubelet", "kube-proxy", "pause")
+
+NODE_NAME = "metis-node"
+BRIDGE = "metis0"
+POD_CIDR = "10.244.0.0/24"
+GATEWAY = "10.244.0.1"
+"""The host's address on the pods' bridge: DNS answers there, and model servers on the
+host listen there for the pods."""
+CLUSTER_DOMAIN = "cluster.local"
+PAUSE_IMAGE = "localhost/metis-pause:1"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+REQUIRED_COMMANDS = (
+    "containerd",
+    "runc",
+    "ctr",
+    "podman",
+    "debootstrap",
+    "dnsmasq",
+    "iptables",
+    "ip",
+    "unshare",
+)
+CNI_PLUGINS = Path("/usr/lib/cni")
+
+
+class NodeError(RuntimeError):
+    """The node could not start; the message says which part and its log."""
+
+
+def unusable() -> str | None:
+    """Why this machine cannot run a real node, or None when it can."""
+    if os.geteuid() != 0:
+        return "a real node needs root (containerd, network namespaces, iptables)"
+    missing = [c for c in REQUIRED_COMMANDS if shutil.which(c) is None]
+    if not (CNI_PLUGINS / "bridge").exists():
+        missing.append(f"{CNI_PLUGINS}/bridge (containernetworking-plugins)")
+    if missing:
+        return f"missing {', '.join(missing)}: `make node-packages` installs them"
+    return None
+
+
+# --------------------------------------------------------------------------- binaries
+
+
+def stamp() -> str:
+    """What the binaries are built from: the Kubernetes version and the module's pins."""
+    parts = [(NODE_MODULE / f).read_bytes() for f in ("go.sum", "pause/main.go")]
+    return f"{KUBE_VERSION} {images.digest(parts)}"
+
+
+def ensure_binaries(assets: Path = ASSETS) -> Path:
+    """Build kubelet, kube-proxy and pause into `assets` unless their stamps match.
+    A cold build of kubelet and kube-proxy takes many minutes on two cores."""
+    want = stamp()
+    missing = [
+        b for b in BINARIES if not (assets / b).exists() or _read(assets / f".stamp-{b}") != want
+    ]
+    if not missing:
+        return assets
+    assets.mkdir(parents=True, exist_ok=True)
+    minor = KUBE_VERSION.split(".")[1]
+    ld = ["-s", "-w"]
+    for pkg in ("k8s.io/client-go/pkg/version", "k8s.io/component-base/version"):
+        ld += [
+            f"-X {pkg}.gitVersion={KUBE_VERSION}",
+            f"-X {pkg}.gitMajor=1",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+        ]
+    pkgs = {
+        "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+        "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
+        "pause": "./pause",
+    }
+    env = {
+        **os.environ,
+        "GOTOOLCHAIN": "local",
+        "CGO_ENABLED": "0",
+        "GOFLAGS": "-mod=readonly -buildvcs=false",
+    }
+    with tempfile.TemporaryDirectory(dir=assets) as tmp:
+        cmd = [
+            "go",
+            "build",
+            "-trimpath",
+            "-ldflags",
+            " ".join(ld),
+            "-o",
+            tmp + "/",
+            *(pkgs[b] for b in missing),
+        ]
+        proc = subprocess.run(cmd, cwd=NODE_MODULE, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise NodeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+        for b in missing:
+            os.replace(Path(tmp) / b, assets / b)
+            (assets / f".stamp-{b}").write_text(want)
+    return assets
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def containerd_config(work: Path) -> str:
+    """containerd's configuration: every path under `work`; the CRI plugin with the
+    local pause image, the Debian CNI plugins and this node's CNI folder. OOM score
+    adjustments are only ever raised (root here lacks CAP_SYS_RESOURCE)."""
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{work}/containerd/root"
+state = "{work}/containerd/state"
+[grpc]
+  address = "{work}/containerd.sock"
+[ttrpc]
+  address = "{work}/containerd-ttrpc.sock"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{work}/containerd/opt"
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  [{cri}.cni]
+    bin_dir = "{CNI_PLUGINS}"
+    conf_dir = "{work}/cni"
+  [{cri}.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+"""
+
+
+def cni_config(work: Path) -> dict[str, Any]:
+    """The bridge network of the pods, addresses from POD_CIDR kept under `work`."""
+    return {
+        "cniVersion": "0.4.0",
+        "name": "metis",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                "ipMasq": True,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(work / "cni-ipam"),
+                    "ranges": [[{"subnet": POD_CIDR, "gateway": GATEWAY}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def kubelet_config(work: Path, port: int, healthz_port: int) -> dict[str, Any]:
+    """The kubelet's settings for a node on a shared machine: cgroupfs without QoS
+    cgroups, no eviction of a busy disk, pod DNS at the bridge."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "127.0.0.1",
+        "port": port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": healthz_port,
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "cgroupDriver": "cgroupfs",
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "containerRuntimeEndpoint": f"unix://{work}/containerd.sock",
+        "failSwapOn": False,
+        "clusterDNS": [GATEWAY],
+        "clusterDomain": CLUSTER_DOMAIN,
+        "resolvConf": str(work / "resolv.conf"),
+        "podLogsDir": str(work / "pod-logs"),
+        "evictionHard": {
+            "memory.available": "50Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "localStorageCapacityIsolation": False,
+        "serializeImagePulls": False,
+    }
+
+
+def kube_proxy_config(kubeconfig: Path, healthz_port: int, metrics_port: int) -> dict[str, Any]:
+    """kube-proxy in iptables mode; conntrack left as the machine has it (no sysctl)."""
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "mode": "iptables",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": NODE_NAME,
+        "clusterCIDR": POD_CIDR,
+        "bindAddress": "127.0.0.1",
+        "healthzBindAddress": f"127.0.0.1:{healthz_port}",
+        "metricsBindAddress": f"127.0.0.1:{metrics_port}",
+        "conntrack": {"maxPerCore": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+    }
+
+
+def service_hosts(services: Sequence[dict[str, Any]]) -> str:
+    """A hosts file naming each Service with a ClusterIP by its short and full names."""
+    lines = []
+    for svc in services:
+        ip = svc.get("spec", {}).get("clusterIP")
+        if not ip or ip == "None":
+            continue
+        meta = svc["metadata"]
+        short = f"{meta['name']}.{meta['namespace']}.svc"
+        lines.append(f"{ip} {short} {short}.{CLUSTER_DOMAIN}")
+    return "".join(f"{line}\n" for line in sorted(lines))
+
+
+def claim_volume(claim: dict[str, Any], folder: Path) -> dict[str, Any] | None:
+    """The hostPath PersistentVolume that serves `claim` from `folder`, or None when
+    the claim is not waiting for one (it names a volume, or asks a storage class)."""
+    spec = claim.get("spec", {})
+    if spec.get("volumeName") or spec.get("storageClassName") not in (None, ""):
+        return None
+    meta = claim["metadata"]
+    return {
+        "metadata": {
+            "name": volume_name(meta["namespace"], meta["name"]),
+            "labels": {"metis.astraeus.io/node-provisioned": "true"},
+        },
+        "spec": {
+            "capacity": {
+                "storage": spec.get("resources", {}).get("requests", {}).get("storage", "1Gi")
+            },
+            "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": "",
+            "hostPath": {"path": str(folder), "type": "DirectoryOrCreate"},
+            "claimRef": {
+                "namespace": meta["namespace"],
+                "name": meta["name"],
+                "uid": meta.get("uid"),
+            },
+        },
+    }
+
+
+def volume_name(namespace: str, claim: str) -> str:
+    h = hashlib.sha256(f"{namespace}/{claim}".encode()).hexdigest()[:8]
+    return f"node-{namespace}-{claim}"[:54] + f"-{h}"
+
+
+def ready(node: dict[str, Any]) -> bool:
+    conditions = node.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def without_not_ready_taint(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The node's taints without `not-ready`, or None when there is nothing to remove."""
+    taints = node.get("spec", {}).get("taints") or []
+    kept = [t for t in taints if t["key"] != NOT_READY_TAINT]
+    return kept if len(kept) != len(taints) else None
+
+
+# --------------------------------------------------------------------------- processes
+
+
+@dataclasses.dataclass
+class _Proc:
+    name: str
+    argv: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def tail(self, chars: int = 4000) -> str:
+        return _read(self.log)[-chars:]
+
+    def check(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise NodeError(f"{self.name} exited ({self.proc.returncode}):\n{self.tail()}")
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def wait_for(
+    check: Callable[[], Any], timeout: float, what: str, alive: Callable[[], None] = lambda: None
+) -> Any:
+    """Poll `check` until it returns something truthy, or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive()
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise NodeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _sh(*argv: str) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise NodeError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+
+
+class _Keeper(threading.Thread):
+    """The node's housekeeping loop: the DNS hosts file, PersistentVolumes for claims
+    without one, the not-ready taint. Polls the API server every half second."""
+
+    def __init__(self, kubeconfig: Path, work: Path) -> None:
+        super().__init__(name="metis-node-keeper", daemon=True)
+        self.api = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+        self.work = work
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.5):
+            try:
+                self.tick()
+            except client.ApiException as e:
+                self.error = e
+
+    def tick(self) -> None:
+        sanitize = self.api.api_client.sanitize_for_serialization
+        services = sanitize(self.api.list_service_for_all_namespaces().items)
+        hosts = self.work / "dns" / "services"
+        text = service_hosts(services)
+        if _read(hosts) != text:
+            tmp = hosts.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, hosts)
+        for claim in sanitize(self.api.list_persistent_volume_claim_for_all_namespaces().items):
+            if claim.get("status", {}).get("phase") != "Pending":
+                continue
+            meta = claim["metadata"]
+            folder = self.work / "volumes" / volume_name(meta["namespace"], meta["name"])
+            pv = claim_volume(claim, folder)
+            if pv is None:
+                continue
+            folder.mkdir(parents=True, exist_ok=True)
+            folder.chmod(0o777)  # as local-path does: the pod's user owns nothing here
+            with contextlib.suppress(client.ApiException):  # made on an earlier tick
+                self.api.create_persistent_volume(pv)
+        with contextlib.suppress(client.ApiException):
+            node = sanitize(self.api.read_node(NODE_NAME))
+            taints = without_not_ready_taint(node)
+            if ready(node) and taints is not None:
+                self.api.patch_node(NODE_NAME, {"spec": {"taints": taints}})
+
+
+class Node:
+    """containerd + CNI bridge + dnsmasq + kubelet + kube-proxy under `work`.
+
+    `kubeconfig` names a user the API server lets register and run a node (the test
+    cluster's admin). Images are handed to containerd by `load`."""
+
+    def __init__(self, kubeconfig: Path, work: Path, assets: Path = ASSETS) -> None:
+        self.kubeconfig = kubeconfig
+        self.work = work
+        self.assets = assets
+        self.socket = work / "containerd.sock"
+        self.procs: list[_Proc] = []
+        self.keeper: _Keeper | None = None
+        self.started_in = 0.0
+
+    def __enter__(self) -> Node:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, name: str, argv: list[str]) -> _Proc:
+        p = _Proc(name, argv, self.work / f"{name}.log")
+        p.start()
+        self.procs.append(p)
+        return p
+
+    def check(self) -> None:
+        """Raise with a component's log if one exited."""
+        for p in self.procs:
+            p.check()
+
+    def start(self) -> Node:
+        t0 = time.monotonic()
+        w = self.work
+        for sub in ("cni", "dns", "volumes", "pod-logs", "kubelet", "containerd"):
+            (w / sub).mkdir(parents=True, exist_ok=True)
+        (w / "containerd.toml").write_text(containerd_config(w))
+        (w / "cni" / "10-metis.conflist").write_text(json.dumps(cni_config(w)))
+        (w / "resolv.conf").write_text(f"nameserver {GATEWAY}\n")
+        (w / "dns" / "services").write_text("")
+        self._bridge()
+        self._spawn(
+            "dnsmasq",
+            [
+                "dnsmasq",
+                "--keep-in-foreground",
+                "--no-resolv",
+                "--no-hosts",
+                f"--listen-address={GATEWAY}",
+                "--bind-interfaces",
+                f"--hostsdir={w / 'dns'}",
+                f"--local=/{CLUSTER_DOMAIN}/",
+                "--local=/svc/",
+                f"--pid-file={w / 'dnsmasq.pid'}",
+                "--log-facility=-",
+            ],
+        )
+        containerd = self._spawn(
+            "containerd", ["containerd", "--config", str(w / "containerd.toml")]
+        )
+        wait_for(self.socket.exists, 60, "containerd's socket", containerd.check)
+        podman = images.Podman()
+        images.make_pause(podman, self.assets / "pause", PAUSE_IMAGE)
+        self.load(podman, PAUSE_IMAGE)
+        kport, kh, ph, pm = (free_port() for _ in range(4))
+        (w / "kubelet.yaml").write_text(json.dumps(kubelet_config(w, kport, kh)))
+        (w / "kube-proxy.yaml").write_text(json.dumps(kube_proxy_config(self.kubeconfig, ph, pm)))
+        kubelet = self._spawn(
+            "kubelet",
+            [
+                str(self.assets / "kubelet"),
+                f"--config={w / 'kubelet.yaml'}",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--root-dir={w / 'kubelet'}",
+                f"--cert-dir={w / 'kubelet' / 'pki'}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-ip={GATEWAY}",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "kube-proxy",
+            [str(self.assets / "kube-proxy"), f"--config={w / 'kube-proxy.yaml'}", "--v=1"],
+        )
+        self.keeper = _Keeper(self.kubeconfig, w)
+        self.keeper.start()
+        api = self.keeper.api
+        sanitize = api.api_client.sanitize_for_serialization
+
+        def node_ready() -> bool:
+            try:
+                node = sanitize(api.read_node(NODE_NAME))
+            except client.ApiException:
+                return False
+            return ready(node) and without_not_ready_taint(node) is None
+
+        wait_for(
+            node_ready, 180, f"node {NODE_NAME} Ready", lambda: (kubelet.check(), self.check())
+        )
+        self.started_in = time.monotonic() - t0
+        return self
+
+    def _bridge(self) -> None:
+        """The pods' bridge with the host's address on it, made before dnsmasq binds
+        there (the CNI plugin takes a bridge that exists)."""
+        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0:
+            _sh("ip", "link", "add", BRIDGE, "type", "bridge")
+        addrs = subprocess.run(
+            ["ip", "-4", "addr", "show", BRIDGE], capture_output=True, text=True
+        ).stdout
+        if f"{GATEWAY}/" not in addrs:
+            _sh("ip", "addr", "add", f"{GATEWAY}/{POD_CIDR.split('/')[1]}", "dev", BRIDGE)
+        _sh("ip", "link", "set", BRIDGE, "up")
+
+    def load(self, podman: images.Podman, ref: str) -> None:
+        """Hand image `ref` (built by podman) to this node's containerd."""
+        images.import_into(podman, ref, self.socket)
+
+    def ctr(self, *args: str) -> str:
+        """`ctr` against this node's containerd, in the kubelet's namespace."""
+        proc = subprocess.run(
+            ["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise NodeError(f"ctr {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def host_command(self, argv: Sequence[str]) -> list[str]:
+        """`argv` run in its own mount namespace whose /etc/resolv.conf names the node's
+        DNS: a process on the host (the operator) then reaches `<svc>.<ns>.svc` as pods
+        do, and the machine's own resolv.conf is left alone."""
+        script = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            str(self.work / "resolv.conf"),
+            *argv,
+        ]
+
+    def stop(self) -> None:
+        """Stop the pods' containers, every process, and remove the bridge."""
+        if self.keeper is not None:
+            self.keeper.stopping.set()
+        for p in reversed(self.procs):
+            if p.name == "containerd":
+                self._remove_containers()
+            p.stop()
+        with contextlib.suppress(NodeError):
+            _sh("ip", "link", "del", BRIDGE)
+
+    def _remove_containers(self) -> None:
+        """What the kubelet started lives in runc shims outside containerd's process
+        group: kill the tasks so none outlives the node."""
+        with contextlib.suppress(NodeError):
+            for task in self.ctr("tasks", "ls", "-q").split():
+                with contextlib.suppress(NodeError):
+                    self.ctr("tasks", "kill", "-s", "SIGKILL", task)
+            for task in self.ctr("tasks", "ls", "-q").split():
+                with contextlib.suppress(NodeError):
+                    self.ctr("tasks", "delete", "-f", task)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_node(kubeconfig: Path, work: Path) -> Iterator[Node]:
+    """A started node, stopped on exit."""
+    with Node(kubeconfig, work) as node:
+        yield node

@@ -1,0 +1,41 @@
+"""Fixtures of the real-node tests: the control plane of tests/kube (its `kube`
+fixture, re-exported), the project's images, and a real node running them.
+
+They skip, saying why, only where the machine cannot run a real node (not root, or
+the Debian packages of `make node-packages` missing)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from metis_dev import images, node
+from tests.kube.conftest import kube, kubectl, namespace, pytest_collection_finish
+from tests.kube.controlplane import ControlPlane
+
+__all__ = ["built", "kube", "kubectl", "namespace", "pytest_collection_finish", "real_node"]
+
+
+@pytest.fixture(scope="session")
+def built() -> images.Built:
+    """Both images and their base, built once per set of inputs (cached)."""
+    why = node.unusable()
+    if why:
+        pytest.skip(f"no real node on this machine: {why}")
+    return images.build()
+
+
+@pytest.fixture(scope="session")
+def real_node(
+    kube: ControlPlane, built: images.Built, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[node.Node]:
+    """containerd, kubelet and kube-proxy registered with the test control plane,
+    the indexer image loaded."""
+    assets = node.ensure_binaries()
+    work = Path(tmp_path_factory.mktemp("node"))
+    with node.Node(Path(kube.kubeconfig), work, assets) as n:
+        n.load(images.Podman(), built.refs[images.INDEXER.name])
+        print(f"\nreal node {node.NODE_NAME} Ready in {n.started_in:.1f} s ({work})")
+        yield n

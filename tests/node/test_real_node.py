@@ -1,0 +1,353 @@
+"""A knowledge base on a real node: the project's indexer image run by a real kubelet.
+
+What the stand-in kubelet of tests/kube cannot show: the image starts under the
+Deployment's security settings, its probes pass, a changed ConfigMap reaches the pod as
+late as the kubelet delivers it (and the base is not Ready before), a killed container
+is restarted by the kubelet with its index kept on the PVC.
+
+The tests run in order on one base (module-scoped): each builds on the last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from metis_dev import images, node
+from tests.kube.controlplane import ControlPlane, wait_for
+from tests.kube.operator_support import (
+    OPERATOR_USER,
+    ROOT,
+    get_kb,
+    install,
+    make_drive,
+    state_events,
+    wait_state,
+)
+from tests.support import processes
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+HANDBOOK = """\
+apiVersion: metis.astraeus.io/v1
+kind: KnowledgeBase
+metadata:
+  name: handbook
+spec:
+  sources:
+    - drive: docs
+      path: handbook
+  embedding:
+    deployment: minilm
+  reranker:
+    deployment: minilm
+  chunking:
+    size: 1200
+    overlap: 200
+  rescan_seconds: 0
+"""
+"""manifests/examples/handbook.yaml with the local model for both roles, one drive
+and no placement labels (the node is the only machine)."""
+
+
+@pytest.fixture(scope="module")
+def ns(kube: ControlPlane) -> Iterator[str]:
+    name = f"node-{os.getpid()}"
+    kube.rest().post("/api/v1/namespaces", {"metadata": {"name": name}})
+    wait_for(
+        lambda: kube.rest().get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        timeout=60,
+        what=f"service account default in {name}",
+    )
+    yield name
+    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def models(real_node: node.Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """`metis models` on the host, listening on the pods' bridge: its port."""
+    port = processes.free_port()
+    log = tmp_path_factory.mktemp("models") / "models.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "metis_indexer.localmodel",
+                "--host",
+                node.GATEWAY,
+                "--port",
+                str(port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(
+            lambda: _answers(f"http://{node.GATEWAY}:{port}/health"),
+            timeout=120,
+            what="metis models",
+        )
+        yield port
+    finally:
+        processes.stop(proc)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def model_service(kube: ControlPlane, ns: str, port: int) -> None:
+    """Service `minilm` without a selector, its EndpointSlice naming the host's address
+    on the pods' bridge: pods and the operator reach the host's model through it."""
+    api = kube.rest()
+    api.post(
+        f"/api/v1/namespaces/{ns}/services",
+        {
+            "metadata": {"name": "minilm"},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": port}]},
+        },
+    )
+    api.post(
+        f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
+        {
+            "metadata": {"name": "minilm-host", "labels": {"kubernetes.io/service-name": "minilm"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [node.GATEWAY], "conditions": {"ready": True}}],
+            "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def operator(
+    kube: ControlPlane,
+    real_node: node.Node,
+    built: images.Built,
+    ns: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`metis-operator` on the host with its service account's rights, resolving
+    `<svc>.<ns>.svc` by the node's DNS: the URLs it writes for the indexer are the
+    in-cluster ones, as in a real cluster."""
+    install(kube)
+    work = tmp_path_factory.mktemp("operator")
+    kubeconfig = kube.write_kubeconfig(
+        work / "operator.kubeconfig",
+        OPERATOR_USER,
+        groups=("system:serviceaccounts", "system:serviceaccounts:metis-system"),
+    )
+    health = processes.free_port()
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "METIS_INDEXER_IMAGE": built.refs[images.INDEXER.name],
+        "METIS_NAMESPACES": ns,
+        "METIS_POLL_SECONDS": "1",
+        "METIS_PROBE_SECONDS": "5",
+        "METIS_METRICS_PORT": str(processes.free_port()),
+        "METIS_HEALTH_PORT": str(health),
+        "METIS_LEADER_ELECTION": "false",
+        "METIS_LOG_FORMAT": "json",
+        "POD_NAME": "metis-operator-0",
+    }
+    env.pop("METIS_URL_TEMPLATE", None)
+    argv = real_node.host_command([str(Path(sys.executable).parent / "metis-operator")])
+    with (work / "operator.log").open("wb") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(
+            lambda: _answers(f"http://127.0.0.1:{health}/healthz"),
+            timeout=60,
+            what="the operator's /healthz",
+        )
+        yield proc
+    finally:
+        processes.stop(proc)
+        print(f"operator log: {work / 'operator.log'}")
+
+
+def indexer_pod(kube: ControlPlane, ns: str) -> dict[str, Any]:
+    pods = kube.rest().get(
+        f"/api/v1/namespaces/{ns}/pods?labelSelector=app.kubernetes.io/name=metis-indexer"
+    )["items"]
+    running = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    assert len(running) == 1, [p["metadata"]["name"] for p in pods]
+    return dict(running[0])
+
+
+def container_id(pod: dict[str, Any]) -> str:
+    (status,) = pod["status"]["containerStatuses"]
+    return str(status["containerID"]).removeprefix("containerd://")
+
+
+def in_container(n: node.Node, pod: dict[str, Any], *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run `argv` inside the indexer's container (as its own user), through containerd."""
+    cmd = [
+        "ctr",
+        "--address",
+        str(n.socket),
+        "-n",
+        "k8s.io",
+        "tasks",
+        "exec",
+        "--exec-id",
+        f"check-{time.monotonic_ns()}",
+        container_id(pod),
+        *argv,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def service_url(kube: ControlPlane, ns: str) -> str:
+    svc = kube.rest().get(f"/api/v1/namespaces/{ns}/services/metis-handbook")
+    return f"http://{svc['spec']['clusterIP']}:7700"
+
+
+def indexer_status(kube: ControlPlane, ns: str) -> dict[str, Any]:
+    return dict(httpx.get(f"{service_url(kube, ns)}/v1/status", timeout=5).json())
+
+
+@pytest.fixture(scope="module")
+def base(kube: ControlPlane, ns: str, models: int, operator: subprocess.Popen[bytes]) -> str:
+    """The handbook base applied with `kubectl apply -f`, Ready on the real node."""
+    make_drive(kube, ns, "docs", ROOT / "examples")
+    model_service(kube, ns, models)
+    kube.kubectl("apply", "-n", ns, "-f", "-", input=HANDBOOK)
+    wait_state(kube, ns, "handbook", "Ready", timeout=240, alive=lambda: _alive(operator))
+    return "handbook"
+
+
+def _alive(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        raise AssertionError(f"metis-operator exited ({proc.returncode})")
+
+
+def test_the_indexer_runs_from_the_image_as_the_deployment_says(
+    kube: ControlPlane, real_node: node.Node, built: images.Built, ns: str, base: str
+) -> None:
+    pod = indexer_pod(kube, ns)
+    assert pod["spec"]["nodeName"] == node.NODE_NAME
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["image"].endswith(built.refs[images.INDEXER.name].split("/", 1)[1])
+    assert status["ready"] is True  # the readiness probe (/readyz) passed
+    conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+    assert conditions["Ready"] == "True"
+
+    # From inside the container: uid 10001, no capability, a root it cannot write.
+    probe = (
+        "import os\n"
+        "caps = {l.split(':')[0]: l.split()[1] for l in open('/proc/self/status')"
+        " if l.startswith('Cap')}\n"
+        "try:\n"
+        "    open('/written', 'w')\n"
+        "    root = 'writable'\n"
+        "except OSError as e:\n"
+        "    root = e.strerror\n"
+        "print(os.getuid(), os.getgid(), caps['CapEff'], caps['CapPrm'], root)\n"
+    )
+    out = in_container(real_node, pod, "python3", "-c", probe)
+    assert out.returncode == 0, out.stderr
+    uid, gid, eff, prm, root = out.stdout.split(maxsplit=4)
+    assert (uid, gid) == ("10001", "10001")
+    assert int(eff, 16) == 0 and int(prm, 16) == 0
+    assert root.strip() == "Read-only file system"
+
+
+def test_a_search_through_the_service_answers_with_citations(
+    kube: ControlPlane, ns: str, base: str
+) -> None:
+    answer = httpx.post(
+        f"{service_url(kube, ns)}/v1/search",
+        json={"query": "How many holidays do I get?", "top_k": 3},
+        timeout=30,
+    ).json()
+    first = answer["results"][0]
+    assert first["citation"]["document"].endswith("policies/leave.md")
+    assert first["citation"]["line"] >= 1 and first["citation"]["headings"]
+    assert answer["reranked"] is True and answer["mode"] == "hybrid"
+
+
+def test_a_spec_change_reaches_the_pod_through_the_configmap(
+    kube: ControlPlane, ns: str, base: str, operator: subprocess.Popen[bytes]
+) -> None:
+    before = get_kb(kube, ns, base)
+    generation = before["metadata"]["generation"] + 1
+    patch = {"spec": {"chunking": {"size": 800, "overlap": 100}}}
+    started = time.monotonic()
+    kube.kubectl("patch", "kb", base, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+    ready_too_early: list[dict[str, Any]] = []
+
+    def delivered() -> float | None:
+        status = get_kb(kube, ns, base).get("status") or {}
+        running = indexer_status(kube, ns)["generation"]
+        if (
+            running < generation
+            and status.get("state") == "Ready"
+            and (status.get("observedGeneration") == generation)
+        ):
+            ready_too_early.append(status)
+        return time.monotonic() - started if running == generation else None
+
+    took = wait_for(delivered, timeout=180, what="the new configuration in the pod")
+    print(f"\nConfigMap change reached the indexer pod after {took:.1f} s")
+    assert ready_too_early == []
+    s = wait_state(
+        kube,
+        ns,
+        base,
+        "Ready",
+        timeout=120,
+        alive=lambda: _alive(operator),
+        check=lambda s: s.get("observedGeneration") == generation,
+    )
+    assert indexer_status(kube, ns)["indexed_generation"] == generation
+    assert s["observed"]["index"]["documents"] == before["status"]["observed"]["index"]["documents"]
+
+
+def test_a_killed_indexer_is_restarted_with_its_index(
+    kube: ControlPlane,
+    real_node: node.Node,
+    ns: str,
+    base: str,
+    operator: subprocess.Popen[bytes],
+) -> None:
+    wait_state(kube, ns, base, "Ready", timeout=120)
+    totals = {
+        k: v
+        for k, v in get_kb(kube, ns, base)["status"]["observed"]["index"].items()
+        if k in ("documents", "chunks", "failed")
+    }
+    pod = indexer_pod(kube, ns)
+    restarts = pod["status"]["containerStatuses"][0]["restartCount"]
+    real_node.ctr("tasks", "kill", "-s", "SIGKILL", container_id(pod))
+
+    events_before = len(state_events(kube, ns, base))
+
+    def restarted() -> bool:
+        state = (get_kb(kube, ns, base).get("status") or {}).get("state", "")
+        p = indexer_pod(kube, ns)
+        return bool(
+            p["status"]["containerStatuses"][0]["restartCount"] > restarts and state == "Ready"
+        )
+
+    wait_for(restarted, timeout=180, what="the indexer restarted and the base Ready")
+    reasons = [reason for reason, _ in state_events(kube, ns, base)[events_before:]]
+    assert reasons[:1] == ["Starting"] and reasons[-1] == "Ready", reasons
+    assert indexer_pod(kube, ns)["metadata"]["uid"] == pod["metadata"]["uid"]  # same pod
+    after = get_kb(kube, ns, base)["status"]["observed"]["index"]
+    assert {k: after[k] for k in totals} == totals
+    # Nothing was read again: the index came back from its PVC.
+    assert indexer_status(kube, ns)["last_pass"]["read"] == 0
