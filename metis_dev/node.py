@@ -174,6 +174,7 @@ state = "{work}/containerd/state"
 [{cri}]
   sandbox_image = "{PAUSE_IMAGE}"
   restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
   [{cri}.cni]
     bin_dir = "{CNI_PLUGINS}"
     conf_dir = "{work}/cni"
