@@ -428,8 +428,11 @@ class Node:
     `kubeconfig` names a user the API server lets register and run a node (the test
     cluster's admin). Images are handed to containerd by `load`."""
 
-    def __init__(self, kubeconfig: Path, work: Path, assets: Path = ASSETS) -> None:
+    def __init__(
+        self, kubeconfig: Path, work: Path, assets: Path = ASSETS, service_cidr: str = "10.0.0.0/24"
+    ) -> None:
         self.kubeconfig = kubeconfig
+        self.service_cidr = service_cidr
         self.work = work
         self.assets = assets
         self.socket = work / "containerd.sock"
@@ -482,6 +485,8 @@ class Node:
                 "--local=/svc/",
                 f"--pid-file={w / 'dnsmasq.pid'}",
                 "--log-facility=-",
+                # as root: it reads the hosts folder of a work dir only root may enter
+                "--user=root",
             ],
         )
         containerd = self._spawn(
@@ -540,6 +545,10 @@ class Node:
         if f"{GATEWAY}/" not in addrs:
             _sh("ip", "addr", "add", f"{GATEWAY}/{POD_CIDR.split('/')[1]}", "dev", BRIDGE)
         _sh("ip", "link", "set", BRIDGE, "up")
+        # ClusterIPs go to the bridge, never out of the machine: a connection opened
+        # before kube-proxy wrote a Service's rules would otherwise leave by the default
+        # route (here to an egress proxy answering 404), and keep-alive keeps it there.
+        _sh("ip", "route", "replace", self.service_cidr, "dev", BRIDGE)
 
     def load(self, podman: images.Podman, ref: str) -> None:
         """Hand image `ref` (built by podman) to this node's containerd."""
@@ -581,8 +590,17 @@ class Node:
             if p.name == "containerd":
                 self._remove_containers()
             p.stop()
+        self._unmount()
         with contextlib.suppress(NodeError):
             _sh("ip", "link", "del", BRIDGE)
+
+    def _unmount(self) -> None:
+        """The kubelet's and containerd's mounts under the work dir (volumes, shm,
+        network namespaces, root filesystems), deepest first: nothing stays busy."""
+        prefix = str(self.work.resolve()) + "/"
+        points = [line.split()[1] for line in _read(Path("/proc/self/mounts")).splitlines()]
+        for point in sorted((p for p in points if p.startswith(prefix)), reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True)
 
     def _remove_containers(self) -> None:
         """What the kubelet started lives in runc shims outside containerd's process

@@ -143,6 +143,9 @@ def operator(
     `<svc>.<ns>.svc` by the node's DNS: the URLs it writes for the indexer are the
     in-cluster ones, as in a real cluster."""
     install(kube)
+    # The operator runs here, as a process; the manifests' replicas would pull a
+    # registry's image the node cannot reach.
+    kube.kubectl("scale", "deployment/metis-operator", "-n", "metis-system", "--replicas=0")
     work = tmp_path_factory.mktemp("operator")
     kubeconfig = kube.write_kubeconfig(
         work / "operator.kubeconfig",
