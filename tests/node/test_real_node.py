@@ -348,7 +348,11 @@ def test_a_killed_indexer_is_restarted_with_its_index(
 
     wait_for(restarted, timeout=180, what="the indexer restarted and the base Ready")
     reasons = [reason for reason, _ in state_events(kube, ns, base)[events_before:]]
-    assert reasons[:1] == ["Starting"] and reasons[-1] == "Ready", reasons
+    # Measured: Waiting ("the operator cannot reach its indexer: connection refused")
+    # comes first, while the kubelet still counts the dead container ready, and again
+    # between Starting and Ready; never Failed or Pending.
+    assert "Starting" in reasons and reasons[-1] == "Ready", reasons
+    assert set(reasons) <= {"Waiting", "Starting", "Ready"}, reasons
     assert indexer_pod(kube, ns)["metadata"]["uid"] == pod["metadata"]["uid"]  # same pod
     after = get_kb(kube, ns, base)["status"]["observed"]["index"]
     assert {k: after[k] for k in totals} == totals
