@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -202,7 +203,6 @@ def cni_config(work: Path) -> dict[str, Any]:
                     "routes": [{"dst": "0.0.0.0/0"}],
                 },
             },
-            {"type": "portmap", "capabilities": {"portMappings": True}},
         ],
     }
 
@@ -301,6 +301,25 @@ def claim_volume(claim: dict[str, Any], folder: Path) -> dict[str, Any] | None:
 def volume_name(namespace: str, claim: str) -> str:
     h = hashlib.sha256(f"{namespace}/{claim}".encode()).hexdigest()[:8]
     return f"node-{namespace}-{claim}"[:54] + f"-{h}"
+
+
+def node_rules(saved: str, network: str = "metis") -> tuple[list[list[str]], list[str]]:
+    """From one table of `iptables-save`: the node's own chains (kube-proxy's and the
+    kubelet's `KUBE-*`, the CNI plugin's per-pod `CNI-*` of `network`) and the rules of
+    other chains that lead into them or carry `network`'s tag (each as the arguments
+    of `iptables -D`). A pod the kubelet never stopped leaves them behind."""
+    tag = f'name: "{network}"'
+    rules: list[list[str]] = []
+    chains = [line[1:].split()[0] for line in saved.splitlines() if line.startswith(":KUBE-")]
+    parsed = [shlex.split(line)[1:] for line in saved.splitlines() if line.startswith("-A ")]
+    for args in parsed:
+        if any(tag in a for a in args) and args[0].startswith("CNI-") and args[0] not in chains:
+            chains.append(args[0])
+    for args in parsed:
+        target = args[args.index("-j") + 1] if "-j" in args else ""
+        if args[0] not in chains and (target in chains or any(tag in a for a in args)):
+            rules.append(args)
+    return rules, chains
 
 
 def ready(node: dict[str, Any]) -> bool:
@@ -593,6 +612,7 @@ class Node:
         self._unmount()
         with contextlib.suppress(NodeError):
             _sh("ip", "link", "del", BRIDGE)
+        release_rules()
 
     def _unmount(self) -> None:
         """The kubelet's and containerd's mounts under the work dir (volumes, shm,
@@ -612,6 +632,18 @@ class Node:
             for task in self.ctr("tasks", "ls", "-q").split():
                 with contextlib.suppress(NodeError):
                     self.ctr("tasks", "delete", "-f", task)
+
+
+def release_rules(tables: Sequence[str] = ("nat", "filter", "mangle")) -> None:
+    """Remove the node's iptables rules and chains (`node_rules`) from `tables`."""
+    for table in tables:
+        saved = subprocess.run(["iptables-save", "-t", table], capture_output=True, text=True)
+        rules, chains = node_rules(saved.stdout)
+        for rule in rules:
+            subprocess.run(["iptables", "-t", table, "-D", *rule], capture_output=True)
+        for flag in ("-F", "-X"):
+            for chain in chains:
+                subprocess.run(["iptables", "-t", table, flag, chain], capture_output=True)
 
 
 def free_port() -> int:
