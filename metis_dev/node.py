@@ -411,7 +411,10 @@ class _Keeper(threading.Thread):
             try:
                 self.tick()
             except client.ApiException as e:
+                self.error = e  # the API server refused once: the next tick tries again
+            except Exception as e:
                 self.error = e
+                raise
 
     def tick(self) -> None:
         sanitize = self.api.api_client.sanitize_for_serialization
@@ -476,9 +479,11 @@ class Node:
         return p
 
     def check(self) -> None:
-        """Raise with a component's log if one exited."""
+        """Raise with a component's log if one exited, or if the housekeeping loop died."""
         for p in self.procs:
             p.check()
+        if self.keeper is not None and not self.keeper.is_alive():
+            raise NodeError(f"the node's housekeeping loop stopped: {self.keeper.error!r}")
 
     def start(self) -> Node:
         t0 = time.monotonic()

@@ -12,10 +12,29 @@ from pathlib import Path
 import pytest
 
 from metis_dev import images, node
-from tests.kube.conftest import kube, kubectl, namespace, pytest_collection_finish
+from tests.kube import conftest as kube_conftest
+from tests.kube.conftest import kube, kubectl, namespace
 from tests.kube.controlplane import SERVICE_CIDR, ControlPlane
 
-__all__ = ["built", "kube", "kubectl", "namespace", "pytest_collection_finish", "real_node"]
+__all__ = ["built", "kube", "kubectl", "namespace", "real_node"]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build what is missing before the first test, not inside a test's timeout: the
+    control plane (tests/kube's hook) and, where a node can run, kubelet and kube-proxy
+    (many minutes cold on two cores) and the images."""
+    kube_conftest.pytest_collection_finish(session)
+    wants = any("real_node" in getattr(i, "fixturenames", ()) for i in session.items)
+    if not wants or node.unusable():
+        return
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        node.ensure_binaries()
+        images.build()
+        return
+    with capture.global_and_fixture_disabled():
+        node.ensure_binaries()
+        images.build()
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +48,7 @@ def built() -> images.Built:
 
 @pytest.fixture(scope="session")
 def real_node(
-    kube: ControlPlane, built: images.Built, tmp_path_factory: pytest.TempPathFactory
+    built: images.Built, kube: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[node.Node]:
     """containerd, kubelet and kube-proxy registered with the test control plane,
     the indexer image loaded."""
