@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -655,10 +655,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def running_node(kubeconfig: Path, work: Path) -> Iterator[Node]:
-    """A started node, stopped on exit."""
-    with Node(kubeconfig, work) as node:
-        yield node

@@ -249,23 +249,25 @@ def test_the_indexer_runs_from_the_image_as_the_deployment_says(
     conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
     assert conditions["Ready"] == "True"
 
-    # From inside the container: uid 10001, no capability, a root it cannot write.
+    # From inside the container: uid 10001, no capability, no new privileges, the
+    # runtime's seccomp filter, a root it cannot write.
     probe = (
         "import os\n"
-        "caps = {l.split(':')[0]: l.split()[1] for l in open('/proc/self/status')"
-        " if l.startswith('Cap')}\n"
+        "st = dict(l.rstrip('\\n').split(':\\t', 1) for l in open('/proc/self/status'))\n"
         "try:\n"
         "    open('/written', 'w')\n"
         "    root = 'writable'\n"
         "except OSError as e:\n"
         "    root = e.strerror\n"
-        "print(os.getuid(), os.getgid(), caps['CapEff'], caps['CapPrm'], root)\n"
+        "print(os.getuid(), os.getgid(), st['CapEff'], st['CapPrm'], st['NoNewPrivs'],\n"
+        "      st['Seccomp'], root)\n"
     )
     out = in_container(real_node, pod, "python3", "-c", probe)
     assert out.returncode == 0, out.stderr
-    uid, gid, eff, prm, root = out.stdout.split(maxsplit=4)
+    uid, gid, eff, prm, no_new_privs, seccomp, root = out.stdout.split(maxsplit=6)
     assert (uid, gid) == ("10001", "10001")
     assert int(eff, 16) == 0 and int(prm, 16) == 0
+    assert (no_new_privs, seccomp) == ("1", "2")  # 2: a filter (RuntimeDefault)
     assert root.strip() == "Read-only file system"
 
 
