@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -43,7 +44,10 @@ from metis_dev import images
 
 HERE = Path(__file__).resolve().parent
 NODE_MODULE = HERE / "go" / "node-bin"
-KUBE_VERSION = "v1.34.4"
+KUBE_VERSION = re.search(
+    r"^\s*k8s\.io/kubernetes (v\S+)", (NODE_MODULE / "go.mod").read_text(), re.MULTILINE
+)[1]
+"""The module's pin, the single source of truth (the control plane's is the same)."""
 ASSETS = Path(
     os.environ.get("METIS_KUBE_ASSETS", Path.home() / ".cache" / "metis" / "kube" / KUBE_VERSION)
 )
