@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client, config
 
@@ -62,6 +62,7 @@ host listen there for the pods."""
 CLUSTER_DOMAIN = "cluster.local"
 PAUSE_IMAGE = "localhost/metis-pause:1"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+T = TypeVar("T")
 
 REQUIRED_COMMANDS = (
     "containerd",
@@ -379,17 +380,28 @@ class _Proc:
 
 
 def wait_for(
-    check: Callable[[], Any], timeout: float, what: str, alive: Callable[[], None] = lambda: None
-) -> Any:
-    """Poll `check` until it returns something truthy, or fail naming `what`."""
+    check: Callable[[], T | None],
+    *,
+    timeout: float,
+    what: str,
+    alive: Callable[[], None] = lambda: None,
+) -> T:
+    """Poll `check` until it returns something truthy, or fail naming `what` and the
+    last error `check` raised (state converges asynchronously: no fixed sleeps)."""
     deadline = time.monotonic() + timeout
+    last: Exception | None = None
     while True:
         alive()
-        value = check()
-        if value:
-            return value
+        try:
+            value = check()
+            if value:
+                return value
+            last = None
+        except Exception as e:
+            last = e
         if time.monotonic() > deadline:
-            raise NodeError(f"timed out after {timeout:.0f} s waiting for {what}")
+            detail = f"; last error: {last!r}" if last is not None else ""
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}{detail}")
         time.sleep(0.2)
 
 
@@ -454,11 +466,8 @@ class Node:
     `kubeconfig` names a user the API server lets register and run a node (the test
     cluster's admin). Images are handed to containerd by `load`."""
 
-    def __init__(
-        self, kubeconfig: Path, work: Path, assets: Path = ASSETS, service_cidr: str = "10.0.0.0/24"
-    ) -> None:
+    def __init__(self, kubeconfig: Path, work: Path, assets: Path = ASSETS) -> None:
         self.kubeconfig = kubeconfig
-        self.service_cidr = service_cidr
         self.work = work
         self.assets = assets
         self.socket = work / "containerd.sock"
@@ -498,7 +507,9 @@ class Node:
         (w / "cni" / "10-metis.conflist").write_text(json.dumps(cni_config(w)))
         (w / "resolv.conf").write_text(f"nameserver {GATEWAY}\n")
         (w / "dns" / "services").write_text("")
-        self._bridge()
+        # The API server's own ServiceCIDR object says where ClusterIPs come from.
+        api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        self._bridge(client.NetworkingV1Api(api).read_service_cidr("kubernetes").spec.cidrs)
         self._spawn(
             "dnsmasq",
             [
@@ -520,14 +531,14 @@ class Node:
         containerd = self._spawn(
             "containerd", ["containerd", "--config", str(w / "containerd.toml")]
         )
-        wait_for(self.socket.exists, 60, "containerd's socket", containerd.check)
+        wait_for(self.socket.exists, timeout=60, what="containerd's socket", alive=containerd.check)
         podman = images.Podman()
         images.make_pause(podman, self.assets / "pause", PAUSE_IMAGE)
         self.load(podman, PAUSE_IMAGE)
         kport, kh, ph, pm = (free_port() for _ in range(4))
         (w / "kubelet.yaml").write_text(json.dumps(kubelet_config(w, kport, kh)))
         (w / "kube-proxy.yaml").write_text(json.dumps(kube_proxy_config(self.kubeconfig, ph, pm)))
-        kubelet = self._spawn(
+        self._spawn(
             "kubelet",
             [
                 str(self.assets / "kubelet"),
@@ -556,13 +567,11 @@ class Node:
                 return False
             return ready(node) and without_not_ready_taint(node) is None
 
-        wait_for(
-            node_ready, 180, f"node {NODE_NAME} Ready", lambda: (kubelet.check(), self.check())
-        )
+        wait_for(node_ready, timeout=180, what=f"node {NODE_NAME} Ready", alive=self.check)
         self.started_in = time.monotonic() - t0
         return self
 
-    def _bridge(self) -> None:
+    def _bridge(self, service_cidrs: Sequence[str]) -> None:
         """The pods' bridge with the host's address on it, made before dnsmasq binds
         there (the CNI plugin takes a bridge that exists)."""
         if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0:
@@ -576,7 +585,9 @@ class Node:
         # ClusterIPs go to the bridge, never out of the machine: a connection opened
         # before kube-proxy wrote a Service's rules would otherwise leave by the default
         # route (here to an egress proxy answering 404), and keep-alive keeps it there.
-        _sh("ip", "route", "replace", self.service_cidr, "dev", BRIDGE)
+        for cidr in service_cidrs:
+            if ":" not in cidr:
+                _sh("ip", "route", "replace", cidr, "dev", BRIDGE)
 
     def load(self, podman: images.Podman, ref: str) -> None:
         """Hand image `ref` (built by podman) to this node's containerd."""

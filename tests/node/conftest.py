@@ -13,8 +13,7 @@ import pytest
 
 from metis_dev import images, node
 from tests.kube import conftest as kube_conftest
-from tests.kube.conftest import kube, kubectl, namespace
-from tests.kube.controlplane import SERVICE_CIDR, ControlPlane
+from tests.kube.conftest import ControlPlane, kube, kubectl, namespace
 
 __all__ = ["built", "kube", "kubectl", "namespace", "real_node"]
 
@@ -54,7 +53,7 @@ def real_node(
     the indexer image loaded."""
     assets = node.ensure_binaries()
     work = Path(tmp_path_factory.mktemp("node"))
-    with node.Node(Path(kube.kubeconfig), work, assets, SERVICE_CIDR) as n:
+    with node.Node(Path(kube.kubeconfig), work, assets) as n:
         n.load(images.Podman(), built.refs[images.INDEXER.name])
         print(f"\nreal node {node.NODE_NAME} Ready in {n.started_in:.1f} s ({work})")
         yield n

@@ -23,7 +23,8 @@ import httpx
 import pytest
 
 from metis_dev import images, node
-from tests.kube.controlplane import ControlPlane, wait_for
+from metis_dev.node import wait_for
+from tests.kube.conftest import ControlPlane
 from tests.kube.operator_support import (
     OPERATOR_USER,
     ROOT,
