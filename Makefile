@@ -21,7 +21,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 kube:
-	bash tests/kube/build.sh
+	bash metis_dev/build.sh
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
