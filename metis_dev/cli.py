@@ -18,8 +18,9 @@ import threading
 import time
 from pathlib import Path
 
-from metis_dev.build import ensure_binaries
+from metis_dev.build import assets_dir, ensure_binaries, missing_binaries
 from metis_dev.kubelet import Kubelet
+from metis_dev.pki import write
 from metis_dev.plane import ControlPlane
 from metis_dev.process import ControlPlaneError
 
@@ -64,9 +65,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _binaries() -> Path:
-    started = time.monotonic()
+    started, cached = time.monotonic(), not missing_binaries(assets_dir())
     bin_dir = ensure_binaries(echo=say)
-    say(f"Kubernetes binaries ready in {bin_dir} ({time.monotonic() - started:.1f} s)")
+    how = "cached" if cached else "built"
+    say(f"Kubernetes binaries {how} in {bin_dir} ({time.monotonic() - started:.1f} s)")
     return bin_dir
 
 
@@ -82,6 +84,8 @@ def cluster_up(workdir: Path, audit_log: Path | None) -> int:
     bin_dir = _binaries()
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    announced = workdir / "kubeconfig"
+    announced.unlink(missing_ok=True)  # a former run's must not announce this one
     policy = None
     if audit_log is not None:
         policy = workdir / "audit-policy.yaml"
@@ -99,10 +103,12 @@ def cluster_up(workdir: Path, audit_log: Path | None) -> int:
             say(f"logs: {workdir}/*.log; pods' logs: {workdir}/kubelet/pods/")
             if audit_log is not None:
                 say(f"audit log: {audit_log}")
-            say(f"export KUBECONFIG={cp.kubeconfig}")
+            say(f"export KUBECONFIG={announced}")
             say(f"export PATH={bin_dir}:$PATH  # kubectl")
             say("running; Ctrl-C (SIGINT) or SIGTERM stops every process it started")
+            write(announced, cp.kubeconfig.read_bytes())  # last: it says "ready"
             failed = _watch(cp, kubelet, stop)
+            announced.unlink()
         say("stopping indexer pods, kube-scheduler, kube-controller-manager, kube-apiserver, "
             "etcd")  # fmt: skip
     say("stopped")

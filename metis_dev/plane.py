@@ -83,8 +83,8 @@ class ControlPlane:
     Everything lives in one work folder (certs, etcd data, kubeconfigs, one log
     per component); a temporary one unless `workdir` is given. `stop()` kills
     every process group; it also runs at interpreter exit, and each child dies
-    with its parent (PR_SET_PDEATHSIG). `kubeconfig` is written, atomically,
-    once the cluster is usable.
+    with its parent (PR_SET_PDEATHSIG). `kubeconfig` (the admin's) is written once
+    the cluster is usable.
     """
 
     def __init__(
@@ -121,8 +121,7 @@ class ControlPlane:
         self.audit_log = audit_log or self.workdir / "audit.log"
         """The API server's audit log (JSON lines), written when `audit_policy` is set."""
         self.kubectl_path = self.bin_dir / "kubectl"
-        self.kubeconfig = self.workdir / "kubeconfig"
-        self.kubeconfig.unlink(missing_ok=True)  # a former run's: never announce readiness
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
         self.server = ""
         self._launcher = Launcher(self.bin_dir, self.workdir, start_timeout)
         self.procs: dict[str, Process] = self._launcher.procs
