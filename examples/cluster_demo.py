@@ -299,12 +299,13 @@ def main() -> None:
             say(f"console: {url}")
         say(f"\nReady {ready:.1f} s after kubectl apply; {time.monotonic() - started:.1f} s "
             "since the start of the demo")  # fmt: skip
-        if os.environ.get("DEMO_KEEP") == "1":
+        keep = os.environ.get("DEMO_KEEP") == "1"
+        if keep:
             say(f"DEMO_KEEP=1: everything keeps running; export KUBECONFIG={demo.kubeconfig}, "
                 f"kubectl is {demo.kubectl_path}. Ctrl-C stops it all.")  # fmt: skip
             wait_for_interrupt()
         say("stopping the console, the operator, metis models and the cluster")
-    say(f"stopped; the whole demo took {time.monotonic() - started:.1f} s")
+    say("stopped" if keep else f"stopped; the whole demo took {time.monotonic() - started:.1f} s")
 
 
 if __name__ == "__main__":
