@@ -71,7 +71,8 @@ class Demo:
     def kubectl(self, *args: str, show: bool = True, note: str = "") -> str:
         """Run kubectl against the local cluster; print the command and its output."""
         if show:
-            say(f"$ kubectl {' '.join(args)}" + (f"   # {note}" if note else ""))
+            shown = " ".join(args).replace(f"{ROOT}/", "")
+            say(f"$ kubectl {shown}" + (f"   # {note}" if note else ""))
         out = subprocess.run(
             [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}", *args],
             capture_output=True, text=True, timeout=120, check=False,
@@ -124,7 +125,7 @@ def cluster_up(demo: Demo) -> Process:
 
 
 def install(demo: Demo) -> None:
-    demo.kubectl("apply", "-k", str(ROOT / "manifests"))
+    demo.kubectl("apply", "-k", f"{ROOT}/manifests/")
     demo.kubectl("-n", "metis-system", "scale", "deployment", "metis-operator", "--replicas=0",
                  note="the operator runs below as a local process, not as this Deployment")
     demo.kubectl("wait", "--for=condition=Established",
@@ -288,7 +289,7 @@ def main() -> None:
         drives(demo)
         operator(demo, indexer_port=free_port())
         applied = time.monotonic()
-        demo.kubectl("apply", "-n", NAMESPACE, "-f", str(EXAMPLE.relative_to(ROOT)))
+        demo.kubectl("apply", "-n", NAMESPACE, "-f", str(EXAMPLE))
         watch_states(demo)
         ready = time.monotonic() - applied
         demo.kubectl("get", "kb", "-n", NAMESPACE)
@@ -297,6 +298,8 @@ def main() -> None:
         url = console(demo)
         if url:
             say(f"console: {url}")
+        else:
+            say("(no console: this Metis has no `metis console`)")
         say(f"\nReady {ready:.1f} s after kubectl apply; {time.monotonic() - started:.1f} s "
             "since the start of the demo")  # fmt: skip
         keep = os.environ.get("DEMO_KEEP") == "1"
@@ -304,7 +307,8 @@ def main() -> None:
             say(f"DEMO_KEEP=1: everything keeps running; export KUBECONFIG={demo.kubeconfig}, "
                 f"kubectl is {demo.kubectl_path}. Ctrl-C stops it all.")  # fmt: skip
             wait_for_interrupt()
-        say("stopping the console, the operator, metis models and the cluster")
+        say("stopping " + ("the console, " if url else "") + "the operator, metis models "
+            "and the cluster")
     say("stopped" if keep else f"stopped; the whole demo took {time.monotonic() - started:.1f} s")
 
 
