@@ -79,7 +79,7 @@ fi
 
 GO="${GO:-go}"
 command -v "$GO" >/dev/null 2>&1 \
-  || die "Go is not installed (needed once to build the test control plane into $out)"
+  || die "Go is not installed (needed once to build the local control plane into $out)"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
 go_version="$("$GO" env GOVERSION)" || die "\"$GO env GOVERSION\" failed; is Go >= 1.24 installed?"
 log "building into $out with $go_version (kubernetes $kube_version, etcd $etcd_version)"
