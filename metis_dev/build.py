@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -61,7 +60,6 @@ def ensure_binaries(timeout: float = 3600.0, echo: Callable[[str], None] | None 
         f"building the Kubernetes binaries into {bin_dir} from Go modules: the first run on "
         "this machine pays it (about 5 minutes on 2 idle cores, more under load)"
     )
-    started = time.monotonic()
     tail: deque[str] = deque(maxlen=80)
     proc = subprocess.Popen(
         ["bash", str(BUILD_SCRIPT)],
@@ -85,5 +83,4 @@ def ensure_binaries(timeout: float = 3600.0, echo: Callable[[str], None] | None 
         raise ControlPlaneError(
             f"{BUILD_SCRIPT} failed (exit {code}); last output:\n" + "\n".join(tail)
         )
-    say(f"built the Kubernetes binaries in {time.monotonic() - started:.0f} s")
     return bin_dir
