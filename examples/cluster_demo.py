@@ -44,6 +44,8 @@ QUESTIONS = [
     ("How much can a hotel night cost?", ["--kind", "pdf"]),
 ]
 BIN = Path(sys.executable).parent
+LOOPBACK = "http://127.0.0.1:{port}"
+"""How the operator and the console reach a Service here: a Service is a loopback port."""
 
 
 def say(line: str = "") -> None:
@@ -164,7 +166,7 @@ def drives(demo: Demo) -> None:
 def operator(demo: Demo, indexer_port: int) -> None:
     env = {
         "KUBECONFIG": str(demo.kubeconfig),
-        "METIS_URL_TEMPLATE": "http://127.0.0.1:{port}",
+        "METIS_URL_TEMPLATE": LOOPBACK,
         "METIS_INDEXER_PORT": str(indexer_port),
         "METIS_POLL_SECONDS": "1",
         "METIS_LEADER_ELECTION": "false",
@@ -248,7 +250,7 @@ def console(demo: Demo) -> str | None:
         return None
     port = free_port()
     args = ["console", "--kubeconfig", str(demo.kubeconfig), "--host", "127.0.0.1",
-            "--port", str(port)]  # fmt: skip
+            "--port", str(port), "--url-template", LOOPBACK]  # fmt: skip
     say(f"$ metis {' '.join(args)}")
     proc = demo.start(Process("metis console", metis(*args), demo.work / "console.log"))
     url = f"http://127.0.0.1:{port}/"

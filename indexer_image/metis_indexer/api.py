@@ -22,12 +22,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
+from metis_indexer import console
 from metis_indexer.errors import ApiError, BadRequest, Conflict, Unauthorized
 from metis_indexer.evaluation import Evaluation
 from metis_indexer.schema import (
     DocumentsPage,
     DocumentsQuery,
     ErrorAnswer,
+    ErrorBody,
     EvaluateRequest,
     Health,
     Readiness,
@@ -368,6 +370,13 @@ def create_app(indexer: Indexer, *, token: str | None = None) -> web.Application
         yield
         await indexer.stop()
 
+    async def ask(req: SearchRequest) -> SearchAnswer | ErrorBody:
+        try:
+            return await indexer.search(req)
+        except ApiError as e:
+            return ErrorBody(code=e.code, message=e.message)
+
     app.cleanup_ctx.append(passes)
     setup_routes(app)
+    console.add_search_page(app, ask, indexer.config.name)
     return app

@@ -51,6 +51,13 @@ def test_make_demo_shows_the_main_job_and_stops_everything(kube_binaries: Path) 
         assert citation in text, text[-3000:]
     assert re.search(r"meaning [\d.]+ \(#1\) · words [\d.]+ \(#\d+\) · fused", text)
 
+    console = subprocess.run([sys.executable, "-m", "metis_indexer.cli", "console", "--help"],
+                             capture_output=True, check=False)  # fmt: skip
+    if console.returncode == 0:
+        assert re.search(r"^console: http://127\.0\.0\.1:\d+/$", text, re.MULTILINE), text[-2000:]
+    else:
+        assert "(no console: this Metis has no `metis console`)" in text
+
     work = re.search(r"cluster up --dir (/\S+)/cluster", text)
     assert work is not None
     assert text.rstrip().splitlines()[-1].startswith("stopped")
