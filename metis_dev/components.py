@@ -117,7 +117,9 @@ class Launcher:
         what: str,
     ) -> Process:
         """Start a component and wait for `ready`; retry when it lost a port race."""
-        for attempt in range(3):
+        attempt = 0
+        while True:
+            attempt += 1
             proc = Process(name, make_args(), self.workdir / f"{name}.log")
             self.procs[name] = proc
             proc.start()
@@ -125,7 +127,7 @@ class Launcher:
                 wait_for(ready, timeout=self.timeout, what=what, alive=proc.check_alive)
                 return proc
             except ControlPlaneError:
-                retry = "address already in use" in proc.tail(200) and attempt < 2
+                retry = "address already in use" in proc.tail(200) and attempt < 3
                 proc.stop()
                 if not retry:
                     raise
@@ -134,7 +136,6 @@ class Launcher:
                 raise ControlPlaneError(
                     f"{exc}; last lines of {proc.log_path}:\n{proc.tail()}"
                 ) from exc
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def etcd(self) -> str:
         """Start etcd; its client URL."""
