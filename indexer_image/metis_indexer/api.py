@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
+from metis_indexer import mcp
 from metis_indexer.errors import ApiError, BadRequest, Conflict, Unauthorized
 from metis_indexer.evaluation import Evaluation
 from metis_indexer.schema import (
@@ -370,4 +371,5 @@ def create_app(indexer: Indexer, *, token: str | None = None) -> web.Application
 
     app.cleanup_ctx.append(passes)
     setup_routes(app)
+    mcp.mount(app, indexer, _observe)
     return app
