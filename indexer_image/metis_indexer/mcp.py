@@ -116,13 +116,21 @@ def server(indexer: Indexer, observe: Observe) -> MCPServer:
     return mcp
 
 
+class _Resource(ASGIResource):
+    """aiohttp-asgi's resource for `/mcp` alone: its prefix match would also take `/mcpx`
+    from the API's own 404."""
+
+    def raw_match(self, path: str) -> bool:
+        return path == PATH
+
+
 def mount(app: web.Application, indexer: Indexer, observe: Observe) -> None:
     """Serve `server(indexer)` at /mcp of `app`, its session manager running with the app.
     On loopback the SDK's DNS-rebinding protection admits only loopback Host headers."""
     mcp = server(indexer, observe)
     mcp.streamable_http_app(json_response=True, stateless_http=True, host=indexer.config.host)
     manager = mcp.session_manager
-    app.router.register_resource(ASGIResource(manager.handle_request, root_path=PATH))
+    app.router.register_resource(_Resource(manager.handle_request, root_path=PATH))
 
     async def running(_: web.Application) -> AsyncIterator[None]:
         async with manager.run():

@@ -118,5 +118,7 @@ def test_bad_arguments_are_tool_errors_not_crashes(served: Process) -> None:
     assert "page_size" in text(refused[4])
     assert not fine.is_error and len(fine.structured_content["results"]) == 1
     assert served.get("/healthz").status_code == 200
+    beside = httpx.post(f"{served.base_url}/mcpx", json={}, timeout=10)
+    assert beside.status_code == 404 and beside.json()["error"]["code"] == "NOT_FOUND"
     metrics = served.get("/metrics").text
     assert 'metis_searches_total{mode="hybrid",outcome="error"}' in metrics
