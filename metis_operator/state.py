@@ -163,7 +163,7 @@ def unschedulable(message: str, placement: Placement) -> str:
     """The scheduler's message as what to do about it, followed by the message itself."""
     said = message.split(" preemption:")[0].strip()
     why = []
-    if "node affinity/selector" in said or "didn't match" in said:
+    if "didn't match" in said:  # "node(s) didn't match Pod's node affinity/selector", "… node name"
         why.append(f"no machine matches placement {_placement(placement)}")
     if "Insufficient memory" in said:
         why.append(f"no machine has {placement.memory_gb} GiB of memory free (placement.memory_gb)")

@@ -22,13 +22,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from metis_indexer import mcp
+from metis_indexer import console, mcp
 from metis_indexer.errors import ApiError, BadRequest, Conflict, Unauthorized
 from metis_indexer.evaluation import Evaluation
 from metis_indexer.schema import (
     DocumentsPage,
     DocumentsQuery,
     ErrorAnswer,
+    ErrorBody,
     EvaluateRequest,
     Health,
     Readiness,
@@ -369,7 +370,14 @@ def create_app(indexer: Indexer, *, token: str | None = None) -> web.Application
         yield
         await indexer.stop()
 
+    async def ask(req: SearchRequest) -> SearchAnswer | ErrorBody:
+        try:
+            return await indexer.search(req)
+        except ApiError as e:
+            return ErrorBody(code=e.code, message=e.message)
+
     app.cleanup_ctx.append(passes)
     setup_routes(app)
+    console.add_search_page(app, ask, indexer.config.name)
     mcp.mount(app, indexer, _observe)
     return app

@@ -165,15 +165,15 @@ class _Cutter:
 
     def _next_start(self, start: int, end: int) -> int:
         """Where the chunk after the trimmed span `[start, end)` starts."""
-        resume = _NON_SPACE.search(self.text, end, self.n).start()
-        sentence = self._cut_sentence(start, end, resume)
+        sentence = self._cut_sentence(start, end)
         if sentence is not None:
             return sentence
+        resume = _NON_SPACE.search(self.text, end, self.n).start()
         word = _WORD_START.search(self.text, max(end - self.overlap, start + 1), resume + 1)
         nearest = word.start() if word else resume
         return resume if resume - nearest >= self.half else nearest
 
-    def _cut_sentence(self, start: int, end: int, resume: int) -> int | None:
+    def _cut_sentence(self, start: int, end: int) -> int | None:
         """The start of the sentence that `[start, end)` cuts, when the next chunk can hold it."""
         i = bisect.bisect_right(self.sentences, end)
         j = bisect.bisect_right(self.paragraphs, end)
@@ -185,9 +185,9 @@ class _Cutter:
         if before <= start:
             return None  # the sentence started no later than this chunk did
         first = _NON_SPACE.search(self.text, before, end)
-        if first is None or resume >= after:
-            return None
+        if first is None:
+            return None  # the chunk ends where a sentence does
+        # Every end (and the text's) follows a non-space character, so `after - head` is the
+        # sentence's trimmed length, and the next chunk resumes before `after`.
         head = first.start()
-        if after - head > self.size and _NON_SPACE.search(self.text, head + self.size, after):
-            return None
-        return head
+        return head if after - head <= self.size else None

@@ -5,6 +5,7 @@
     metis search "how many vacation days" --top-k 3
     metis status | documents | reindex [--full] | eval [--k 10]
     metis models --port 7800
+    metis console --kubeconfig ~/.kube/config --port 8080
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--full", action="store_true", help="read every document again")
     e = client("eval", "evaluate .metis/evals.jsonl of the sources")
     e.add_argument("--k", type=int, default=10)
+
+    from metis_indexer import console
+
+    console.add_arguments(sub.add_parser("console", help="the web console: every base, search"))
 
     m = sub.add_parser("models", help="serve the local embedding model (tests, quick start)")
     m.add_argument("--host", default="127.0.0.1")
@@ -242,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         from metis_indexer.localmodel.server import main as models_main
 
         return models_main(["--host", args.host, "--port", str(args.port)])
+    if args.command == "console":
+        from metis_indexer import console
+
+        return console.main(args)
     if args.command == "serve":
         try:
             cfg = serve_config(args)

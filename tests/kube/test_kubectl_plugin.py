@@ -1,6 +1,6 @@
 """`kubectl metis` as users run it: the real kubectl (built with the control plane) finds
 `kubectl-metis` on PATH and runs it against the real API server, with a real operator,
-a real indexer (tests/kube/operator_support.py's kubelet) and the real local model.
+a real indexer (metis_dev's stand-in kubelet) and the real local model.
 
 Search goes through the API server's service proxy. The API server proxies a Service to
 an address of its Endpoints, and the API refuses loopback addresses in Endpoints ("may not
@@ -25,9 +25,10 @@ from typing import Any
 
 import pytest
 
-from tests.kube.controlplane import ControlPlane, free_port, wait_for
+from metis_dev.kubelet import Kubelet
+from metis_dev.plane import ControlPlane
+from metis_dev.process import free_port, wait_for
 from tests.kube.operator_support import (
-    Kubelet,
     Operator,
     get_kb,
     install,

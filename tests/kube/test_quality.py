@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.kube.controlplane import ControlPlane, free_port, wait_for
+from metis_dev.kubelet import Kubelet
+from metis_dev.plane import ControlPlane
+from metis_dev.process import free_port, wait_for
 from tests.kube.operator_support import (
-    Kubelet,
     Operator,
     get_kb,
     install,

@@ -14,8 +14,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from metis_dev.build import ensure_binaries
+from metis_dev.plane import ControlPlane
+from metis_dev.process import free_port
 from tests.kube.conftest import kube  # noqa: F401  (the control plane, for the operator)
-from tests.kube.controlplane import ControlPlane, ensure_binaries, free_port
 from tests.kube.operator_support import running_operator
 from tests.support.model_server import ModelServer, start_model_server
 from tests.support.processes import indexer, wait_ready

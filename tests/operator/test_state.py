@@ -66,11 +66,19 @@ CASES = [
      "drive a does not exist (no PersistentVolumeClaim a in this namespace); "
      "drive b does not exist (no PersistentVolumeClaim b in this namespace)"),
     ("failed-beats-pending", given(missing_drives=("docs",), pod=None), State.FAILED, None),
+    ("reranker-missing-with-no-embedding-check",
+     given(embedding=None, reranker=ModelCheck("reranker", "rr", Model.NOT_FOUND)), State.FAILED,
+     "reranker rr does not exist (no Service rr in this namespace)"),
     # Pending: no machine, no volume, no listing yet.
     ("unlisted-data-source", given(unlisted_drives=("bucket",)), State.PENDING,
      "drive bucket waits for its data source's first listing"),
     ("unbound-drive", given(unbound_drives=("docs",)), State.PENDING,
      "drive docs is not bound to a volume yet"),
+    ("two-unlisted-data-sources", given(unlisted_drives=("a", "b")), State.PENDING,
+     "drive a waits for its data source's first listing; "
+     "drive b waits for its data source's first listing"),
+    ("two-unbound-drives", given(unbound_drives=("a", "b")), State.PENDING,
+     "drive a is not bound to a volume yet; drive b is not bound to a volume yet"),
     ("unbound-index-drive", given(index_drive_bound=False), State.PENDING,
      "its index drive metis-hb is not bound to a volume yet"),
     ("pod-cannot-be-created", given(pod=None, pod_failure="exceeded quota: mem"), State.PENDING,
@@ -137,6 +145,8 @@ CASES = [
      State.WAITING, "waiting for embedding model bge-m3: connection refused"),
     ("indexer-waits", given(indexer=ix("waiting", reason="waiting for embedding model x: 503")),
      State.WAITING, "waiting for embedding model x: 503"),
+    ("indexer-waits-without-a-reason", given(indexer=ix("waiting")), State.WAITING,
+     "its index waits"),
     ("ready-pod-unreachable", given(indexer=None, indexer_error="timed out"), State.WAITING,
      "the operator cannot reach its indexer: timed out"),
     ("unknown-phase", given(indexer=ix("dreaming")), State.WAITING,
@@ -190,10 +200,19 @@ def test_the_state_table(o: Observation, state: State, reason: str | None) -> No
          Placement(), "its drives are not bound to volumes yet"),
         ("no nodes available to schedule pods", Placement(),
          "the cluster has no machine to run it"),
+        ("0/3 nodes are available: 3 node(s) didn't match the requested node name.",
+         Placement(labels={"zone": "b", "pool": "gpu"}, machines=["gpu-1"]),
+         "no machine matches placement labels pool=gpu, zone=b and machines gpu-1 (scheduler:"),
+        ("0/1 nodes are available: 1 node(s) didn't match the requested node name.",
+         Placement(), "no machine matches placement (none set) (scheduler:"),
+        ("0/2 nodes are available: 1 Insufficient cpu, 1 Insufficient memory.",
+         Placement(memory_gb=8, cpu_cores=4), "no machine has 8 GiB of memory free "
+         "(placement.memory_gb); no machine has 4 CPU cores free (placement.cpu_cores) (sch"),
         ("0/1 nodes are available: 1 node(s) had untolerated taint {x: y}.", Placement(),
          "no machine can run it (scheduler: 0/1 nodes are available: 1 node(s) had untolerated"),
     ],
-    ids=["machines", "memory", "cpu", "volumes", "no-nodes", "other"],
+    ids=["machines", "memory", "cpu", "volumes", "no-nodes", "node-name", "none-set",
+         "memory-and-cpu", "other"],
 )  # fmt: skip
 def test_the_schedulers_message_says_what_to_do(
     message: str, placement: Placement, starts: str
@@ -201,3 +220,7 @@ def test_the_schedulers_message_says_what_to_do(
     said = unschedulable(message, placement)
     assert said.startswith(starts)
     assert message.split(" preemption:")[0] in said
+
+
+def test_a_scheduler_that_says_nothing_is_not_quoted() -> None:
+    assert unschedulable("", Placement()) == "no machine can run it"

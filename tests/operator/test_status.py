@@ -58,6 +58,11 @@ def test_a_ready_base() -> None:
         ("EmbeddingModelAvailable", "True", "Available"),
     ]
     assert all(c["lastTransitionTime"] == T1 for c in s["conditions"])
+    assert all(c["observedGeneration"] == 3 for c in s["conditions"])
+    assert [c["message"] for c in s["conditions"]] == [
+        READY.reason, "", "", "serves BAAI/bge-m3 (1024)"
+    ]
+    assert s["reason"] == READY.reason
     assert "progress" not in s and "evaluation" not in s
 
 
@@ -132,17 +137,20 @@ def test_reranker_condition_only_with_a_reranker() -> None:
     o = Observation(embedding=EMBEDDING, reranker=rr)
     s = compose({}, o=o, with_reranker=True)
     cond = next(c for c in s["conditions"] if c["type"] == "RerankerAvailable")
-    assert (cond["status"], cond["reason"], cond["message"]) == (
+    assert (cond["status"], cond["reason"], cond["message"], cond["observedGeneration"]) == (
         "False",
         "ServiceNotFound",
         "no Service rr in this namespace",
+        3,
     )
 
 
 def test_an_invalid_spec_leaves_the_models_unchecked() -> None:
     s = compose({}, verdict=Verdict(State.FAILED, "the spec is invalid"), o=Observation())
     cond = next(c for c in s["conditions"] if c["type"] == "EmbeddingModelAvailable")
-    assert (cond["status"], cond["reason"]) == ("False", "NotChecked")
+    assert (cond["status"], cond["reason"], cond["message"], cond["observedGeneration"]) == (
+        "False", "NotChecked", "the spec is invalid", 3
+    )  # fmt: skip
 
 
 def test_warnings_count_folders_instead_of_naming_them() -> None:
@@ -166,6 +174,7 @@ def test_warnings_count_folders_instead_of_naming_them() -> None:
         "source wiki: the drive at /drives/wiki is not a folder",
         "source docs: 2 folder(s) cannot be listed",
     ]
+    assert compose({}, o=o)["observed"]["warnings"] == status_mod.warnings(o)
 
 
 @pytest.mark.parametrize(
@@ -179,9 +188,11 @@ def test_warnings_count_folders_instead_of_naming_them() -> None:
         ({"o": {"x": 1}}, {"o": {}}, {"o": {"x": None}}),
         ({"l": [1, 2]}, {"l": [1]}, {"l": [1]}),
         ({"a": None}, {"a": None}, {}),
+        ({"o": 1}, {"o": {"x": 1}}, {"o": {"x": 1}}),
+        ({"o": {"x": 1}}, {"o": 2}, {"o": 2}),
     ],
     ids=["empty", "same", "changed", "removed", "nested", "nested-removed", "list-whole",
-         "same-null"],
+         "same-null", "mapping-over-scalar", "scalar-over-mapping"],
 )  # fmt: skip
 def test_merge_patch(old: dict[str, Any], new: dict[str, Any], patch: dict[str, Any]) -> None:
     assert status_mod.merge_patch(old, new) == patch
@@ -192,8 +203,11 @@ def test_a_paused_base_keeps_its_status_and_says_so() -> None:
     paused = status_mod.paused(before, T1)
     assert status_mod.is_paused(paused) and not status_mod.is_paused(before)
     cond = next(c for c in paused["conditions"] if c["type"] == "Paused")
-    assert (cond["status"], cond["lastTransitionTime"]) == ("True", T1)
-    assert "metis.astraeus.io/paused" in cond["message"]
+    assert cond == {
+        "type": "Paused", "status": "True", "reason": "Paused", "lastTransitionTime": T1,
+        "message": 'annotation metis.astraeus.io/paused is "true": the operator leaves the '
+        "base and its children as they are",
+    }  # fmt: skip
     assert {k: v for k, v in paused.items() if k != "conditions"} == {
         k: v for k, v in before.items() if k != "conditions"
     }

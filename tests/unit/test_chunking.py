@@ -454,3 +454,82 @@ def test_embedding_text_puts_title_and_headings_in_front() -> None:
     untitled = Chunk(None, ("Vacation",), "25 days.", None, None, 0, 0)
     assert untitled.embedding_text == "Vacation\n\n25 days."
     assert Chunk(None, (), "25 days.", None, None, 0, 0).embedding_text == "25 days."
+
+
+# --- Every kind of end, at every offset around a chunk's edges ----------------------------
+# The properties draw texts at random; an off-by-one at exactly `size`, at exactly half of
+# it, or at exactly `overlap` needs an end at that very offset, which a random text rarely
+# puts there. These texts put one there for each offset in a window around those edges.
+
+MARKERS = {
+    "paragraph after trailing blanks": "end  \n\nnext",
+    "paragraph after a tab": "end\t\n \nnext",
+    "paragraph": "end\n\nnext",
+    "sentence": "end. Next",
+    "sentence with closers": 'end.") Next',
+    "cjk sentence": "終わり。次",
+    "line": "end\nnext",
+    "space": "end next",
+    "none": "endnext",
+}
+
+
+def filler(length: int, wordy: bool) -> str:
+    """`length` characters with no end of any kind, or words split by single spaces."""
+    return ("abcd " * (length // 5 + 1))[:length] if wordy else "x" * length
+
+
+def edge_texts(size: int) -> list[tuple[str, str]]:
+    half = (size + 1) // 2
+    cases = []
+    for name, marker in MARKERS.items():
+        for wordy in (False, True):
+            for at in [*range(half - 4, half + 4), *range(size - 6, size + 4)]:
+                text = filler(at, wordy) + marker + filler(2 * size, wordy) + ". " + "tail " * 9
+                cases.append((f"{name}@{at}{'-words' if wordy else ''}", text))
+    return cases
+
+
+@pytest.mark.parametrize(("size", "overlap"), [(200, 0), (201, 1), (200, 99), (201, 100)])
+def test_an_end_at_each_offset_around_the_edges_cuts_as_documented(size: int, overlap: int) -> None:
+    for name, text in edge_texts(size):
+        assert chunk_text(text, size, overlap) == reference_spans(text, size, overlap), name
+
+
+def words_sentence(length: int) -> str:
+    """A sentence of exactly `length` characters: words, then a full stop."""
+    return ("lorem " * length)[: length - 1] + "."
+
+
+@pytest.mark.parametrize(
+    ("length", "second"),
+    [
+        (199, (62, 261)),  # fits: the next chunk takes it whole, from its first word
+        (200, (62, 262)),  # exactly the size still fits
+        (201, (152, 263)),  # one more does not: on a word within the overlap instead
+    ],
+)
+def test_a_cut_sentence_of_at_most_size_is_taken_whole(
+    length: int, second: tuple[int, int]
+) -> None:
+    # "aaa…a." ends at 61, before the first chunk's window [100, 200] opens; the sentence
+    # after it, from 62, has no end in the window, so the chunk is cut at a space inside it.
+    text = "a" * 60 + ". " + words_sentence(length) + " " + "tail words " * 30
+    spans = chunk_text(text, 200, 50)
+    assert spans[:2] == [(0, 199), second]
+
+
+def test_a_full_stop_that_opens_the_text_ends_a_sentence() -> None:
+    # The sentence after ". " starts at 2, after the chunk did at 0, so the next chunk
+    # takes it whole: a sentence end at position 1 counts like any other.
+    text = ". " + words_sentence(199) + " " + "more words here " * 20
+    assert chunk_text(text, 200, 50)[:2] == [(0, 199), (2, 201)]
+
+
+def test_a_chunk_shorter_than_the_overlap_looks_for_a_word_after_its_first_character() -> None:
+    # "中文", blanks, "b", blanks: the first chunk is cut at its last blank (112) and trimmed
+    # to 53. The search for a word starts at 0 + 1 = 1, where 文 (a CJK letter) is a word,
+    # 112 before the next text at 113: a long blank run, so the next chunk starts at 113,
+    # not on "b".
+    text = "中文" + " " * 50 + "b" + " " * 60 + "c" * 300
+    assert chunk_text(text, 200, 99) == [(0, 53), (113, 313), (313, 413)]

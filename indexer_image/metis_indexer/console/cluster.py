@@ -1,0 +1,230 @@
+"""What the console knows of the cluster: every KnowledgeBase it may see and their
+recent Events, kept current by two watches (the `kubernetes` client).
+
+The client is synchronous, so each watch runs in a daemon thread: it lists, watches
+from the list's resourceVersion, lists again when the watch ends or expires (410),
+and backs off on errors, saying why on the Bases page. Every change is handed to the
+event loop, which bumps `Cluster.version` and wakes the pages that stream updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+
+from metis_indexer.console.views import BaseView, EventView, base_view, event_view
+
+log = logging.getLogger("metis.console")
+
+GROUP, VERSION, PLURAL = "metis.astraeus.io", "v1", "knowledgebases"
+EVENTS_KEPT = 20
+"""Recent Events shown per base."""
+WATCH_SECONDS = 60
+"""How long one watch request runs before the list is read again."""
+BACKOFF_SECONDS = (1, 2, 5, 10, 30)
+
+Obj = dict[str, Any]
+
+
+def api_client(kubeconfig: str | None) -> client.ApiClient:
+    """The cluster's client: `kubeconfig`'s, or the pod's service account (in-cluster)."""
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    cfg = client.Configuration()
+    config.load_incluster_config(client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+def _key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+class Cluster:
+    """Bases and their Events as last seen; changed only on the event loop's thread."""
+
+    def __init__(self) -> None:
+        self.bases: dict[str, Obj] = {}
+        self.events: dict[str, dict[str, Obj]] = {}
+        """Per base key, its Events by uid."""
+        self.problems: dict[str, str] = {}
+        """Per watch, why it cannot see the cluster now."""
+        self.version = 0
+        self.closing = False
+        self._changed = asyncio.Event()
+
+    def _bump(self) -> None:
+        self.version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait(self, seen: int, timeout: float) -> None:
+        """Return when something changed after version `seen`, or after `timeout`."""
+        if self.version != seen or self.closing:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    def close(self) -> None:
+        self.closing = True
+        self._bump()
+
+    # What the watches report (called on the loop's thread).
+
+    def listed_bases(self, items: list[Obj]) -> None:
+        bases = {_key(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in items}
+        if bases != self.bases:
+            self.bases = bases
+            self._bump()
+
+    def base_event(self, kind: str, obj: Obj) -> None:
+        key = _key(obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if kind == "DELETED":
+            self.bases.pop(key, None)
+        else:
+            self.bases[key] = obj
+        self._bump()
+
+    def listed_events(self, items: list[Obj]) -> None:
+        events: dict[str, dict[str, Obj]] = {}
+        for o in items:
+            events.setdefault(_about(o), {})[o["metadata"]["uid"]] = o
+        if events != self.events:
+            self.events = events
+            self._bump()
+
+    def event_event(self, kind: str, obj: Obj) -> None:
+        those = self.events.setdefault(_about(obj), {})
+        if kind == "DELETED":
+            those.pop(obj["metadata"]["uid"], None)
+        else:
+            those[obj["metadata"]["uid"]] = obj
+        self._bump()
+
+    def problem(self, what: str, why: str | None) -> None:
+        if self.problems.get(what) != why:
+            if why is None:
+                self.problems.pop(what, None)
+            else:
+                self.problems[what] = why
+            self._bump()
+
+    # What the pages read.
+
+    def views(self) -> list[BaseView]:
+        return [base_view(self.bases[k]) for k in sorted(self.bases)]
+
+    def view(self, key: str) -> BaseView | None:
+        obj = self.bases.get(key)
+        return None if obj is None else base_view(obj)
+
+    def recent_events(self, key: str) -> list[EventView]:
+        those = [event_view(o) for o in self.events.get(key, {}).values()]
+        return sorted(those, key=lambda e: e.last, reverse=True)[:EVENTS_KEPT]
+
+    def trouble(self) -> str | None:
+        return "; ".join(self.problems.values()) or None
+
+
+def _about(event: Obj) -> str:
+    involved = event.get("involvedObject") or {}
+    return _key(involved.get("namespace") or event["metadata"].get("namespace", ""),
+                involved.get("name", ""))
+
+
+class Watches:
+    """The two watch threads; `stop` ends them (each within one watch request)."""
+
+    def __init__(self, api: client.ApiClient, cluster: Cluster, namespace: str | None,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+        custom = client.CustomObjectsApi(api)
+        core = client.CoreV1Api(api)
+        selector = "involvedObject.kind=KnowledgeBase"
+        if namespace:
+            bases: tuple[Callable[..., Any], Mapping[str, Any]] = (
+                custom.list_namespaced_custom_object,
+                {"group": GROUP, "version": VERSION, "plural": PLURAL, "namespace": namespace})
+            events: tuple[Callable[..., Any], Mapping[str, Any]] = (
+                core.list_namespaced_event, {"namespace": namespace, "field_selector": selector})
+        else:
+            bases = (custom.list_cluster_custom_object,
+                     {"group": GROUP, "version": VERSION, "plural": PLURAL})
+            events = (core.list_event_for_all_namespaces, {"field_selector": selector})
+
+        def on_loop(fn: Callable[..., None]) -> Callable[..., None]:
+            return lambda *a: loop.call_soon_threadsafe(fn, *a)
+
+        for what, (fn, kwargs), listed, changed in (
+            ("knowledgebases", bases, cluster.listed_bases, cluster.base_event),
+            ("events", events, cluster.listed_events, cluster.event_event),
+        ):
+            follow = _Follow(what, fn, kwargs, on_loop(listed), on_loop(changed),
+                             on_loop(cluster.problem), self.stopping)
+            self.threads.append(threading.Thread(target=follow.run, name=f"watch-{what}",
+                                                 daemon=True))
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+class _Follow:
+    """List, then watch, again and again, until stopped."""
+
+    def __init__(self, what: str, fn: Callable[..., Any], kwargs: Mapping[str, Any],
+                 listed: Callable[..., None], changed: Callable[..., None],
+                 problem: Callable[..., None], stopping: threading.Event) -> None:
+        self.what, self.fn, self.kwargs = what, fn, dict(kwargs)
+        self.listed, self.changed, self.problem = listed, changed, problem
+        self.stopping = stopping
+
+    def run(self) -> None:
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                self._once()
+                failures = 0
+            except ApiException as e:
+                if e.status == 410:
+                    continue  # the watch's resourceVersion expired: list again at once
+                failures += 1
+                self._failed(f"{e.status} {e.reason}")
+            except Exception as e:  # any failure of a watch: say it, back off, try again
+                failures += 1
+                self._failed(str(e) or type(e).__name__)
+            if failures:
+                self.stopping.wait(BACKOFF_SECONDS[min(failures, len(BACKOFF_SECONDS)) - 1])
+
+    def _failed(self, why: str) -> None:
+        log.warning("cannot watch %s: %s", self.what, why)
+        self.problem(self.what, f"cannot watch {self.what}: {why}")
+
+    def _once(self) -> None:
+        answer = self.fn(**self.kwargs, _preload_content=False, _request_timeout=30)
+        listed = json.loads(answer.data)
+        self.listed(listed.get("items") or [])
+        self.problem(self.what, None)
+        stream = watch.Watch()
+        for event in stream.stream(self.fn, **self.kwargs,
+                                   resource_version=listed["metadata"]["resourceVersion"],
+                                   timeout_seconds=WATCH_SECONDS):
+            if self.stopping.is_set():
+                stream.stop()
+                return
+            kind, raw = event["type"], event["raw_object"]
+            if kind == "ERROR":
+                return  # expired (410 Gone) or refused: list again
+            if kind in ("ADDED", "MODIFIED", "DELETED"):
+                self.changed(kind, raw)

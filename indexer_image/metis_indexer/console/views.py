@@ -1,0 +1,402 @@
+"""What the console decides, as pure functions over plain data (no I/O).
+
+- `parse_search`: a search's URL (`/search?q=…&base=NS/NAME&mode=…&compare=1`) into a
+  `SearchForm`, or the spec's error code and message; `search_query` writes it back.
+- `merge`: several bases' results into one list by reciprocal rank (k = 60).
+- `compare`: the three modes' lists into rows with each passage's rank in each.
+- `why`: spec 002's "Why it came up" sentence; `score_line`: the line under a result.
+- `marked`: a snippet cut into runs, the question's words marked.
+- `base_view`, `event_view`: a KnowledgeBase and an Event, as the pages show them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal, get_args
+from urllib.parse import urlencode, urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from metis_indexer.schema import (
+    QUERY_MAX,
+    TOP_K_MAX,
+    ErrorBody,
+    Mode,
+    Result,
+    Scores,
+    SearchRequest,
+)
+
+RRF_K = 60
+"""Spec 002's fusion constant, used again to merge several bases' lists."""
+MODES: tuple[Mode, ...] = get_args(Mode)
+KINDS = ("md", "txt", "html", "pdf", "docx")
+COMPARED: tuple[Mode, ...] = ("hybrid", "dense", "keyword")
+"""Compare asks these, shown as Both, Meaning, Words."""
+_WORD = re.compile(r"[^\W_]+")
+_ON = {"1", "on", "true", "yes"}
+
+
+class SearchForm(BaseModel):
+    """A search as its URL says it; `q` None: nothing asked yet (the empty form)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    q: str | None = None
+    bases: tuple[str, ...] = ()
+    mode: Mode = "hybrid"
+    rerank: bool = True
+    compare: bool = False
+    top_k: int = 5
+    prefix: str = ""
+    kinds: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+
+    def request(self, mode: Mode | None = None) -> SearchRequest:
+        """The indexer's search body for one mode (by default the form's)."""
+        filters = {k: v for k, v in (("path_prefix", self.prefix), ("kinds", list(self.kinds)),
+                                     ("sources", list(self.sources))) if v}
+        body = {"query": self.q or "", "top_k": self.top_k, "mode": mode or self.mode,
+                "rerank": None if self.rerank else False, "filters": filters or None}
+        # As JSON: the request models are strict, and a kind is a string there.
+        return SearchRequest.model_validate_json(json.dumps(body))
+
+
+class FormError(Exception):
+    """A search the console refuses before asking any base, with the spec's code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.body = ErrorBody(code=code, message=message)
+
+
+def parse_search(query: Mapping[str, Sequence[str]], *, base: str | None = None) -> SearchForm:
+    """The search a URL's query asks (each key with all its values, in order).
+
+    `base`: the one base of a page that serves a single index (`metis serve`).
+    A checkbox that is cleared is not sent, so the form sends `rerank=0` before the
+    box's `rerank=1` and the last value wins; a `source` may list several, comma-separated.
+    Raises FormError with QUERY_EMPTY, QUERY_TOO_LONG, TOP_K_OUT_OF_RANGE or INVALID_BODY,
+    as the indexer would.
+    """
+
+    def last(key: str, default: str = "") -> str:
+        values = query.get(key) or [default]
+        return values[-1]
+
+    q = query["q"][-1] if query.get("q") else None
+    mode = last("mode", "hybrid")
+    if mode not in MODES:
+        raise FormError("INVALID_BODY", f"mode is {mode!r}; it must be hybrid, dense or keyword")
+    kinds = tuple(dict.fromkeys(query.get("kind", [])))
+    if bad := [k for k in kinds if k not in KINDS]:
+        raise FormError("INVALID_BODY", f"kind {bad[0]!r} is not one of {', '.join(KINDS)}")
+    try:
+        top_k = int(last("top_k", "5"))
+    except ValueError:
+        raise FormError("INVALID_BODY", f"top_k is {last('top_k')!r}; "
+                        f"it must be a whole number from 1 to {TOP_K_MAX}") from None
+    form = SearchForm(
+        q=q,
+        bases=(base,) if base else tuple(dict.fromkeys(b for b in query.get("base", []) if b)),
+        mode=mode,  # type: ignore[arg-type]  # checked against MODES above
+        rerank=last("rerank", "1").lower() in _ON,
+        compare=last("compare", "0").lower() in _ON,
+        top_k=top_k,
+        prefix=last("prefix"),
+        kinds=kinds,
+        sources=tuple(dict.fromkeys(
+            s for v in query.get("source", []) for s in re.split(r"[,\s]+", v) if s)),
+    )
+    if form.q is not None:
+        check_form(form)
+    return form
+
+
+def check_form(form: SearchForm) -> None:
+    """The question's limits (spec 001), with the indexer's codes and messages."""
+    q = form.q or ""
+    if not q.strip():
+        raise FormError("QUERY_EMPTY", "the question is empty")
+    if len(q) > QUERY_MAX:
+        raise FormError("QUERY_TOO_LONG", f"the question has {len(q)} characters; "
+                        f"at most {QUERY_MAX} are allowed")
+    if not 1 <= form.top_k <= TOP_K_MAX:
+        raise FormError("TOP_K_OUT_OF_RANGE",
+                        f"top_k is {form.top_k}; it must be between 1 and {TOP_K_MAX}")
+    if not form.bases:
+        raise FormError("INVALID_BODY", "no base is chosen: tick one or more")
+
+
+def search_query(form: SearchForm) -> str:
+    """The URL query that asks `form` again: `parse_search` of it gives `form` back."""
+    pairs: list[tuple[str, str]] = [("q", form.q or "")]
+    pairs += [("base", b) for b in form.bases]
+    pairs.append(("mode", form.mode))
+    if not form.rerank:
+        pairs.append(("rerank", "0"))
+    if form.compare:
+        pairs.append(("compare", "1"))
+    if form.top_k != 5:
+        pairs.append(("top_k", str(form.top_k)))
+    if form.prefix:
+        pairs.append(("prefix", form.prefix))
+    pairs += [("kind", k) for k in form.kinds]
+    pairs += [("source", s) for s in form.sources]
+    return urlencode(pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """One result of one base, and where it stands once the bases are merged."""
+
+    base: str
+    rank: int
+    """Its rank in its own base's answer, from 1."""
+    result: Result
+    merged: float
+    """The sum of 1 / (60 + rank) over the bases' lists (one: it is in one base)."""
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        c = self.result.citation
+        return (self.base, c.source, c.document, c.page, c.line, self.result.text)
+
+
+def merge(answers: Mapping[str, Sequence[Result]], top_k: int, k: int = RRF_K) -> list[Hit]:
+    """Several bases' results as one list by reciprocal rank, at most `top_k`.
+
+    Each base's list is already in its own best order; scores of two bases (two
+    models, two rerankers) cannot be compared, ranks can. Equal ranks keep the order
+    of the bases as asked.
+    """
+    hits = [Hit(base, rank, result, 1.0 / (k + rank))
+            for base, results in answers.items()
+            for rank, result in enumerate(results, start=1)]
+    order = sorted(range(len(hits)), key=lambda i: (-hits[i].merged, i))
+    return [hits[i] for i in order[:top_k]]
+
+
+def why(dense_rank: int | None, keyword_rank: int | None, rerank: float | None) -> str:
+    """Spec 002's "Why it came up", from the passage's rank by meaning and by words."""
+    if dense_rank is not None and keyword_rank is not None:
+        said = f"close in meaning (#{dense_rank}) and shares words (#{keyword_rank}) — both agree"
+    elif keyword_rank is not None:
+        said = (f"shares words (#{keyword_rank}); not among the closest in meaning — "
+                "it names a term of the question exactly")
+    elif dense_rank is not None:
+        said = (f"close in meaning (#{dense_rank}); its words do not match — "
+                "it says the same thing in other words")
+    else:
+        said = "not among the closest in meaning nor the best by words"
+    if rerank is not None:
+        said += f"; the reranker scored it {rerank:.3f}"
+    return said
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareRow:
+    """A passage any mode found: its rank in each mode's list, and why it came up."""
+
+    hit: Hit
+    ranks: Mapping[Mode, int | None]
+    why: str
+
+
+def compare(lists: Mapping[Mode, Sequence[Hit]]) -> list[CompareRow]:
+    """Every passage of the three lists, ordered by its rank in Both, then by its best
+    rank elsewhere. Its ranks by meaning and by words come from whichever answer
+    carries them (hybrid first), as does the reranker's score."""
+    found: dict[tuple[Any, ...], dict[Mode, Hit]] = {}
+    for mode in COMPARED:
+        for position, hit in enumerate(lists.get(mode, ()), start=1):
+            found.setdefault(hit.key, {})[mode] = dataclasses.replace(hit, rank=position)
+
+    def first(by: dict[Mode, Hit], field: str, modes: Iterable[Mode]) -> Any:
+        return next((v for m in modes if m in by
+                     if (v := getattr(by[m].result.scores, field)) is not None), None)
+
+    rows = []
+    for by in found.values():
+        ranks = {m: by[m].rank if m in by else None for m in COMPARED}
+        reason = why(first(by, "dense_rank", ("hybrid", "dense")),
+                     first(by, "keyword_rank", ("hybrid", "keyword")),
+                     first(by, "rerank", COMPARED))
+        rows.append(CompareRow(next(iter(by.values())), ranks, reason))
+    big = TOP_K_MAX * 100
+    return sorted(rows, key=lambda r: (r.ranks["hybrid"] or big,
+                                       min(v for v in r.ranks.values() if v is not None)))
+
+
+def score_line(scores: Scores) -> str:
+    """`meaning 0.830 (#1) · words 7.41 (#2) · fused 0.0328 · reranker 0.970`: each step
+    that scored the passage (spec 002)."""
+    parts = []
+    if scores.dense is not None:
+        parts.append(f"meaning {scores.dense:.3f} (#{scores.dense_rank})")
+    if scores.keyword is not None:
+        parts.append(f"words {scores.keyword:.2f} (#{scores.keyword_rank})")
+    if scores.fused is not None:
+        parts.append(f"fused {scores.fused:.4f}")
+    if scores.rerank is not None:
+        parts.append(f"reranker {scores.rerank:.3f}")
+    return " · ".join(parts)
+
+
+def fold(text: str) -> str:
+    """Lower case, accents dropped: how search compares words (spec 002)."""
+    decomposed = unicodedata.normalize("NFKD", text.lower())
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
+
+
+def question_words(question: str) -> set[str]:
+    """The question's words as search compares them: one letter alone is left out,
+    one digit kept."""
+    return {w for w in _WORD.findall(fold(question)) if len(w) > 1 or w.isdigit()}
+
+
+def marked(snippet: str, question: str) -> list[tuple[str, bool]]:
+    """The snippet in runs of text, True for a word of the question."""
+    wanted = question_words(question)
+    runs: list[tuple[str, bool]] = []
+    at = 0
+    for m in _WORD.finditer(snippet):
+        if fold(m.group()) in wanted:
+            if m.start() > at:
+                runs.append((snippet[at:m.start()], False))
+            runs.append((m.group(), True))
+            at = m.end()
+    if at < len(snippet):
+        runs.append((snippet[at:], False))
+    return runs
+
+
+def took_line(took: Mapping[str, float]) -> str:
+    """The search's step timings: `embed 12.0 ms · meaning 1.1 ms · … · total 214.0 ms`."""
+    names = (("embed", "embed"), ("dense", "meaning"), ("keyword", "words"), ("fuse", "fuse"),
+             ("rerank", "rerank"), ("total", "total"))
+    return " · ".join(f"{label} {took[key]:.1f} ms" for key, label in names if key in took)
+
+
+def when(timestamp: str | None) -> str:
+    """An API server's timestamp (`2026-11-30T21:04:12Z`) as `2026-11-30 21:04 UTC`;
+    anything else as it is, none as `—`."""
+    if not timestamp:
+        return "—"
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?Z", timestamp)
+    return f"{m[1]} {m[2]} UTC" if m else timestamp
+
+
+class Condition(BaseModel):
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+    lastTransitionTime: str | None = None
+
+
+class Evaluation(BaseModel):
+    k: int | None = None
+    cases: int | None = None
+    recall_at_k: float | None = None
+    mrr: float | None = None
+    at: str | None = None
+
+
+State = Literal["Pending", "Starting", "Indexing", "Ready", "Waiting", "Failed", "Unknown"]
+
+
+class BaseView(BaseModel):
+    """A KnowledgeBase as the Bases page shows it (spec 001, "What it shows")."""
+
+    namespace: str
+    name: str
+    state: State = "Unknown"
+    reason: str = ""
+    phase: str | None = None
+    documents: int | None = None
+    chunks: int | None = None
+    failed: int | None = None
+    pass_total: int | None = None
+    pass_done: int | None = None
+    last_indexed_at: str | None = None
+    address: str | None = None
+    machine: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+    evaluation: Evaluation | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def progress(self) -> tuple[int, int] | None:
+        """(read, of) while a pass reads documents; None otherwise."""
+        if self.phase in ("scanning", "indexing") and self.pass_total:
+            return min(self.pass_done or 0, self.pass_total), self.pass_total
+        return None
+
+
+def base_view(obj: Mapping[str, Any]) -> BaseView:
+    """A KnowledgeBase object (as the API server gives it) as the page shows it."""
+    meta = obj.get("metadata", {})
+    status = obj.get("status") or {}
+    observed = status.get("observed") or {}
+    index = observed.get("index") or {}
+    state = status.get("state")
+    return BaseView(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        state=state if state in get_args(State) else "Unknown",
+        reason=status.get("reason") or ("" if state else "not looked at by the operator yet"),
+        phase=index.get("phase"),
+        documents=index.get("documents"),
+        chunks=index.get("chunks"),
+        failed=index.get("failed"),
+        pass_total=index.get("pass_total"),
+        pass_done=index.get("pass_done"),
+        last_indexed_at=index.get("last_indexed_at"),
+        address=observed.get("address"),
+        machine=observed.get("machine"),
+        warnings=list(observed.get("warnings") or []),
+        evaluation=Evaluation.model_validate(status["evaluation"])
+        if status.get("evaluation") else None,
+        conditions=[Condition.model_validate(c) for c in status.get("conditions") or []],
+    )
+
+
+class EventView(BaseModel):
+    """One Event about a base, as the base's page lists it."""
+
+    type: str = "Normal"
+    reason: str = ""
+    message: str = ""
+    count: int = 1
+    last: str = ""
+
+
+def event_view(obj: Mapping[str, Any]) -> EventView:
+    """A core/v1 Event (as JSON) as the base's page lists it: when it was last seen."""
+    last = (obj.get("lastTimestamp") or obj.get("eventTime")
+            or (obj.get("metadata") or {}).get("creationTimestamp") or "")
+    return EventView(type=obj.get("type") or "Normal", reason=obj.get("reason") or "",
+                     message=obj.get("message") or "", count=obj.get("count") or 1,
+                     last=str(last))
+
+
+def indexer_url(address: str, template: str | None) -> str:
+    """Where to reach a base's indexer: its `observed.address`, or the Service named
+    there through `template` (`http://127.0.0.1:{port}` out of a cluster), as the
+    operator's METIS_URL_TEMPLATE."""
+    if not template:
+        return address.rstrip("/")
+    parts = urlsplit(address)
+    host = parts.hostname or ""
+    name, _, rest = host.partition(".")
+    namespace = rest.partition(".")[0]
+    return template.format(name=name, namespace=namespace, port=parts.port or 80).rstrip("/")
