@@ -26,14 +26,21 @@ if [[ -x "$out/promtool" && "$(cat "$out/.stamp" 2>/dev/null)" == "$stamp" ]]; t
   echo "$out/promtool"
   exit 0
 fi
+GO="${GO:-go}"
+command -v "$GO" > /dev/null 2>&1 || {
+  echo "build.sh: Go is not installed (needed once to build promtool into $out)" >&2
+  exit 1
+}
 mkdir -p "$out"
 exec 9>"$out/.build.lock"
 flock 9
-echo "build.sh: building promtool $version into $out" >&2
+echo "build.sh: building promtool $version into $out (minutes, once a machine)" >&2
 cd "$here"
-GOTOOLCHAIN=local "${GO:-go}" build -mod=readonly -trimpath -tags "$tags" \
+t0=$SECONDS
+GOTOOLCHAIN=local CGO_ENABLED=0 "$GO" build -mod=readonly -trimpath -tags "$tags" \
   -ldflags "-X github.com/prometheus/common/version.Version=${version#v}" \
   -o "$out/promtool.new" github.com/prometheus/prometheus/cmd/promtool
 mv "$out/promtool.new" "$out/promtool"
 echo "$stamp" > "$out/.stamp"
+echo "build.sh: built promtool in $((SECONDS - t0)) s" >&2
 echo "$out/promtool"
