@@ -101,8 +101,9 @@ class Runner:
         key = (meta["namespace"], meta["name"])
         base = self.bases.get(key)
         if deleted:
-            if base is not None and base.task is not None:
-                base.task.cancel()
+            for task in (base.task, base.judging) if base is not None else ():
+                if task is not None:
+                    task.cancel()
             self.bases.pop(key, None)
             if key in self.rolling:
                 self.rolling.discard(key)
