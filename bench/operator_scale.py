@@ -1,4 +1,4 @@
-"""Operator scale benchmark on the test control plane (tests/kube), with the API
+"""Operator scale benchmark on the local control plane (metis_dev), with the API
 server's audit log on the operator's service account.
 
 N bases (default 100) are created at once in one namespace, each with a real
@@ -35,12 +35,13 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.kube.controlplane import ControlPlane, ensure_binaries, free_port, wait_for  # noqa: E402
+from metis_dev.build import ensure_binaries  # noqa: E402
+from metis_dev.kubelet import Kubelet, _Pod  # noqa: E402
+from metis_dev.plane import ControlPlane  # noqa: E402
+from metis_dev.process import free_port, wait_for  # noqa: E402
 from tests.kube.operator_support import (  # noqa: E402
     OPERATOR_USER,
-    Kubelet,
     Operator,
-    _Pod,
     install,
     kb,
     make_drive,

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import httpx
 import kopf
 
-from metis_operator import cache, children, kube, reconcile, report
+from metis_operator import cache, children, kube, quality, reconcile, report
 from metis_operator import status as status_mod
 from metis_operator.cache import Cache, Deps, Key
 from metis_operator.metrics import Metrics
@@ -75,6 +75,10 @@ class Base:
     deps: Deps | None = None
     task: asyncio.Task[None] | None = None
     resynced: float = dataclasses.field(default_factory=time.monotonic)
+    judging: asyncio.Task[None] | None = None
+    """The evaluation after a change of retrieval settings, while it runs (quality.py)."""
+    unevaluable: str | None = None
+    """Retrieval settings whose evaluation the indexer refused (no evaluation set)."""
 
     def previous(self) -> dict[str, Any]:
         """The status last written by this process, else the stored one."""
@@ -97,8 +101,9 @@ class Runner:
         key = (meta["namespace"], meta["name"])
         base = self.bases.get(key)
         if deleted:
-            if base is not None and base.task is not None:
-                base.task.cancel()
+            for task in (base.task, base.judging) if base is not None else ():
+                if task is not None:
+                    task.cancel()
             self.bases.pop(key, None)
             if key in self.rolling:
                 self.rolling.discard(key)
@@ -171,10 +176,56 @@ class Runner:
             if done.endswith(" repaired"):  # someone changed what the operator owns
                 await post_event(ctx, body, "Normal", "Repaired", "Apply", done)
         ctx.metrics.record(base.key, state)
+        if figures := outcome.status.get("evaluation"):
+            ctx.metrics.evaluated(base.key, figures["recall_at_k"], figures["mrr"])
+        settings = quality.retrieval(body.get("spec") or {})
+        evaluation = outcome.status.get("evaluation")
+        if state is State.READY and base.judging is None and quality.due(
+            settings, evaluation, base.unevaluable
+        ):
+            base.judging = asyncio.create_task(self.judge(base, settings))
         if state.value != previous.get("state"):
             _say(base.key, f"{state.value}: {reason}", state=state.value)
             kind = "Warning" if state in _WARNING_STATES else "Normal"
             await post_event(ctx, body, kind, state.value, "Reconcile", reason)
+
+    async def judge(self, base: Base, settings: str) -> None:
+        """Evaluate a Ready base whose last evaluation was made under other retrieval
+        settings (with the same k), then set QualityRegressed and post the Event
+        quality.judge decides."""
+        ctx = self.ctx
+        try:
+            before = base.previous()["evaluation"]
+            try:
+                figures = await reconcile.evaluate(
+                    ctx, children.Owner.of(base.body), k=int(before["k"])
+                )
+            except reconcile.IndexerError as e:
+                if not e.temporary:  # no evaluation set, or one the indexer refuses
+                    base.unevaluable = settings
+                    _say(base.key, f"not evaluated under {settings}: {e}", request="quality")
+                return
+            current = {**figures, quality.RETRIEVAL: settings}
+            generation = int(base.body["metadata"].get("generation", 0))
+            verdict = quality.judge(before, current, ctx.settings.quality.tolerance, generation)
+            async with base.lock:
+                previous = base.previous()
+                conditions = [c for c in previous.get("conditions") or []
+                              if c.get("type") != quality.CONDITION]  # fmt: skip
+                merged = status_mod.merge_conditions(
+                    previous.get("conditions") or [], [*conditions, verdict.condition], _now()
+                )
+                new = {**previous, "evaluation": current, "conditions": merged}
+                await self.write(base, base.body, new)
+            ctx.metrics.evaluated(base.key, current["recall_at_k"], current["mrr"])
+            _say(base.key, verdict.message, request="quality")
+            await post_event(ctx, base.body, verdict.event_type, verdict.event_reason,
+                             "Evaluate", verdict.message)  # fmt: skip
+        except Exception:
+            log.exception("evaluating %s/%s after a change failed", *base.key,
+                          extra=_about(base.key))  # fmt: skip
+        finally:
+            base.judging = None
 
     def turn(self, key: Key) -> bool:
         """Whether `key` may roll out now; if so it holds a turn (no await between the
@@ -310,6 +361,7 @@ async def evaluate(
     if not retry:
         _say(_key(body), f"an evaluation asked ({EVALUATE}={new})", request="evaluate")
     figures = await _ask(body, memo, reconcile.evaluate(ctx, children.Owner.of(body), k=k))
+    figures[quality.RETRIEVAL] = quality.retrieval(body.get("spec") or {})
     runner: Runner = memo.runner
     base = runner.bases.get(_key(body)) or Base(_key(body), copy.deepcopy(dict(body)))
     async with base.lock:

@@ -5,6 +5,7 @@ reconciliations started and failed (by trigger), how long one takes, and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -19,6 +20,8 @@ class Metrics:
     errors: Counter
     seconds: Histogram
     bases: Gauge
+    recall: Gauge
+    mrr: Gauge
     states: dict[tuple[str, str], State] = dataclasses.field(default_factory=dict)
     """The last state of each base (namespace, name), which `bases` counts."""
 
@@ -41,6 +44,10 @@ class Metrics:
             ),
             bases=Gauge("metis_operator_knowledge_bases", "Knowledge bases per state",
                         ["state"], registry=r),
+            recall=Gauge("metis_evaluation_recall_at_k", "A base's last evaluation: recall at k",
+                         ["namespace", "knowledgebase"], registry=r),
+            mrr=Gauge("metis_evaluation_mrr", "A base's last evaluation: mean reciprocal rank",
+                      ["namespace", "knowledgebase"], registry=r),
         )  # fmt: skip
         m._count()
         return m
@@ -52,6 +59,13 @@ class Metrics:
     def forget(self, key: tuple[str, str]) -> None:
         self.states.pop(key, None)
         self._count()
+        for gauge in (self.recall, self.mrr):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*key)
+
+    def evaluated(self, key: tuple[str, str], recall_at_k: float, mrr: float) -> None:
+        self.recall.labels(*key).set(recall_at_k)
+        self.mrr.labels(*key).set(mrr)
 
     def _count(self) -> None:
         for s in State:

@@ -126,6 +126,16 @@ class RuntimeSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class QualitySettings:
+    """Retrieval quality as a signal (quality.py)."""
+
+    tolerance: float = _env("METIS_QUALITY_TOLERANCE", 0.05)
+    """How much recall@k or MRR (0 to 1) the evaluation after a change of embedding model
+    or chunking may lose against the one before without QualityRegressed: 0.05 is one
+    question in twenty found less well, about the noise of a small evaluation set."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     """The whole tree."""
 
@@ -133,6 +143,7 @@ class Settings:
     reach: ReachSettings = dataclasses.field(default_factory=ReachSettings)
     poll: PollSettings = dataclasses.field(default_factory=PollSettings)
     runtime: RuntimeSettings = dataclasses.field(default_factory=RuntimeSettings)
+    quality: QualitySettings = dataclasses.field(default_factory=QualitySettings)
 
     def url(self, name: str, namespace: str, port: int) -> str:
         """The base URL of Service `name` on `port`, by the template."""

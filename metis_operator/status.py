@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from metis_operator import quality
 from metis_operator.state import IndexerStatus, Model, ModelCheck, Observation, State, Verdict
 
 READY = "Ready"
@@ -72,6 +73,11 @@ def conditions(
     if with_reranker:
         out.append(_model_condition(RERANKER, o.reranker, generation))
     return out
+
+
+def evaluated(previous: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The condition only an evaluation sets (QualityRegressed), kept as it was."""
+    return [c for c in previous.get("conditions") or [] if c.get("type") == quality.CONDITION]
 
 
 def merge_conditions(
@@ -167,7 +173,7 @@ def compose(
         "observed": observed,
         "conditions": merge_conditions(
             previous.get("conditions") or [],
-            conditions(verdict, o, generation, with_reranker),
+            conditions(verdict, o, generation, with_reranker) + evaluated(previous),
             now,
         ),
     }

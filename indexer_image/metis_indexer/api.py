@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from metis_indexer import console
+from metis_indexer import console, mcp
 from metis_indexer.errors import ApiError, BadRequest, Conflict, Unauthorized
 from metis_indexer.evaluation import Evaluation
 from metis_indexer.schema import (
@@ -379,4 +379,5 @@ def create_app(indexer: Indexer, *, token: str | None = None) -> web.Application
     app.cleanup_ctx.append(passes)
     setup_routes(app)
     console.add_search_page(app, ask, indexer.config.name)
+    mcp.mount(app, indexer, _observe)
     return app

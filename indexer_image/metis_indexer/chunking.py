@@ -132,9 +132,8 @@ class _Cutter:
         text = self.text
         for m in _BLANK_LINE.finditer(text, 0, self.n):
             end = m.start()
-            if end and text[end - 1].isspace():
-                line = text.rfind("\n", 0, end) + 1
-                end = line + len(text[line:end].rstrip())
+            while end and text[end - 1].isspace():  # a few blanks at most, in practice
+                end -= 1
             yield end
 
     def spans(self) -> Iterator[tuple[int, int]]:

@@ -1,11 +1,11 @@
 """Fixtures for tests that need a real Kubernetes control plane.
 
 `kube` (session scope) starts etcd, kube-apiserver, kube-controller-manager
-and kube-scheduler once per test session (see controlplane.py), sets
-KUBECONFIG for the session and stops every process at the end, even when a
-test fails. The binaries are built by build.sh the first time on a machine;
-that happens right after collection, outside any per-test timeout, and only
-when a collected test uses `kube`.
+and kube-scheduler once per test session (metis_dev.plane, the package behind
+`metis-dev cluster up`), sets KUBECONFIG for the session and stops every process
+at the end, even when a test fails. The binaries are built by metis_dev/build.sh
+the first time on a machine; that happens right after collection, outside any
+per-test timeout, and only when a collected test uses `kube` or `kube_binaries`.
 
 Environment:
   METIS_KUBE_ASSETS   where the binaries live (default ~/.cache/metis/kube/<version>)
@@ -19,14 +19,17 @@ import secrets
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.kube.controlplane import ControlPlane, ensure_binaries, wait_for
+from metis_dev.build import ensure_binaries
+from metis_dev.plane import ControlPlane
+from metis_dev.process import wait_for
 
 
 def _wants_kube(item: pytest.Item) -> bool:
-    return "kube" in getattr(item, "fixturenames", ())
+    return bool({"kube", "kube_binaries"} & set(getattr(item, "fixturenames", ())))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -43,6 +46,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def _interrupt_on_sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(scope="session")
+def kube_binaries() -> Path:
+    """The folder of the built binaries (kubectl among them), for tests that start a
+    cluster of their own (`metis-dev cluster up`, `make demo`)."""
+    return ensure_binaries()
 
 
 @pytest.fixture(scope="session")

@@ -3,21 +3,16 @@
 - `install`: the project's own manifests (`kubectl apply -k manifests/`).
 - `Operator`: `metis-operator` as a child process, authenticated as its service
   account, so the RBAC of manifests/rbac.yaml is what it really gets.
-- `Kubelet`: plays the kubelet for indexer pods. There is no kubelet here: when
-  the real scheduler binds an indexer pod, this starts a real `metis serve` with
-  the pod's ConfigMap, its paths rewritten through the pod's volume mounts to the
-  hostPath folders of the PersistentVolumes bound to its claims, and reports the
-  pod Running once the indexer is ready. It also binds the operator's index
-  claims to hostPath volumes (no provisioner here) and follows ConfigMap updates
-  into the config file, as a ConfigMap volume does.
 - `make_drive`, `model_service`, `kb`: small builders.
+
+The stand-in kubelet that runs indexer pods as local `metis serve` processes is
+metis_dev.kubelet's `Kubelet`.
 
 Every wait polls with a deadline (`wait_for`).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import http.server
@@ -27,7 +22,6 @@ import signal
 import subprocess
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,15 +29,15 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.kube.controlplane import ControlPlane, KubeApiError, free_port, wait_for
+from metis_dev.kubelet import drive
+from metis_dev.plane import ControlPlane
+from metis_dev.process import free_port, wait_for
 from tests.support import processes
-from tests.support.processes import Process, metis
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "metis.astraeus.io"
 CRD = f"knowledgebases.{GROUP}"
 OPERATOR_USER = "system:serviceaccount:metis-system:metis-operator"
-INDEXER_SELECTOR = "app.kubernetes.io/name=metis-indexer"
 
 
 def install(kube: ControlPlane) -> None:
@@ -75,33 +69,9 @@ def make_drive(
     annotations: dict[str, str] | None = None,
 ) -> None:
     """A source drive: a PVC bound to a hostPath PersistentVolume at `folder`."""
-    api = kube.rest()
-    pv = f"{namespace}-{name}"
-    api.post("/api/v1/persistentvolumes", _volume(pv, folder, namespace, name))
-    claim: dict[str, Any] = {
-        "metadata": {"name": name, "annotations": annotations or {}},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "",
-            "volumeName": pv,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    api.post(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", claim)
-
-
-def _volume(name: str, folder: Path, namespace: str, claim: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "labels": {"metis-test/namespace": namespace}},
-        "spec": {
-            "capacity": {"storage": "100Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "hostPath": {"path": str(folder)},
-            "claimRef": {"namespace": namespace, "name": claim},
-        },
-    }
+    volume, claim = drive(namespace, name, folder, annotations)
+    kube.rest().post("/api/v1/persistentvolumes", volume)
+    kube.rest().post(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", claim)
 
 
 def model_service(
@@ -249,197 +219,6 @@ class Operator:
 
     def metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics").text
-
-
-# --------------------------------------------------------------------------- the kubelet
-
-
-@dataclasses.dataclass
-class _Pod:
-    name: str
-    process: Process
-    config_path: Path
-    configmap: str
-    mounts: dict[str, Path]
-    config_text: str
-    running: bool = False
-
-
-class Kubelet:
-    """Runs the indexer pods of one namespace as local `metis serve` processes.
-
-    `hold = True` keeps newly bound pods from starting (to see a base Starting);
-    the processes of pods that are deleted are stopped before new ones start, so
-    a replacement takes over the index folder and the port as in a pod.
-    """
-
-    def __init__(self, kube: ControlPlane, namespace: str, workdir: Path) -> None:
-        self.kube = kube
-        self.namespace = namespace
-        self.workdir = workdir
-        self.hold = False
-        self.late_config = False
-        """Keep ConfigMap updates from the running pods, as a real kubelet does for up
-        to a minute."""
-        self.pods: dict[str, _Pod] = {}
-        self.errors: list[str] = []
-        self.volumes: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="fake-kubelet", daemon=True)
-
-    def __enter__(self) -> Kubelet:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        for pod in list(self.pods.values()):
-            pod.process.stop()
-        for pv in self.volumes:
-            with contextlib.suppress(KubeApiError):
-                self.kube.rest().delete(f"/api/v1/persistentvolumes/{pv}")
-
-    def check(self) -> None:
-        """Raise what went wrong in the loop, with the processes' logs."""
-        if self.errors:
-            logs = "\n".join(p.process.log() for p in self.pods.values())
-            raise AssertionError("kubelet: " + "\n".join(self.errors) + "\n" + logs)
-
-    def indexer(self) -> Process:
-        """The one running indexer process."""
-        running = [p.process for p in self.pods.values() if p.running]
-        assert len(running) == 1, f"{len(running)} indexers run: {list(self.pods)}"
-        return running[0]
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.2):
-            try:
-                self._tick()
-            except Exception:
-                self.errors.append(traceback.format_exc())
-
-    def _tick(self) -> None:
-        api = self.kube.rest()
-        ns = f"/api/v1/namespaces/{self.namespace}"
-        self._bind_index_claims(api.get(f"{ns}/persistentvolumeclaims")["items"])
-        pods = api.get(f"{ns}/pods?labelSelector={INDEXER_SELECTOR}")["items"]
-        live = {p["metadata"]["uid"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
-        for uid in [u for u in self.pods if u not in live]:
-            self.pods.pop(uid).process.stop()
-        for uid, pod in live.items():
-            known = self.pods.get(uid)
-            if known is None:
-                if pod["spec"].get("nodeName") and not self.hold:
-                    self.pods[uid] = self._start(pod)
-                continue
-            if not self.late_config:
-                self._follow_config(known)
-            if not known.running and self._ready(known.process):
-                self.kube.mark_pod_running(self.namespace, known.name)
-                known.running = True
-
-    def _bind_index_claims(self, claims: list[dict[str, Any]]) -> None:
-        for claim in claims:
-            name = claim["metadata"]["name"]
-            if claim["spec"].get("volumeName") or not name.startswith("metis-"):
-                continue
-            pv = f"{self.namespace}-{name}"
-            if pv in self.volumes:
-                continue
-            folder = self.workdir / "volumes" / name
-            folder.mkdir(parents=True, exist_ok=True)
-            self.kube.rest().post(
-                "/api/v1/persistentvolumes", _volume(pv, folder, self.namespace, name)
-            )
-            self.volumes.append(pv)
-
-    def _host_paths(self, pod: dict[str, Any]) -> dict[str, Path]:
-        """mountPath → the hostPath of the volume bound to the claim mounted there."""
-        api = self.kube.rest()
-        claims = {
-            v["name"]: v["persistentVolumeClaim"]["claimName"]
-            for v in pod["spec"]["volumes"]
-            if "persistentVolumeClaim" in v
-        }
-        out = {}
-        for m in pod["spec"]["containers"][0]["volumeMounts"]:
-            if m["name"] in claims:
-                pvc = api.get(
-                    f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/"
-                    f"{claims[m['name']]}"
-                )
-                pv = api.get(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}")
-                out[m["mountPath"]] = Path(pv["spec"]["hostPath"]["path"])
-        return out
-
-    def _configmap_text(self, name: str) -> str:
-        cm = self.kube.rest().get(f"/api/v1/namespaces/{self.namespace}/configmaps/{name}")
-        return str(cm["data"]["config.json"])
-
-    @staticmethod
-    def _localised(text: str, mounts: dict[str, Path]) -> str:
-        """The configuration with paths seen through the mounts, on loopback."""
-
-        def local(path: str) -> str:
-            for mount, host in sorted(mounts.items(), key=lambda m: -len(m[0])):
-                if path == mount or path.startswith(mount + "/"):
-                    return str(host) + path[len(mount) :]
-            raise AssertionError(f"{path} is not on a mounted volume: {sorted(mounts)}")
-
-        config = json.loads(text)
-        for source in config["sources"]:
-            source["root"] = local(source["root"])
-        config["index_dir"] = local(config["index_dir"])
-        config["host"] = "127.0.0.1"
-        return json.dumps(config, indent=2)
-
-    def _start(self, pod: dict[str, Any]) -> _Pod:
-        name = pod["metadata"]["name"]
-        configmap = next(v["configMap"]["name"] for v in pod["spec"]["volumes"]
-                         if "configMap" in v)  # fmt: skip
-        mounts = self._host_paths(pod)
-        text = self._configmap_text(configmap)
-        folder = self.workdir / "pods" / name
-        folder.mkdir(parents=True, exist_ok=True)
-        config_path = folder / "config.json"
-        config_path.write_text(self._localised(text, mounts))
-        port = json.loads(text)["port"]
-        process = Process(
-            f"http://127.0.0.1:{port}",
-            metis("serve", "--config", str(config_path)),
-            folder / "indexer.log",
-            env=self._env(pod),
-        ).start()
-        return _Pod(name, process, config_path, configmap, mounts, text)
-
-    def _env(self, pod: dict[str, Any]) -> dict[str, str]:
-        """The container's environment as a kubelet gives it: values, and keys of
-        Secrets (the base's API token)."""
-        env = {}
-        for var in pod["spec"]["containers"][0].get("env", []):
-            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
-            if ref is not None:
-                secret = self.kube.rest().get(
-                    f"/api/v1/namespaces/{self.namespace}/secrets/{ref['name']}"
-                )
-                env[var["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
-            elif "value" in var:
-                env[var["name"]] = var["value"]
-        return env
-
-    def _follow_config(self, pod: _Pod) -> None:
-        text = self._configmap_text(pod.configmap)
-        if text != pod.config_text:
-            pod.config_path.write_text(self._localised(text, pod.mounts))
-            pod.config_text = text
-
-    @staticmethod
-    def _ready(process: Process) -> bool:
-        try:
-            return process.get("/readyz").status_code == 200
-        except httpx.HTTPError:
-            return False
 
 
 @contextlib.contextmanager

@@ -21,8 +21,8 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
+from metis_dev.plane import ControlPlane
 from tests.console.browser import chrome, fits, screenshot, wait
-from tests.kube.controlplane import ControlPlane
 from tests.kube.operator_support import ROOT, install, kb, kb_path
 from tests.support import processes
 from tests.support.model_server import ModelServer, running_model_server

@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kube.controlplane import ControlPlane, KubeApiError, gone, wait_for
+from metis_dev.plane import ControlPlane, gone
+from metis_dev.process import wait_for
+from metis_dev.rest import KubeApiError
 
 GROUP = "kubetest.metis.io"
 CRD_NAME = f"gadgets.{GROUP}"

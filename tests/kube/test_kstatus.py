@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from metis_dev.build import ensure_binaries
 from metis_operator import status as status_mod
 from metis_operator.state import Observation, State, Verdict
-from tests.kube.controlplane import ensure_binaries
 from tests.kube.operator_support import read_kstatus
 
 

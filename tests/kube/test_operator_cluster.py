@@ -19,10 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.kube.controlplane import ControlPlane, free_port, gone, wait_for
+from metis_dev.kubelet import Kubelet
+from metis_dev.plane import ControlPlane, gone
+from metis_dev.process import free_port, wait_for
 from tests.kube.operator_support import (
     CRD,
-    Kubelet,
     Operator,
     StallingProxy,
     get_kb,

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.kube.controlplane import ControlPlane, wait_for
+from metis_dev.plane import ControlPlane
+from metis_dev.process import wait_for
 from tests.kube.operator_support import ROOT, install, kb
 
 GOOD: dict[str, Any] = {

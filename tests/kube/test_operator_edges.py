@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kube.controlplane import ControlPlane, free_port, wait_for
+from metis_dev.plane import ControlPlane
+from metis_dev.process import free_port, wait_for
 from tests.kube.operator_support import (
     ROOT,
     Operator,

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.kube.controlplane import ControlPlane, free_port, gone, wait_for
+from metis_dev.kubelet import Kubelet
+from metis_dev.plane import ControlPlane, gone
+from metis_dev.process import free_port, wait_for
 from tests.kube.operator_support import (
-    Kubelet,
     Operator,
     get_kb,
     install,
@@ -325,7 +326,7 @@ def test_a_base_indexes_answers_and_follows_changes(
     kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/evaluate=k=5")
     s = wait_state(kube, ns, "handbook", "Ready", check=lambda s: "evaluation" in s)
     evaluation = s["evaluation"]
-    assert set(evaluation) == {"k", "cases", "recall_at_k", "mrr", "at"}
+    assert set(evaluation) == {"k", "cases", "recall_at_k", "mrr", "at", "retrieval"}
     assert (evaluation["k"], evaluation["cases"]) == (5, len(TOPICS))
     assert 0 < evaluation["recall_at_k"] <= 1
 

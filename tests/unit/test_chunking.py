@@ -409,6 +409,16 @@ def test_blank_sections_give_no_chunks() -> None:
     assert [(c.section, c.page, c.text) for c in chunk_document(doc)] == [(2, 3, "x")]
 
 
+@pytest.mark.parametrize("shift", range(5))
+def test_the_defaults_are_1200_and_200(shift: int) -> None:
+    # Words every 5 characters: one of the five shifts puts a word start at exactly
+    # `end - 200`, where an overlap of 201 would start one word earlier.
+    text = ("abcd " * 800)[shift:]
+    assert chunk_text(text) == reference_spans(text, 1200, 200)
+    doc = Document(title=None, kind=Kind.TXT, sections=(Section((), text),))
+    assert [(c.start, c.start + len(c.text)) for c in chunk_document(doc)] == chunk_text(text)
+
+
 def test_default_size_and_overlap() -> None:
     text = " ".join(sentence("word", 12) for _ in range(100))
     doc = Document(title=None, kind=Kind.TXT, sections=(Section((), text),))
@@ -463,6 +473,11 @@ def test_embedding_text_puts_title_and_headings_in_front() -> None:
 
 MARKERS = {
     "paragraph after trailing blanks": "end  \n\nnext",
+    # A sentence end just before a paragraph end whose line ends in blanks: with the blanks
+    # counted, the paragraph end would fall out of the window and the cut move back.
+    "paragraph after a sentence and a blank": "end. more \n\nnext",
+    "paragraph after a sentence and blanks": "end. more  \n \nnext",
+    "paragraph on a line of its own": "end. \nmore  \n\nnext",
     "paragraph after a tab": "end\t\n \nnext",
     "paragraph": "end\n\nnext",
     "sentence": "end. Next",

@@ -1,5 +1,5 @@
 // Wrapper module that builds the Kubernetes control-plane binaries used by
-// tests/kube (see tests/kube/build.sh). k8s.io/kubernetes requires every
+// metis_dev (see metis_dev/build.sh). k8s.io/kubernetes requires every
 // staging module at v0.0.0 and maps them to ./staging/..., which is neither
 // in the module zip nor honoured in a dependency, hence the replace block.
 module metis.invalid/tests/kube/kube-bin

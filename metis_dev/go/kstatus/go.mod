@@ -1,4 +1,4 @@
-// Wrapper module for the kstatus checker (main.go), built by tests/kube/build.sh
+// Wrapper module for the kstatus checker (main.go), built by metis_dev/build.sh
 // beside the control-plane binaries.
 module metis.invalid/tests/kube/kstatus
 

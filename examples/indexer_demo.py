@@ -1,4 +1,4 @@
-"""`make demo`: the quick start, end to end, on the example handbook.
+"""`make demo-indexer`: the indexer alone, end to end, on the example handbook.
 
 Starts the local model server (`metis models`) and the indexer (`metis serve`) on
 examples/handbook, waits until the index is ready, asks three questions with

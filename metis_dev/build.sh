@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Build the Kubernetes control plane used by tests/kube from Go modules.
+# Build the Kubernetes control plane of metis_dev (the local cluster and the tests) from Go modules.
 #
 # No Docker engine runs on our machines and no release binary can be
 # downloaded, but the Go module proxy is reachable: the wrapper modules in
-# tests/kube/go/ pin k8s.io/kubernetes and etcd, and this script builds
+# metis_dev/go/ pin k8s.io/kubernetes and etcd, and this script builds
 #   kube-apiserver kube-controller-manager kube-scheduler kubectl  (go/kube-bin)
 #   etcd                                                           (go/etcd-bin)
 #   kstatus (sigs.k8s.io/cli-utils' kstatus as a stdin → stdout checker) (go/kstatus)
@@ -11,7 +11,7 @@
 # on a machine pays for the build. Idempotent: a binary is rebuilt only when
 # it is missing or its stamp (version + go.sum hash) does not match.
 #
-# Usage: tests/kube/build.sh [--print-dir]
+# Usage: metis_dev/build.sh [--print-dir]
 #   --print-dir   print the asset directory and exit (builds nothing)
 # Environment:
 #   METIS_KUBE_ASSETS  asset directory (default ~/.cache/metis/kube/<k8s version>)
@@ -69,7 +69,7 @@ if [[ ${#missing_kube[@]} -eq 0 && ${#missing_etcd[@]} -eq 0 && ${#missing_kstat
 fi
 
 mkdir -p "$out"
-# Two builders (CI and a pytest fixture, or two pytest workers) must not race.
+# Two builders (CI and a pytest fixture, `metis-dev cluster up`, two pytest workers) must not race.
 exec 9>"$out/.build.lock"
 if ! flock -n 9; then
   log "another build holds $out/.build.lock; waiting for it"
@@ -79,7 +79,7 @@ fi
 
 GO="${GO:-go}"
 command -v "$GO" >/dev/null 2>&1 \
-  || die "Go is not installed (needed once to build the test control plane into $out)"
+  || die "Go is not installed (needed once to build the local control plane into $out)"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
 go_version="$("$GO" env GOVERSION)" || die "\"$GO env GOVERSION\" failed; is Go >= 1.24 installed?"
 log "building into $out with $go_version (kubernetes $kube_version, etcd $etcd_version)"

@@ -1,4 +1,4 @@
-// Wrapper module that builds etcd for tests/kube (see tests/kube/build.sh).
+// Wrapper module that builds etcd for metis_dev (see metis_dev/build.sh).
 // go.etcd.io/etcd/server/v3 is etcd's main package; `go install ...@v3.6.x`
 // is refused because its go.mod has replace directives, a wrapper is not.
 // Kept apart from kube-bin so etcd's dependencies cannot move Kubernetes' pins.

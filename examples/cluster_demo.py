@@ -1,0 +1,318 @@
+"""`make demo`: Metis' main job on a local Kubernetes cluster.
+
+`metis-dev cluster up` (etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+a stand-in kubelet that runs indexer pods as local processes), `kubectl apply -k
+manifests/`, the operator as a local process with the cluster's kubeconfig, `metis models`
+behind the Services the handbook example names, `kubectl apply -f` of the example; then
+each state of the base as it changes, an excerpt of `kubectl describe kb`, three cited
+questions through the base's address and, when `metis console` exists, the console's URL.
+`DEMO_KEEP=1` keeps everything running until Ctrl-C. Nothing leaves this machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import yaml
+from kubernetes import client, config, watch
+
+from metis_dev.build import assets_dir
+from metis_dev.kubelet import drive, metis
+from metis_dev.process import Process, free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+HANDBOOK = ROOT / "examples" / "handbook"
+EXAMPLE = ROOT / "manifests" / "examples" / "handbook.yaml"
+NAMESPACE = "demo"
+BASE = "handbook"
+QUESTIONS = [
+    ("How many holidays do I get?", []),
+    ("Xid 79", ["--mode", "keyword"]),
+    ("How much can a hotel night cost?", ["--kind", "pdf"]),
+]
+BIN = Path(sys.executable).parent
+LOOPBACK = "http://127.0.0.1:{port}"
+"""How the operator and the console reach a Service here: a Service is a loopback port."""
+
+
+def say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.rstrip().splitlines())
+
+
+class Demo:
+    """The demo's folder, its kubectl, and the processes it started."""
+
+    def __init__(self, work: Path, stack: contextlib.ExitStack) -> None:
+        self.work = work
+        self.stack = stack
+        self.kubeconfig = work / "cluster" / "kubeconfig"
+        self.kubectl_path = assets_dir() / "kubectl"
+
+    def start(self, process: Process, grace: float = 10.0, sig: int = signal.SIGTERM) -> Process:
+        """Start `process`; it is stopped when the demo ends, last started first."""
+        self.stack.callback(process.stop, grace, sig)
+        return process.start()
+
+    def kubectl(self, *args: str, show: bool = True, note: str = "") -> str:
+        """Run kubectl against the local cluster; print the command and its output."""
+        if show:
+            shown = " ".join(args).replace(f"{ROOT}/", "")
+            say(f"$ kubectl {shown}" + (f"   # {note}" if note else ""))
+        out = subprocess.run(
+            [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise SystemExit(f"kubectl {' '.join(args)} failed:\n{out.stderr}")
+        if show and out.stdout.strip():
+            say(indent(out.stdout))
+        return out.stdout
+
+    def apply(self, name: str, objects: list[dict[str, Any]], note: str) -> None:
+        path = self.work / name
+        path.write_text(yaml.safe_dump_all(objects, sort_keys=False))
+        self.kubectl("apply", "-f", str(path), note=note)
+
+
+def follow(log: Path, offset: int) -> int:
+    """Print what `log` gained since `offset`, indented; the new offset."""
+    with contextlib.suppress(OSError), log.open("rb") as f:
+        f.seek(offset)
+        data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        for line in complete.decode(errors="replace").splitlines():
+            if not line.startswith("$ "):
+                say(f"  {line}")
+        return offset + len(complete)
+    return offset
+
+
+def cluster_up(demo: Demo) -> Process:
+    say(f"$ metis-dev cluster up --dir {demo.work / 'cluster'}")
+    say("  (the first run on a machine builds the Kubernetes binaries from Go modules: "
+        "minutes; later runs reuse them)")  # fmt: skip
+    log = demo.work / "cluster-up.log"
+    cluster = demo.start(
+        Process("metis-dev", [str(BIN / "metis-dev"), "cluster", "up", "--dir",
+                              str(demo.work / "cluster")], log),
+        grace=60, sig=signal.SIGINT,
+    )  # fmt: skip
+    offset = 0
+
+    def up() -> bool:
+        nonlocal offset
+        offset = follow(log, offset)
+        return demo.kubeconfig.exists()
+
+    wait_for(up, timeout=3600, what="metis-dev cluster up", alive=cluster.check_alive)
+    follow(log, offset)
+    return cluster
+
+
+def install(demo: Demo) -> None:
+    demo.kubectl("apply", "-k", f"{ROOT}/manifests/")
+    demo.kubectl("-n", "metis-system", "scale", "deployment", "metis-operator", "--replicas=0",
+                 note="the operator runs below as a local process, not as this Deployment")
+    demo.kubectl("wait", "--for=condition=Established",
+                 "crd/knowledgebases.metis.astraeus.io", "--timeout=60s")  # fmt: skip
+
+
+def model_services(demo: Demo) -> None:
+    port = free_port()
+    say(f"$ metis models --port {port}   # all-MiniLM-L6-v2 on this machine, for both "
+        "model Services")  # fmt: skip
+    models = demo.start(Process("metis models", metis("models", "--port", str(port)),
+                                demo.work / "models.log"))  # fmt: skip
+    wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200,
+             timeout=120, what="metis models", alive=models.check_alive)  # fmt: skip
+    services = [
+        {"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": name, "namespace": NAMESPACE},
+         "spec": {"ports": [{"name": "http", "port": port}]}}
+        for name in ("bge-m3", "bge-reranker")
+    ]  # fmt: skip
+    demo.apply("services.yaml", services,
+               f"Services bge-m3 and bge-reranker: 127.0.0.1:{port} here")  # fmt: skip
+
+
+def drives(demo: Demo) -> None:
+    """The example's two drives as hostPath volumes: `docs` holding `handbook/`, and
+    `runbooks`."""
+    docs, runbooks = demo.work / "drives" / "docs", demo.work / "drives" / "runbooks"
+    shutil.copytree(HANDBOOK, docs / "handbook",
+                    ignore=shutil.ignore_patterns("runbooks", ".metis"))  # fmt: skip
+    shutil.copytree(HANDBOOK / "runbooks", runbooks)
+    objects = drive(NAMESPACE, "docs", docs) + drive(NAMESPACE, "runbooks", runbooks)
+    demo.apply("drives.yaml", objects, f"PVCs docs and runbooks on folders under {docs.parent}")
+
+
+def operator(demo: Demo, indexer_port: int) -> None:
+    env = {
+        "KUBECONFIG": str(demo.kubeconfig),
+        "METIS_URL_TEMPLATE": LOOPBACK,
+        "METIS_INDEXER_PORT": str(indexer_port),
+        "METIS_POLL_SECONDS": "1",
+        "METIS_LEADER_ELECTION": "false",
+        "METIS_METRICS_PORT": str(free_port()),
+        "METIS_HEALTH_PORT": str(free_port()),
+    }
+    shown = " ".join(f"{k}={v}" for k, v in env.items() if k != "KUBECONFIG")
+    say(f"$ KUBECONFIG={demo.kubeconfig} {shown} metis-operator")
+    op = demo.start(Process("metis-operator", [str(BIN / "metis-operator")],
+                            demo.work / "operator.log", env=env))  # fmt: skip
+    health = f"http://127.0.0.1:{env['METIS_HEALTH_PORT']}/healthz"
+    wait_for(lambda: httpx.get(health).status_code == 200, timeout=60,
+             what="the operator's /healthz", alive=op.check_alive)  # fmt: skip
+
+
+def watch_states(demo: Demo, timeout: float = 300) -> None:
+    """One line each time the base's state changes, until Ready (the kubernetes
+    client's watch sees every status the operator writes)."""
+    say(f"$ kubectl get kb -n {NAMESPACE} --watch   # a line each time the state changes")
+    row = "{:<10} {:<10} {:>9} {:>6}  {:<10} {}"
+    say(indent(row.format("NAME", "STATE", "DOCUMENTS", "CHUNKS", "PROGRESS", "REASON")))
+    started, last = time.monotonic(), None
+    api = client.CustomObjectsApi(config.new_client_from_config(str(demo.kubeconfig)))
+    stream = watch.Watch().stream(
+        api.list_namespaced_custom_object, "metis.astraeus.io", "v1", NAMESPACE,
+        "knowledgebases", field_selector=f"metadata.name={BASE}", timeout_seconds=int(timeout),
+    )  # fmt: skip
+    for event in stream:
+        status = event["object"].get("status") or {}
+        state = status.get("state")
+        if state and state != last:
+            index = (status.get("observed") or {}).get("index") or {}
+            say(indent(row.format(BASE, state, index.get("documents", ""),
+                                  index.get("chunks", ""), status.get("progress", ""),
+                                  status.get("reason", ""))
+                       + f"   +{time.monotonic() - started:.1f} s"))  # fmt: skip
+            last = state
+        if state == "Ready":
+            return
+    raise SystemExit(f"kb/{BASE} not Ready after {timeout:.0f} s (last state: {last})")
+
+
+def excerpt(text: str) -> list[str]:
+    """Of `kubectl describe`: the name, the status without its conditions (the Events
+    say the same in order), and the Events."""
+    keep, skip_below, lines = False, -1, []
+    for line in text.splitlines():
+        depth = len(line) - len(line.lstrip())
+        if depth == 0:
+            keep = line.startswith(("Name:", "Namespace:", "Status:", "Events:"))
+        if 0 <= skip_below < depth:
+            continue
+        skip_below = depth if line.strip() == "Conditions:" else -1
+        if keep and skip_below < 0:
+            lines.append(line)
+    return lines
+
+
+def describe(demo: Demo) -> None:
+    text = demo.kubectl("describe", "kb", BASE, "-n", NAMESPACE, show=False)
+    say(f"$ kubectl describe kb {BASE} -n {NAMESPACE}   # excerpt: no conditions, no spec")
+    say(indent("\n".join(excerpt(text))))
+
+
+def ask(demo: Demo) -> None:
+    address = demo.kubectl("get", "kb", BASE, "-n", NAMESPACE, "-o",
+                           "jsonpath={.status.observed.address}", show=False)  # fmt: skip
+    url = f"http://127.0.0.1:{urlsplit(address).port}"
+    say(f"the base's address is {address}; here a Service is a loopback port: {url}")
+    for question, flags in QUESTIONS:
+        say(f"$ metis search {question!r} --url {url} --top-k 2 {' '.join(flags)}".rstrip())
+        out = subprocess.run(metis("search", question, "--url", url, "--top-k", "2", *flags),
+                             capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+        say(indent(out.stdout))
+
+
+def console(demo: Demo) -> str | None:
+    """`metis console` as a local process, when this Metis has it; its URL."""
+    has = subprocess.run(metis("console", "--help"), capture_output=True, check=False)
+    if has.returncode != 0:
+        return None
+    port = free_port()
+    args = ["console", "--kubeconfig", str(demo.kubeconfig), "--host", "127.0.0.1",
+            "--port", str(port), "--url-template", LOOPBACK]  # fmt: skip
+    say(f"$ metis {' '.join(args)}")
+    proc = demo.start(Process("metis console", metis(*args), demo.work / "console.log"))
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_for(lambda: httpx.get(url).status_code == 200, timeout=60, what="the console",
+                 alive=proc.check_alive)  # fmt: skip
+    except Exception as e:  # the demo's main job is done; say why there is no console
+        say(indent(f"the console did not start: {e}"))
+        return None
+    return url
+
+
+def wait_for_interrupt() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    stop.wait()
+
+
+@contextlib.contextmanager
+def workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="metis-demo-") as tmp:
+        yield Path(tmp)
+
+
+def main() -> None:
+    started = time.monotonic()
+    say("Metis' main job on a local Kubernetes cluster. Pods run as local processes: there "
+        "is no container runtime here.\n")  # fmt: skip
+    with workdir() as work, contextlib.ExitStack() as stack:
+        demo = Demo(work, stack)
+        cluster_up(demo)
+        install(demo)
+        demo.kubectl("create", "namespace", NAMESPACE)
+        demo.kubectl("label", "node", "metis-local", "pool=cpu",
+                     note="handbook.yaml places its indexer on pool=cpu")  # fmt: skip
+        model_services(demo)
+        drives(demo)
+        operator(demo, indexer_port=free_port())
+        applied = time.monotonic()
+        demo.kubectl("apply", "-n", NAMESPACE, "-f", str(EXAMPLE))
+        watch_states(demo)
+        ready = time.monotonic() - applied
+        demo.kubectl("get", "kb", "-n", NAMESPACE)
+        describe(demo)
+        ask(demo)
+        url = console(demo)
+        if url:
+            say(f"console: {url}")
+        else:
+            say("(no console: this Metis has no `metis console`)")
+        say(f"\nReady {ready:.1f} s after kubectl apply; {time.monotonic() - started:.1f} s "
+            "since the start of the demo")  # fmt: skip
+        keep = os.environ.get("DEMO_KEEP") == "1"
+        if keep:
+            say(f"DEMO_KEEP=1: everything keeps running; export KUBECONFIG={demo.kubeconfig}, "
+                f"kubectl is {demo.kubectl_path}. Ctrl-C stops it all.")  # fmt: skip
+            wait_for_interrupt()
+        say("stopping " + ("the console, " if url else "") + "the operator, metis models "
+            "and the cluster")
+    say("stopped" if keep else f"stopped; the whole demo took {time.monotonic() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,408 @@
+"""`kubectl metis`: knowledge bases from where their users already are (issue 14).
+
+kubectl runs any `kubectl-<name>` on PATH as `kubectl <name>`, so the console script
+`kubectl-metis` is the plugin. It reads the user's kubeconfig and context, like kubectl:
+
+    kubectl metis status [BASE] [-n NS | -A]     a summary of one base, or a table of them
+    kubectl metis search BASE "question" [--mode keyword] [--top-k 3]
+    kubectl metis documents BASE --failed
+    kubectl metis reindex BASE [--full]          the reindex annotation, as README shows
+    kubectl metis evaluate BASE [--k 10]         the evaluate annotation
+
+Searches and document lists go through the API server's service proxy to the base's
+Service, so no port-forward is needed: a user who may `get services/proxy` in the
+namespace may ask. Rendering is pure (plain dicts in, text out); the edges are the
+kubernetes client and the proxy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from metis_indexer import cli as indexer_cli
+from metis_indexer import schema
+
+GROUP = "metis.astraeus.io"
+VERSION = "v1"
+PLURAL = "knowledgebases"
+REINDEX = f"{GROUP}/reindex"
+EVALUATE = f"{GROUP}/evaluate"
+EVENTS_SHOWN = 8
+"""The most recent Events `status` prints: enough to see the last state changes."""
+
+
+class PluginError(Exception):
+    """What the user must fix, said as one sentence naming what is missing."""
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def age(stamp: str | None, now: dt.datetime) -> str:
+    """kubectl's short age: `42s`, `7m`, `3h`, `2d`; `-` without a time."""
+    if not stamp:
+        return "-"
+    then = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    seconds = max(0, int((now - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded as kubectl pads them (three spaces between)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def render_list(bases: Sequence[Mapping[str, Any]], now: dt.datetime, *, all_ns: bool) -> str:
+    """`status` without a base: one line a base, as `kubectl get kb` with the reason."""
+    if not bases:
+        return "No knowledge bases found."
+    head = ["NAMESPACE"] if all_ns else []
+    rows = [[*head, "NAME", "STATE", "DOCUMENTS", "CHUNKS", "FAILED", "PROGRESS", "AGE", "REASON"]]
+    for b in bases:
+        meta, st = b["metadata"], b.get("status") or {}
+        ix = (st.get("observed") or {}).get("index") or {}
+        ns = [meta["namespace"]] if all_ns else []
+        rows.append([*ns, meta["name"], st.get("state", "-"), str(ix.get("documents", "-")),
+                     str(ix.get("chunks", "-")), str(ix.get("failed", "-")),
+                     st.get("progress", "-"), age(meta.get("creationTimestamp"), now),
+                     st.get("reason", "")])  # fmt: skip
+    return table(rows)
+
+
+def render_status(
+    base: Mapping[str, Any], events: Sequence[Mapping[str, Any]], now: dt.datetime
+) -> str:
+    """A CloudNativePG-style summary of one base: what it is, how far it got, why."""
+    meta, spec, st = base["metadata"], base.get("spec") or {}, base.get("status") or {}
+    observed = st.get("observed") or {}
+    ix = observed.get("index") or {}
+    embedding = (spec.get("embedding") or {}).get("deployment", "-")
+    reranker = (spec.get("reranker") or {}).get("deployment")
+    lines = [
+        f"Knowledge base:  {meta['namespace']}/{meta['name']}",
+        f"State:           {st.get('state', 'unknown (not reconciled yet)')}",
+    ]
+    if st.get("reason"):
+        lines.append(f"Reason:          {st['reason']}")
+    lines += [
+        f"Drives:          {', '.join(spec.get('drives') or []) or '-'}",
+        f"Embedding:       {embedding}" + (f" · reranker {reranker}" if reranker else ""),
+        f"Generation:      {meta.get('generation', '-')} "
+        f"(observed {st.get('observedGeneration', '-')})",
+        f"Address:         {observed.get('address', '-')}",
+        f"Machine:         {observed.get('machine', '-')}",
+        "",
+        "Index",
+        f"  Phase:         {ix.get('phase', '-')}",
+        f"  Documents:     {ix.get('documents', '-')} ({ix.get('failed', 0)} failed)",
+        f"  Chunks:        {ix.get('chunks', '-')}",
+    ]
+    total, done = ix.get("pass_total"), ix.get("pass_done")
+    if total:
+        lines.append(f"  Pass:          {done}/{total} documents ({100 * (done or 0) // total} %)")
+    lines.append(f"  Last indexed:  {ix.get('last_indexed_at', 'never')}")
+    warnings = observed.get("warnings") or []
+    if warnings:
+        lines += ["", "Warnings", *(f"  - {w}" for w in warnings)]
+    evaluation = st.get("evaluation")
+    lines += ["", "Last evaluation"]
+    if evaluation:
+        lines.append(
+            f"  recall@{evaluation['k']} {evaluation['recall_at_k']:.3f} · MRR "
+            f"{evaluation['mrr']:.3f} over {evaluation['cases']} questions "
+            f"({age(evaluation.get('at'), now)} ago)"
+        )
+    else:
+        lines.append(f"  none (kubectl metis evaluate {meta['name']})")
+    conditions = st.get("conditions") or []
+    if conditions:
+        rows = [["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"]]
+        rows += [[c["type"], c["status"], c.get("reason", ""),
+                  age(c.get("lastTransitionTime"), now), c.get("message", "")]
+                 for c in conditions]  # fmt: skip
+        lines += ["", "Conditions", _indent(table(rows))]
+    lines += ["", "Events"]
+    if events:
+        recent = sorted(events, key=_event_time)[-EVENTS_SHOWN:]
+        rows = [["AGE", "TYPE", "REASON", "MESSAGE"]]
+        rows += [[age(_event_time(e), now), e.get("type", ""), e.get("reason", ""),
+                  e.get("message", "")] for e in recent]  # fmt: skip
+        lines.append(_indent(table(rows)))
+    else:
+        lines.append("  none")
+    return "\n".join(lines)
+
+
+def _event_time(event: Mapping[str, Any]) -> str:
+    return str(
+        event.get("lastTimestamp")
+        or event.get("eventTime")
+        or (event.get("metadata") or {}).get("creationTimestamp")
+        or ""
+    )
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def render_documents(page: schema.DocumentsPage) -> str:
+    """Documents with their state and, for a failed one, why: one a line."""
+    if not page.documents:
+        return "No documents."
+    rows = [["SOURCE", "DOCUMENT", "KIND", "STATE", "WHY"]]
+    for d in page.documents:
+        why = ": ".join(p for p in (d.reason, d.detail) if p)
+        rows.append([d.source, d.document, d.kind, d.state, why])
+    shown = f"{len(page.documents)} of {page.total}"
+    return table(rows) + (f"\n({shown} shown)" if len(page.documents) < page.total else "")
+
+
+def reindex_value(full: bool, stamp: int) -> str:
+    """The annotation's value: a new one each time (the operator acts on a change)."""
+    return f"full {stamp}" if full else str(stamp)
+
+
+def evaluate_value(k: int, stamp: int) -> str:
+    return f"k={k} {stamp}"
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+class Cluster:
+    """The API server as the user's kubeconfig reaches it."""
+
+    def __init__(self, kubeconfig: str | None, context: str | None) -> None:
+        try:
+            self.api = config.new_client_from_config(config_file=kubeconfig, context=context)
+            _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+        except (ConfigException, OSError) as e:
+            raise PluginError(f"no usable kubeconfig: {e}") from None
+        if context:
+            contexts, _ = config.list_kube_config_contexts(config_file=kubeconfig)
+            active = next((c for c in contexts if c["name"] == context), active)
+        self.default_namespace = (active.get("context") or {}).get("namespace") or "default"
+        self.custom = client.CustomObjectsApi(self.api)
+        self.core = client.CoreV1Api(self.api)
+
+    def base(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            found = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name
+            )
+        except ApiException as e:
+            raise _refusal(e, f'no knowledge base "{name}" in namespace "{namespace}"') from None
+        return dict(found)
+
+    def bases(self, namespace: str | None) -> list[dict[str, Any]]:
+        try:
+            if namespace is None:
+                found = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            else:
+                found = self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL
+                )
+        except ApiException as e:
+            raise _refusal(e, "the KnowledgeBase resource is not installed (kubectl apply -k "
+                           "crds/)") from None  # fmt: skip
+        return sorted(found["items"], key=lambda b: (b["metadata"]["namespace"],
+                                                     b["metadata"]["name"]))  # fmt: skip
+
+    def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        path = f"/api/v1/namespaces/{namespace}/events"
+        query = [("fieldSelector", f"involvedObject.name={name},involvedObject.kind=KnowledgeBase")]
+        status, data = self.request("GET", path, query=query)
+        if status == 403:
+            return []  # a user who may not read Events still gets the rest
+        if status >= 400:
+            raise PluginError(f"cannot list the Events of {name}: {_api_message(data, status)}")
+        return list(data.get("items") or [])
+
+    def annotate(self, namespace: str, name: str, key: str, value: str) -> None:
+        self.base(namespace, name)  # names a missing base before a patch would
+        try:
+            self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name,
+                {"metadata": {"annotations": {key: value}}},
+            )  # fmt: skip
+        except ApiException as e:
+            raise _refusal(e, f'no knowledge base "{name}" in namespace "{namespace}"') from None
+
+    def indexer(
+        self,
+        base: Mapping[str, Any],
+        method: str,
+        route: str,
+        body: Mapping[str, Any] | None = None,
+        query: Sequence[tuple[str, Any]] = (),
+    ) -> Any:
+        """`route` of the base's indexer, through the API server's service proxy."""
+        ns, name = base["metadata"]["namespace"], base["metadata"]["name"]
+        path = f"/api/v1/namespaces/{ns}/services/http:metis-{name}:http/proxy{route}"
+        status, data = self.request(method, path, body=body, query=query)
+        if status < 400:
+            return data
+        error = data.get("error") if isinstance(data, dict) else None
+        if isinstance(error, dict):  # the indexer's own answer
+            raise PluginError(f"{name}: {error.get('code')}: {error.get('message')}")
+        if status == 403:
+            raise PluginError(f"not allowed: {_api_message(data, status)}")
+        st = base.get("status") or {}
+        raise PluginError(
+            f"knowledge base {name} is not ready: it is {st.get('state', 'not reconciled yet')}"
+            + (f" ({st['reason']})" if st.get("reason") else "")
+            + f"; the API server's proxy said: {_api_message(data, status)}"
+        )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        query: Sequence[tuple[str, Any]] = (),
+    ) -> tuple[int, Any]:
+        """One call with the kubeconfig's credentials: (status, parsed JSON or text)."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        params = self.api.param_serialize(
+            method=method, resource_path=path, query_params=list(query), header_params=headers,
+            body=dict(body) if body is not None else None, auth_settings=["BearerToken"],
+        )  # fmt: skip
+        try:
+            answer = self.api.call_api(*params, _request_timeout=130)
+            answer.read()
+        except ApiException as e:
+            return int(e.status or 500), _parse(e.body)
+        except OSError as e:
+            raise PluginError(f"cannot reach the API server: {e}") from None
+        return answer.status, _parse(answer.data)
+
+
+def _parse(raw: bytes | str | None) -> Any:
+    try:
+        return json.loads(raw or b"null")
+    except ValueError:
+        return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+
+
+def _api_message(data: Any, status: int) -> str:
+    if isinstance(data, dict) and data.get("message"):
+        return str(data["message"])
+    return f"HTTP {status}" + (f": {str(data).strip()[:200]}" if data else "")
+
+
+def _refusal(e: ApiException, missing: str) -> PluginError:
+    data = _parse(e.body)
+    if e.status == 404:
+        return PluginError(missing)
+    if e.status in (401, 403):
+        return PluginError(f"not allowed: {_api_message(data, e.status)}")
+    return PluginError(_api_message(data, int(e.status or 500)))
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _common(suppress: bool) -> argparse.ArgumentParser:
+    """kubectl's flags, accepted before and after the command. After it they default to
+    SUPPRESS, or a subcommand's defaults would undo `kubectl metis -n ns status`."""
+    default: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    c = argparse.ArgumentParser(add_help=False)
+    c.add_argument("-n", "--namespace", help="the namespace (default: the context's)", **default)
+    c.add_argument("-A", "--all-namespaces", action="store_true",
+                   help="every namespace (status without a base)", **default)
+    c.add_argument("--context", help="the kubeconfig context to use", **default)
+    c.add_argument("--kubeconfig", help="the kubeconfig file (default: $KUBECONFIG)", **default)
+    return c  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common(suppress=True)
+    p = argparse.ArgumentParser(prog="kubectl metis", parents=[_common(suppress=False)],
+                                description="Metis knowledge bases from kubectl")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("status", parents=[common], help="a base's state, index and evaluation")
+    s.add_argument("base", nargs="?")
+    q = sub.add_parser("search", parents=[common], help="ask a base a question")
+    q.add_argument("base")
+    q.add_argument("question")
+    q.add_argument("--mode", choices=["hybrid", "dense", "keyword"], default="hybrid")
+    q.add_argument("--top-k", type=int, default=5)
+    q.add_argument("--no-rerank", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the answer as JSON")
+    d = sub.add_parser("documents", parents=[common], help="a base's documents")
+    d.add_argument("base")
+    d.add_argument("--failed", action="store_true", help="only those that failed, with why")
+    r = sub.add_parser("reindex", parents=[common], help="ask a base for a pass now")
+    r.add_argument("base")
+    r.add_argument("--full", action="store_true", help="read every document again")
+    e = sub.add_parser("evaluate", parents=[common], help="run a base's evaluation set")
+    e.add_argument("base")
+    e.add_argument("--k", type=int, default=10)
+    return p  # fmt: skip
+
+
+def run(args: argparse.Namespace, now: dt.datetime) -> str:
+    cluster = Cluster(args.kubeconfig, args.context)
+    ns = args.namespace or cluster.default_namespace
+    if args.command == "status":
+        if args.base is None:
+            everywhere = args.all_namespaces
+            return render_list(cluster.bases(None if everywhere else ns), now, all_ns=everywhere)
+        return render_status(cluster.base(ns, args.base), cluster.events(ns, args.base), now)
+    if args.command in ("reindex", "evaluate"):
+        stamp = int(now.timestamp())
+        if args.command == "reindex":
+            key, value = REINDEX, reindex_value(args.full, stamp)
+        else:
+            key, value = EVALUATE, evaluate_value(args.k, stamp)
+        cluster.annotate(ns, args.base, key, value)
+        return f"knowledgebase.{GROUP}/{args.base} annotated {key}={value}"
+    base = cluster.base(ns, args.base)
+    if args.command == "documents":
+        query = [("page_size", schema.PAGE_SIZE_MAX)]
+        query += [("state", "failed")] if args.failed else []
+        page = cluster.indexer(base, "GET", "/v1/documents", query=query)
+        return render_documents(schema.DocumentsPage.model_validate(page))
+    request = schema.SearchRequest(query=args.question, top_k=args.top_k, mode=args.mode,
+                                   rerank=False if args.no_rerank else None)  # fmt: skip
+    answer = cluster.indexer(base, "POST", "/v1/search", request.model_dump(exclude_none=True))
+    if args.json:
+        return json.dumps(answer, indent=2, ensure_ascii=False)
+    indexer_cli.print_answer(schema.SearchAnswer.model_validate(answer).model_dump(exclude_none=True))
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        out = run(args, dt.datetime.fromtimestamp(time.time(), dt.UTC))
+    except PluginError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if out:
+        print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""`make demo` end to end: a local cluster, the operator, the handbook example through
+its states to Ready, three cited answers; then nothing of it left running."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from examples.cluster_demo import excerpt
+
+ROOT = Path(__file__).resolve().parents[2]
+STATES = ["Pending", "Starting", "Indexing", "Ready"]
+
+
+def running_with(marker: str) -> list[str]:
+    """Command lines of live processes that mention `marker`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in text:
+            found.append(text)
+    return found
+
+
+def test_make_demo_shows_the_main_job_and_stops_everything(kube_binaries: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "cluster_demo.py")],
+        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    text = out.stdout
+    assert "Pods run as local processes: there is no container runtime here" in text
+
+    # Each state once, in the lifecycle's order, from Pending to Ready (a pass of six
+    # documents may end between two looks, so Indexing alone may go unseen).
+    seen = re.findall(r"^  handbook   (\w+) ", text.split("--watch")[1], re.MULTILINE)
+    seen = seen[: seen.index("Ready") + 1]
+    assert seen == [s for s in STATES if s in seen] and seen[0] == "Pending", seen
+    assert "Starting" in seen
+
+    assert "State:                Ready" in text  # the describe excerpt
+    assert "Normal  Ready" in text  # its Events
+    for citation in ("docs/handbook/policies/leave.md, line 12",
+                     "runbooks/gpu-errors.txt, line 1",
+                     "docs/handbook/travel.pdf, page 2"):  # fmt: skip
+        assert citation in text, text[-3000:]
+    assert re.search(r"meaning [\d.]+ \(#1\) · words [\d.]+ \(#\d+\) · fused", text)
+
+    console = subprocess.run([sys.executable, "-m", "metis_indexer.cli", "console", "--help"],
+                             capture_output=True, check=False)  # fmt: skip
+    if console.returncode == 0:
+        assert re.search(r"^console: http://127\.0\.0\.1:\d+/$", text, re.MULTILINE), text[-2000:]
+    else:
+        assert "(no console: this Metis has no `metis console`)" in text
+
+    work = re.search(r"cluster up --dir (/\S+)/cluster", text)
+    assert work is not None
+    assert text.rstrip().splitlines()[-1].startswith("stopped")
+    assert running_with(work.group(1)) == []
+    assert not Path(work.group(1)).exists()
+
+
+def test_the_describe_excerpt_drops_spec_and_conditions() -> None:
+    described = "\n".join([
+        "Name:         handbook",
+        "Spec:",
+        "  Sources:",
+        "    Drive:  docs",
+        "Status:",
+        "  Conditions:",
+        "    Type:   Ready",
+        "  Observed:",
+        "    Machine:  metis-local",
+        "  State:  Ready",
+        "Events:",
+        "  Normal  Ready  0s  metis-operator  everything is indexed",
+    ])  # fmt: skip
+    assert excerpt(described) == [
+        "Name:         handbook",
+        "Status:",
+        "  Observed:",
+        "    Machine:  metis-local",
+        "  State:  Ready",
+        "Events:",
+        "  Normal  Ready  0s  metis-operator  everything is indexed",
+    ]
