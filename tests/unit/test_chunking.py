@@ -409,11 +409,11 @@ def test_blank_sections_give_no_chunks() -> None:
     assert [(c.section, c.page, c.text) for c in chunk_document(doc)] == [(2, 3, "x")]
 
 
-@pytest.mark.parametrize("shift", range(5))
+@pytest.mark.parametrize("shift", range(4))
 def test_the_defaults_are_1200_and_200(shift: int) -> None:
-    # Words every 5 characters: one of the five shifts puts a word start at exactly
-    # `end - 200`, where an overlap of 201 would start one word earlier.
-    text = ("abcd " * 800)[shift:]
+    # Words of one to five letters: shifted by 1 to 3, a word starts at exactly `end - 200`
+    # of some chunk, where an overlap of 201 would start one word earlier.
+    text = ("a bb ccc dddd eeeee " * 400)[shift:]
     assert chunk_text(text) == reference_spans(text, 1200, 200)
     doc = Document(title=None, kind=Kind.TXT, sections=(Section((), text),))
     assert [(c.start, c.start + len(c.text)) for c in chunk_document(doc)] == chunk_text(text)
@@ -532,6 +532,21 @@ def test_a_cut_sentence_of_at_most_size_is_taken_whole(
     text = "a" * 60 + ". " + words_sentence(length) + " " + "tail words " * 30
     spans = chunk_text(text, 200, 50)
     assert spans[:2] == [(0, 199), second]
+
+
+@pytest.mark.parametrize(
+    ("length", "spans"),
+    [(199, [(0, 199)]), (200, [(0, 200)]), (201, [(0, 200), (200, 201)])],
+)
+def test_a_text_of_exactly_the_size_is_one_chunk(length: int, spans: list[tuple[int, int]]) -> None:
+    assert chunk_text("x" * length, 200, 50) == spans
+
+
+def test_a_cut_sentence_may_end_at_a_paragraph_end() -> None:
+    # The sentence from 62 has no full stop: a blank line ends it at 251, 189 characters on,
+    # so it fits and the next chunk takes it whole.
+    text = "a" * 60 + ". " + ("lorem " * 40)[:189] + "\n\n" + "tail words " * 30
+    assert chunk_text(text, 200, 50)[:2] == [(0, 199), (62, 251)]
 
 
 def test_a_full_stop_that_opens_the_text_ends_a_sentence() -> None:
