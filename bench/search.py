@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from metis_indexer import tokens
 from metis_indexer.documents import Chunk
-from metis_indexer.index import Index, Settings
+from metis_indexer.index import tokens
+from metis_indexer.index.memory import Index, Settings
+from metis_indexer.index.store import FileRecord
 from metis_indexer.schema import SearchRequest
-from metis_indexer.search import Models, leg_size, rank, search, top
-from metis_indexer.store import FileRecord
+from metis_indexer.search.hybrid import Models, leg_size, rank, search, top
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PERF = SHARED / "data" / "perf"
@@ -91,7 +91,7 @@ LOADER = """
 import resource, sys, time, json
 from collections.abc import Callable
 from pathlib import Path
-from metis_indexer.index import Index
+from metis_indexer.index.memory import Index
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 def rss():
     for line in open('/proc/self/status'):

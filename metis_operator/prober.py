@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from metis_indexer import clients
+from metis_indexer.models import clients
 from metis_operator import probes
 from metis_operator.state import Model
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from metis_indexer import clients
 from metis_indexer.config import IndexerConfig
+from metis_indexer.models import clients
 from metis_operator import cache as cache_mod
 from metis_operator import children, kube, observe
 from metis_operator import spec as spec_mod

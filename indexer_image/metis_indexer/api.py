@@ -23,7 +23,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from metis_indexer.errors import ApiError, BadRequest, Conflict, Unauthorized
-from metis_indexer.evaluation import Evaluation
 from metis_indexer.schema import (
     DocumentsPage,
     DocumentsQuery,
@@ -40,6 +39,7 @@ from metis_indexer.schema import (
     parse_body,
     parse_query,
 )
+from metis_indexer.search.evaluation import Evaluation
 from metis_indexer.service import Indexer
 
 log = logging.getLogger("metis.api")

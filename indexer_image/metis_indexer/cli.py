@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.command == "models":
-        from metis_indexer.localmodel.server import main as models_main
+        from metis_indexer.models.localmodel.server import main as models_main
 
         return models_main(["--host", args.host, "--port", str(args.port)])
     if args.command == "serve":

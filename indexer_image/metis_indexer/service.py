@@ -34,24 +34,27 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import evaluation, readers, search, sources, store
-from metis_indexer.clients import (
+from metis_indexer.config import IndexerConfig
+from metis_indexer.documents import Chunk, FailReason, ReadFailed
+from metis_indexer.errors import BadRequest, Conflict, Unavailable
+from metis_indexer.index import store
+from metis_indexer.index.memory import Index, Settings
+from metis_indexer.index.store import FileRecord
+from metis_indexer.ingest import readers, sources
+from metis_indexer.ingest.readers.failures import detail
+from metis_indexer.ingest.readers.pool import ReaderPool
+from metis_indexer.ingest.writer import GroupWriter
+from metis_indexer.metrics import Metrics
+from metis_indexer.models.clients import (
     EmbeddingClient,
     ModelRefused,
     ModelUnavailable,
     RerankClient,
     Unencodable,
 )
-from metis_indexer.config import IndexerConfig
-from metis_indexer.documents import Chunk, FailReason, ReadFailed
-from metis_indexer.errors import BadRequest, Conflict, Unavailable
-from metis_indexer.index import Index, Settings
-from metis_indexer.metrics import Metrics
-from metis_indexer.readers.failures import detail
-from metis_indexer.readers.pool import ReaderPool
 from metis_indexer.schema import SearchAnswer, SearchRequest
-from metis_indexer.store import FileRecord
-from metis_indexer.writer import GroupWriter
+from metis_indexer.search import evaluation
+from metis_indexer.search import hybrid as search
 
 log = logging.getLogger("metis.indexer")
 

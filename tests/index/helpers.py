@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from metis_indexer.documents import Chunk
-from metis_indexer.index import Index, Settings
-from metis_indexer.store import FileRecord
+from metis_indexer.index.memory import Index, Settings
+from metis_indexer.index.store import FileRecord
 
 DIM = 8
 

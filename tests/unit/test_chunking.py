@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metis_indexer.chunking import chunk_document, chunk_text
 from metis_indexer.documents import Chunk, Document, Kind, Section
+from metis_indexer.ingest.chunking import chunk_document, chunk_text
 
 PROPERTY = settings(
     # `make mutation` runs these once per mutant and asks for fewer examples.
@@ -88,7 +88,7 @@ def sentence_around(spans: list[tuple[int, int]], position: int) -> tuple[int, i
 
 
 def reference_spans(text: str, size: int, overlap: int) -> list[tuple[int, int]]:
-    """The rules of `metis_indexer.chunking`, one character at a time."""
+    """The rules of `metis_indexer.ingest.chunking`, one character at a time."""
     n = len(text.rstrip())
     half = (size + 1) // 2
     paragraphs, ends, said = paragraph_ends(text), sentence_ends(text), sentences(text)

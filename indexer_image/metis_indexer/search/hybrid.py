@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import fusion, snippet, tokens
 from metis_indexer.errors import BadRequest, Unavailable
-from metis_indexer.index import Index, keyword_text
+from metis_indexer.index import tokens
+from metis_indexer.index.memory import Index, keyword_text
 from metis_indexer.schema import (
     Citation,
     Filters,
@@ -29,6 +29,7 @@ from metis_indexer.schema import (
     Took,
     check_search,
 )
+from metis_indexer.search import fusion, snippet
 
 CANDIDATES = 50
 """Each leg keeps this many, or 4 × top_k when that is more."""

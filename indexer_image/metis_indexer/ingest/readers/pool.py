@@ -40,9 +40,9 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from metis_indexer import chunking, readers
 from metis_indexer.documents import Chunk, Document, FailReason, Kind, ReadFailed
-from metis_indexer.readers.failures import detail
+from metis_indexer.ingest import chunking, readers
+from metis_indexer.ingest.readers.failures import detail
 
 T = TypeVar("T")
 

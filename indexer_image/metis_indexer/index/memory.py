@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import keyword, tokens
 from metis_indexer.documents import Chunk
-from metis_indexer.store import ChunkBatch, FileRecord, Store, StoredChunk, Written
+from metis_indexer.index import keyword, tokens
+from metis_indexer.index.store import ChunkBatch, FileRecord, Store, StoredChunk, Written
 
 
 @dataclasses.dataclass(slots=True)

@@ -23,7 +23,7 @@ import stat
 from pathlib import Path, PurePosixPath
 
 from metis_indexer.documents import Kind
-from metis_indexer.readers import kind_of
+from metis_indexer.ingest.readers import kind_of
 
 
 class SourceError(Exception):
