@@ -32,5 +32,5 @@ def axis(i: int, dim: int = DIM) -> np.ndarray:
 
 def new_index(folder, dim: int = DIM) -> Index:
     index = Index(folder)
-    index.reset(Settings("test-model", dim, 1200, 200))
+    index.adopt(Settings("test-model", dim, 1200, 200))
     return index

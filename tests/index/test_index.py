@@ -125,7 +125,7 @@ WRITER = textwrap.dedent(
     from metis_indexer.index.store import FileRecord
     index = Index(__import__("pathlib").Path(sys.argv[1]))
     if index.settings() is None:
-        index.reset(Settings("m", 8, 1200, 200))
+        index.adopt(Settings("m", 8, 1200, 200))
     index.load()
     print("ready", flush=True)
     i = 0

@@ -438,19 +438,3 @@ def test_arguments_out_of_range_are_refused(size: int, overlap: int, named: str)
 def test_limits_are_accepted() -> None:
     assert chunk_text("a b", 200, 99) == [(0, 3)]
     assert chunk_text("a b", 4000, 1999) == [(0, 3)]
-
-
-def test_embedding_text_puts_title_and_headings_in_front() -> None:
-    chunk = Chunk(
-        title="Handbook",
-        headings=("Leave policy", "Vacation"),
-        text="25 days a year.",
-        page=None,
-        line=3,
-        section=0,
-        start=0,
-    )
-    assert chunk.embedding_text == "Handbook > Leave policy > Vacation\n\n25 days a year."
-    untitled = Chunk(None, ("Vacation",), "25 days.", None, None, 0, 0)
-    assert untitled.embedding_text == "Vacation\n\n25 days."
-    assert Chunk(None, (), "25 days.", None, None, 0, 0).embedding_text == "25 days."
