@@ -141,7 +141,7 @@ class ReaderPool:
         self, path: Path, kind: Kind, size: int, overlap: int, root: Path | None = None
     ) -> Future[Done[list[Chunk]]]:
         """Reads and chunks `path` in a worker, so only chunks come back."""
-        chunking.chunk_text("", size, overlap)  # bad settings fail here, not per document
+        chunking.check(size, overlap)  # bad settings fail here, not per document
         return self._submit(path, kind, root, (size, overlap))
 
     async def read_chunks(
