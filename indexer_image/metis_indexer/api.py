@@ -1,7 +1,7 @@
 """The indexer's HTTP API (DESIGN.md, port 7700): thin handlers over `service.Indexer`.
 
-Bodies are parsed into pydantic models, and the service's answers are validated
-into them too, so the OpenAPI document (built from the same models) is what the
+Bodies are parsed into pydantic models, and the service answers in them too
+(schema.py), so the OpenAPI document (built from the same models) is what the
 API answers. Every domain error becomes `{"error": {"code", "message"}}` in one
 middleware. The routes that cost model time (reindex, evaluate) take the
 operator's token when one is set; one evaluation runs at a time.
@@ -154,13 +154,12 @@ def _observe(indexer: Indexer, req: SearchRequest, result: SearchAnswer) -> None
 
 
 async def status(request: web.Request) -> web.Response:
-    return answer(StatusAnswer.model_validate(request.app[indexer_key].status()))
+    return answer(request.app[indexer_key].status())
 
 
 async def documents(request: web.Request) -> web.Response:
     q = parse_query(DocumentsQuery, request.query)
-    page = request.app[indexer_key].documents(q.page, q.page_size, q.state)
-    return answer(DocumentsPage.model_validate(page))
+    return answer(request.app[indexer_key].documents(q.page, q.page_size, q.state))
 
 
 async def reindex(request: web.Request) -> web.Response:

@@ -19,7 +19,6 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +37,7 @@ from metis_indexer.models.clients import (
     ModelUnavailable,
     RerankClient,
 )
-from metis_indexer.schema import SearchAnswer, SearchRequest
+from metis_indexer.schema import DocumentsPage, SearchAnswer, SearchRequest, StatusAnswer
 from metis_indexer.search import evaluation
 from metis_indexer.search import hybrid as search
 
@@ -394,9 +393,9 @@ class Indexer:
             "failed": failed,
         }
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusAnswer:
         s = self.state
-        return {
+        return StatusAnswer.model_validate({
             "name": self.config.name,
             "phase": s.phase,
             "reason": s.reason,
@@ -415,7 +414,7 @@ class Indexer:
             "indexed_generation": s.indexed_generation,
             "last_pass": {"read": s.read, "unchanged": s.unchanged, "dropped": s.dropped},
             "warnings": [*s.problems, *self._notes],
-        }
+        })  # fmt: skip
 
     def empty_warning(self) -> str:
         if self.state.completed and not self.counts()["documents"]:
@@ -444,7 +443,7 @@ class Indexer:
             )
         return await search.search(self.index, req, self._models(), self.empty_warning())
 
-    def documents(self, page: int, page_size: int, state: str | None) -> dict[str, Any]:
+    def documents(self, page: int, page_size: int, state: str | None) -> DocumentsPage:
         if page < 1:
             raise BadRequest("INVALID_BODY", f"page is {page}; pages count from 1")
         if not 1 <= page_size <= 1000:
@@ -458,7 +457,7 @@ class Indexer:
         ]
         rows.sort(key=lambda r: (r.source, r.path))
         start = (page - 1) * page_size
-        return {
+        return DocumentsPage.model_validate({
             "documents": [
                 {
                     "source": r.source, "document": r.path, "kind": r.kind, "title": r.title,
@@ -470,7 +469,7 @@ class Indexer:
             "page": page,
             "page_size": page_size,
             "total": len(rows),
-        }
+        })  # fmt: skip
 
     async def evaluate(self, k: int) -> evaluation.Evaluation:
         drives = {s.drive: s.root for s in self.config.sources}
