@@ -139,12 +139,17 @@ async def _serve(cfg: IndexerConfig, config_path: Path | None) -> None:
     site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()
     print(f"metis: serving {cfg.name} on http://{cfg.host}:{cfg.port}", flush=True)
+    await _signalled()
+    await runner.cleanup()
+
+
+async def _signalled() -> None:
+    """Returns on SIGINT or SIGTERM: the app then stops its passes and its watcher."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()
 
 
 def _progress_bar(state: Any) -> None:
