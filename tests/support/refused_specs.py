@@ -64,7 +64,12 @@ TABLE = [
             OVERLAP, "spec.sources[0] and spec.sources[1] overlap"),
     Refused("chunk-199", "hb", spec(chunking={"size": 199}), "spec.chunking.size"),
     Refused("chunk-4001", "hb", spec(chunking={"size": 4001}), "spec.chunking.size"),
-    Refused("overlap-half", "hb", spec(chunking={"size": 400, "overlap": 200}),
+    Refused("overlap-half", "hb", spec(chunking={"size": 400, "overlap": 300}),
+            "spec.chunking.overlap (300) must be less than half of spec.chunking.size (400)"),
+    # The CRD cannot tell an overlap set to 200 from its default: only the operator can.
+    Refused("overlap-200-of-400", "hb", spec(chunking={"size": 400, "overlap": 200}),
+            "spec.chunking.overlap (200, its default when not set) must be less than half of "
+            "spec.chunking.size (400)",
             "spec.chunking.overlap (200) must be less than half of spec.chunking.size (400)"),
     Refused("overlap-default-size", "hb", spec(chunking={"overlap": 600}),
             "spec.chunking.overlap (600) must be less than half of spec.chunking.size (1200)"),
