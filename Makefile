@@ -69,8 +69,9 @@ clean:
 # over the pure cores, in a copy of the tree with both packages under src/ (where mutmut
 # looks for them), each module's mutants against the tests that reach them. Minutes a module.
 MUTATION := build/mutation
-MUTATE ?= metis_indexer.fusion metis_indexer.evaluation metis_indexer.snippet \
-	metis_indexer.keyword metis_indexer.chunking metis_operator.state metis_operator.status
+MUTATE ?= metis_indexer.search.fusion metis_indexer.search.evaluation \
+	metis_indexer.search.snippet \
+	metis_indexer.index.keyword metis_indexer.ingest.chunking metis_operator.state metis_operator.status
 
 .PHONY: mutation
 mutation: $(STAMP)

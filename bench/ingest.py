@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from metis_indexer import sources
 from metis_indexer.documents import Kind, ReadFailed
-from metis_indexer.readers.pool import ReaderPool
+from metis_indexer.ingest import sources
+from metis_indexer.ingest.readers.pool import ReaderPool
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "perf"
 TARGET_SECONDS = 90.0

@@ -26,8 +26,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.support, when run as a script
 
-from metis_indexer.localmodel import graph  # noqa: E402
-from metis_indexer.localmodel.encoder import (  # noqa: E402
+from metis_indexer.models.localmodel import graph  # noqa: E402
+from metis_indexer.models.localmodel.encoder import (  # noqa: E402
     DEFAULT_BATCH,
     Encoder,
     default_threads,
@@ -83,7 +83,7 @@ def encoder_peak_mb(batch: int, cache: Path, n: int = 64) -> float:
     code = (
         "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[3]);"
         "from bench.local_model import chunks;"
-        "from metis_indexer.localmodel.encoder import Encoder;"
+        "from metis_indexer.models.localmodel.encoder import Encoder;"
         "e = Encoder.load(cache_dir=Path(sys.argv[2]), batch_size=int(sys.argv[1]));"
         f"e.embed(chunks({n}));"
         "print([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])"

@@ -35,10 +35,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from metis_indexer import sources
 from metis_indexer.config import IndexerConfig
 from metis_indexer.documents import ReadFailed
-from metis_indexer.readers.pool import ReaderPool
+from metis_indexer.ingest import sources
+from metis_indexer.ingest.readers.pool import ReaderPool
 from metis_indexer.service import Indexer
 
 PEPS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "perf" / "python-peps"

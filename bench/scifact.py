@@ -36,11 +36,11 @@ from pathlib import Path
 
 import httpx
 
-from metis_indexer import search
 from metis_indexer.config import IndexerConfig
-from metis_indexer.evaluation import ranked_documents
-from metis_indexer.index import Index
+from metis_indexer.index.memory import Index
 from metis_indexer.schema import SearchAnswer, SearchRequest
+from metis_indexer.search import hybrid as search
+from metis_indexer.search.evaluation import ranked_documents
 from metis_indexer.service import Indexer
 
 SCIFACT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "scifact"
@@ -112,7 +112,7 @@ def model_server() -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "metis_indexer.localmodel", "--port", str(port)],
+        [sys.executable, "-m", "metis_indexer.models.localmodel", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from metis_indexer import tokens
 from metis_indexer.documents import Chunk
-from metis_indexer.index import Index, Settings
+from metis_indexer.index import tokens
+from metis_indexer.index.memory import Index, Settings, top
+from metis_indexer.index.store import FileRecord
 from metis_indexer.schema import SearchRequest
-from metis_indexer.search import Models, leg_size, rank, search, top
-from metis_indexer.store import FileRecord
+from metis_indexer.search.hybrid import Models, leg_size, rank, search
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PERF = SHARED / "data" / "perf"
@@ -71,7 +71,7 @@ def texts(n: int, size: int = 1200) -> list[tuple[str, list[str]]]:
 def build(folder: Path, n: int, dim: int) -> float:
     rng = np.random.default_rng(7)
     index = Index(folder)
-    index.reset(Settings("random-unit-vectors", dim, 1200, 200))
+    index.adopt(Settings("random-unit-vectors", dim, 1200, 200))
     documents = []
     for name, parts in texts(n):
         chunks = [Chunk(name, ("Section",), p, None, 1, 0, 0) for p in parts]
@@ -91,7 +91,7 @@ LOADER = """
 import resource, sys, time, json
 from collections.abc import Callable
 from pathlib import Path
-from metis_indexer.index import Index
+from metis_indexer.index.memory import Index
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 def rss():
     for line in open('/proc/self/status'):

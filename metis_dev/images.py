@@ -1,9 +1,9 @@
 """The project's images, built on this machine without a registry.
 
-No registry can be reached here, so the `python:3.11-slim` the Dockerfiles start FROM
+No registry can be reached here, so the `python:3.11-slim` the Dockerfile starts FROM
 is made locally: a Debian root filesystem by `debootstrap` (Python and pip from Debian)
 turned into an image by `podman import`. Both images are then built by podman from
-their Dockerfiles, unchanged, and handed to the node's containerd by `ctr images import`.
+its Dockerfile, unchanged, and handed to the node's containerd by `ctr images import`.
 
 Everything is cached by its inputs: the base by the suite, mirror and packages, each
 image by its Dockerfile and the files it copies. A cached run only checks tags.
@@ -34,10 +34,10 @@ SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
 BASE_FROM = "docker.io/library/python:3.11-slim"
-"""What the Dockerfiles start FROM: the local base is tagged so."""
+"""What the Dockerfile starts FROM: the local base is tagged so."""
 
 CONTEXT = ("pyproject.toml", "metis_operator", "indexer_image/metis_indexer")
-"""What the Dockerfiles COPY: the build context holds these and nothing else."""
+"""What the Dockerfile COPYs: the build context holds these and nothing else."""
 
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 """This machine's CA bundle: pip inside a build reaches PyPI through an egress proxy
@@ -50,18 +50,20 @@ class ImageError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Image:
-    """One of the project's images: where its Dockerfile is and the name it goes by."""
+    """One of the project's images: the name it goes by and its target in DOCKERFILE."""
 
     name: str
-    dockerfile: str
+    target: str
 
     def tag(self, key: str) -> str:
         """The image's reference for one set of inputs (a new build never reuses it)."""
         return f"{self.name}:{key}"
 
 
-INDEXER = Image("localhost/metis-indexer", "indexer_image/Dockerfile")
-OPERATOR = Image("localhost/metis-operator", "metis_operator/Dockerfile")
+DOCKERFILE = "indexer_image/Dockerfile"
+"""One Dockerfile, a shared base stage and a target per image."""
+INDEXER = Image("localhost/metis-indexer", "indexer")
+OPERATOR = Image("localhost/metis-operator", "operator")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +102,9 @@ def base_key() -> str:
 
 
 def image_key(image: Image, base: str, root: Path = REPO) -> str:
-    """The inputs of one image: its base, its Dockerfile and every file of the context."""
-    parts = [base.encode(), (root / image.dockerfile).read_bytes()]
+    """The inputs of one image: its base, its target, the Dockerfile and every file of the
+    context."""
+    parts = [base.encode(), image.target.encode(), (root / DOCKERFILE).read_bytes()]
     for rel in context_files(root):
         parts += [str(rel).encode(), (root / rel).read_bytes()]
     return digest(parts)
@@ -214,11 +217,11 @@ def make_pause(podman: Podman, binary: Path, ref: str) -> None:
 
 
 def _context(podman: Podman, root: Path) -> Path:
-    """A build context of exactly CONTEXT plus the Dockerfiles (not the whole tree:
+    """A build context of exactly CONTEXT plus the Dockerfile (not the whole tree:
     .venv alone is gigabytes)."""
     ctx = podman.cache / "context"
     shutil.rmtree(ctx, ignore_errors=True)
-    for rel in [*context_files(root), Path(INDEXER.dockerfile), Path(OPERATOR.dockerfile)]:
+    for rel in [*context_files(root), Path(DOCKERFILE)]:
         (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / rel, ctx / rel)
     return ctx
@@ -251,7 +254,9 @@ def build(images: Sequence[Image] = (INDEXER, OPERATOR), root: Path = REPO) -> B
                 "--volume",
                 f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro",
                 "-f",
-                str(ctx / image.dockerfile),
+                str(ctx / DOCKERFILE),
+                "--target",
+                image.target,
                 "-t",
                 ref,
                 str(ctx),

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from metis_operator import children
+from metis_operator import children, crd
 
 Key = tuple[str, str]
 """(namespace, name)."""
@@ -120,8 +120,8 @@ def affected(bases: Mapping[Key, Deps], plural: str, obj: Mapping[str, Any]) -> 
         if instance:
             out.add((ns, instance))
     for ref in meta.get("ownerReferences") or []:
-        if ref.get("kind") == children.KIND and ref.get("apiVersion", "").startswith(
-            children.GROUP + "/"
+        if ref.get("kind") == crd.KIND and ref.get("apiVersion", "").startswith(
+            crd.GROUP + "/"
         ):
             out.add((ns, ref.get("name", "")))
     template = ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}

@@ -20,17 +20,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from metis_indexer.config import IndexerConfig
+from metis_operator import crd
 from metis_operator.settings import Settings
 from metis_operator.spec import DRIVES_ROOT, INDEX_DIR, KnowledgeBaseSpec
 
-GROUP = "metis.astraeus.io"
-VERSION = "v1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "KnowledgeBase"
-PLURAL = "knowledgebases"
 APP = "metis-indexer"
 MANAGER = "metis-operator"
-HASH_ANNOTATION = f"{GROUP}/applied-hash"
 CONFIG_DIR = "/etc/metis"
 CONFIG_FILE = "config.json"
 RUN_AS = 10001
@@ -86,8 +81,8 @@ def _meta(owner: Owner, component: str) -> dict[str, Any]:
         "labels": labels(owner.name, component),
         "ownerReferences": [
             {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
+                "apiVersion": crd.API_VERSION,
+                "kind": crd.KIND,
                 "name": owner.name,
                 "uid": owner.uid,
                 "controller": True,
@@ -287,7 +282,7 @@ def with_hash(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest, annotated with a hash of itself (without the annotation)."""
     digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
     meta = manifest["metadata"]
-    annotations = {**meta.get("annotations", {}), HASH_ANNOTATION: digest}
+    annotations = {**meta.get("annotations", {}), crd.HASH_ANNOTATION: digest}
     return {**manifest, "metadata": {**meta, "annotations": annotations}}
 
 
@@ -314,6 +309,6 @@ def needs_apply(desired: Mapping[str, Any], actual: Mapping[str, Any] | None) ->
     cannot: a field the operator no longer sets (a placement label removed)."""
     if actual is None:
         return True
-    want_hash = desired["metadata"]["annotations"][HASH_ANNOTATION]
-    have_hash = (actual.get("metadata", {}).get("annotations") or {}).get(HASH_ANNOTATION)
+    want_hash = desired["metadata"]["annotations"][crd.HASH_ANNOTATION]
+    have_hash = (actual.get("metadata", {}).get("annotations") or {}).get(crd.HASH_ANNOTATION)
     return want_hash != have_hash or not is_subset(desired, actual)

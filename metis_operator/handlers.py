@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import httpx
 import kopf
 
-from metis_operator import cache, children, kube, quality, reconcile, report
+from metis_operator import cache, children, crd, indexer, kube, quality, reconcile, report
 from metis_operator import status as status_mod
 from metis_operator.cache import Cache, Deps, Key
 from metis_operator.metrics import Metrics
@@ -40,18 +40,11 @@ from metis_operator.settings import Settings
 from metis_operator.state import State
 from metis_operator.status import merge_patch
 
-RESOURCE = {"group": children.GROUP, "version": children.VERSION, "plural": children.PLURAL}
-REINDEX = f"{children.GROUP}/reindex"
-"""Annotation: a new value asks for a pass; a value starting with `full` reads everything."""
-EVALUATE = f"{children.GROUP}/evaluate"
-"""Annotation: a new value runs the evaluation set (`k=5` in it sets k; 10 by default)."""
-PAUSED = f"{children.GROUP}/paused"
-"""Annotation: "true" leaves the base and its children untouched."""
 DEFAULT_K = 10
 _K = re.compile(r"(?:^|[^a-z])k=(\d+)")
 _WARNING_STATES = (State.FAILED, State.WAITING)
 T = TypeVar("T")
-KOPF_PREFIX = f"kopf.{children.GROUP}"
+KOPF_PREFIX = f"kopf.{crd.GROUP}"
 """kopf's own annotations. Not the group itself: kopf leaves every annotation under its
 prefix out of the changes it reacts to, and the user's requests (reindex, evaluate)
 are annotations under the group."""
@@ -60,7 +53,7 @@ log = logging.getLogger("metis_operator")
 
 def paused(body: Mapping[str, Any]) -> bool:
     annotations = (body.get("metadata") or {}).get("annotations") or {}
-    return str(annotations.get(PAUSED, "")).strip().lower() == "true"
+    return str(annotations.get(crd.PAUSED, "")).strip().lower() == "true"
 
 
 @dataclasses.dataclass
@@ -197,10 +190,10 @@ class Runner:
         try:
             before = base.previous()["evaluation"]
             try:
-                figures = await reconcile.evaluate(
+                figures = await indexer.evaluate(
                     ctx, children.Owner.of(base.body), k=int(before["k"])
                 )
-            except reconcile.IndexerError as e:
+            except indexer.IndexerError as e:
                 if not e.temporary:  # no evaluation set, or one the indexer refuses
                     base.unevaluable = settings
                     _say(base.key, f"not evaluated under {settings}: {e}", request="quality")
@@ -249,7 +242,7 @@ class Runner:
         if patch:
             owner = children.Owner.of(body)
             await self.ctx.cluster.merge_patch(
-                reconcile.kb_path(owner) + "/status", {"status": patch}
+                crd.path(owner.namespace, owner.name) + "/status", {"status": patch}
             )
         base.status = new
 
@@ -287,7 +280,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
     Nothing is closed at exit: the loops end with the process. No handler needs a
     finalizer; naming the one earlier versions added lets kopf remove it from them."""
-    settings.persistence.finalizer = f"{children.GROUP}/finalizer"
+    settings.persistence.finalizer = crd.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=KOPF_PREFIX, key="last-handled-configuration"
@@ -345,8 +338,8 @@ async def reindex(
     full = str(new).startswith("full")
     what = "a full reindex" if full else "a pass"
     if not retry:
-        _say(_key(body), f"{what} asked ({REINDEX}={new})", request="reindex")
-    await _ask(body, memo, reconcile.reindex(memo.context, children.Owner.of(body), full=full))
+        _say(_key(body), f"{what} asked ({crd.REINDEX}={new})", request="reindex")
+    await _ask(body, memo, indexer.reindex(memo.context, children.Owner.of(body), full=full))
     await post_event(memo.context, body, "Normal", "Reindex", "Reindex", f"{what} started")
 
 
@@ -359,8 +352,8 @@ async def evaluate(
     k = int(found[1]) if found else DEFAULT_K
     ctx: Context = memo.context
     if not retry:
-        _say(_key(body), f"an evaluation asked ({EVALUATE}={new})", request="evaluate")
-    figures = await _ask(body, memo, reconcile.evaluate(ctx, children.Owner.of(body), k=k))
+        _say(_key(body), f"an evaluation asked ({crd.EVALUATE}={new})", request="evaluate")
+    figures = await _ask(body, memo, indexer.evaluate(ctx, children.Owner.of(body), k=k))
     figures[quality.RETRIEVAL] = quality.retrieval(body.get("spec") or {})
     runner: Runner = memo.runner
     base = runner.bases.get(_key(body)) or Base(_key(body), copy.deepcopy(dict(body)))
@@ -378,7 +371,7 @@ async def _ask(body: kopf.Body, memo: kopf.Memo, request: Awaitable[T]) -> T:
     """One boundary for the indexer's answers: not now → retry; never → a Warning."""
     try:
         return await request
-    except reconcile.IndexerError as e:
+    except indexer.IndexerError as e:
         if e.temporary:
             delay = memo.context.settings.poll.interval_seconds
             raise kopf.TemporaryError(str(e), delay=delay) from None
@@ -390,7 +383,7 @@ async def _ask(body: kopf.Body, memo: kopf.Memo, request: Awaitable[T]) -> T:
 def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     """Every handler, with its policy."""
     interval = settings.poll.interval_seconds
-    on = {"registry": registry, **RESOURCE}
+    on = {"registry": registry, **crd.RESOURCE}
     # A registry of our own has no login handlers: log in as the kubernetes client does.
     kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(configure)
@@ -402,7 +395,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
         )
     kopf.on.event(**on, id="base")(base_event)
     kopf.on.create(**on)(created)
-    for annotation, fn in ((REINDEX, reindex), (EVALUATE, evaluate)):
+    for annotation, fn in ((crd.REINDEX, reindex), (crd.EVALUATE, evaluate)):
         kopf.on.field(
             **on, field=("metadata", "annotations", annotation), new=kopf.PRESENT,
             backoff=interval, timeout=3600,

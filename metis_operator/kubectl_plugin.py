@@ -31,12 +31,8 @@ from kubernetes.config.config_exception import ConfigException
 
 from metis_indexer import cli as indexer_cli
 from metis_indexer import schema
+from metis_operator.crd import EVALUATE, GROUP, PLURAL, REINDEX, VERSION
 
-GROUP = "metis.astraeus.io"
-VERSION = "v1"
-PLURAL = "knowledgebases"
-REINDEX = f"{GROUP}/reindex"
-EVALUATE = f"{GROUP}/evaluate"
 EVENTS_SHOWN = 8
 """The most recent Events `status` prints: enough to see the last state changes."""
 

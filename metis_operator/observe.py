@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from metis_operator import crd
 from metis_operator.state import PodView
 
-REVISION = "metis.astraeus.io/revision"
 """On a source PVC: the revision of its data source that the base must read."""
 DEPLOYMENT_REVISION = "deployment.kubernetes.io/revision"
 
@@ -27,11 +27,11 @@ def claim_bound(claim: Mapping[str, Any] | None) -> bool:
 
 def from_data_source(claim: Mapping[str, Any]) -> bool:
     """A drive from a data source carries the revision annotation, empty until listed."""
-    return REVISION in _annotations(claim)
+    return crd.REVISION in _annotations(claim)
 
 
 def revision(claim: Mapping[str, Any]) -> str:
-    return _annotations(claim).get(REVISION, "").strip()
+    return _annotations(claim).get(crd.REVISION, "").strip()
 
 
 def _waiting(status: Mapping[str, Any]) -> str | None:

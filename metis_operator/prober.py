@@ -18,14 +18,15 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from metis_indexer import clients
+from metis_indexer.models import clients
 from metis_operator import probes
 from metis_operator.state import Model
 
 log = logging.getLogger("metis_operator.prober")
 
 Result = tuple[Model, str]
-EMBEDDING = "embedding model"
+EMBEDDING_ROLE, RERANKER_ROLE = "embedding model", "reranker"
+"""What a model Service is checked as (and named in messages as)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +139,7 @@ class Prober:
             self._failed(cheap_failure, now)
             return
         self.calls += 1
-        probe: Probe = probes.embedding if self.role == EMBEDDING else probes.reranker
+        probe: Probe = probes.embedding if self.role == EMBEDDING_ROLE else probes.reranker
         model, detail = await probe(self.http, self.url)
         if model is Model.NOT_ANSWERING:
             self._failed(detail or cheap_failure, now)

@@ -1,7 +1,7 @@
 """Probes of model Services over their public model APIs: does the Service answer,
 and does it serve what the base needs (an embedding model, a reranker)?
 
-A probe asks the server what it serves (`metis_indexer.clients.discover`), then
+A probe asks the server what it serves (`metis_indexer.models.clients.discover`), then
 calls the one endpoint the base will use, with a two-word input. The outcome is
 Available (it answered that call as it should), NotAnswering (no connection, a
 timeout, a server error: it may come back, the base Waits) or ServesSomethingElse
@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from metis_indexer import clients
+from metis_indexer.models import clients
 from metis_operator.state import Model
 
 PROBE_TEXT = "metis probe"

@@ -2,8 +2,8 @@
 shape, observe them and the indexer, derive the state, and compose the status.
 
 It never writes the status itself and knows nothing of kopf: handlers.py writes
-what changed and posts the Events. The requests a user makes by annotation
-(reindex, evaluate) are here too, as calls to the base's indexer.
+what changed and posts the Events. The calls to the base's indexer (its status,
+the requests a user makes by annotation) are indexer.py's.
 """
 
 from __future__ import annotations
@@ -17,18 +17,16 @@ from typing import Any
 
 import httpx
 
-from metis_indexer import clients
 from metis_indexer.config import IndexerConfig
-from metis_operator import cache as cache_mod
-from metis_operator import children, kube, observe
+from metis_operator import children, crd, kube, observe
+from metis_operator import indexer as indexer_mod
 from metis_operator import spec as spec_mod
 from metis_operator import status as status_mod
 from metis_operator.cache import Cache, Deps
 from metis_operator.metrics import Metrics
-from metis_operator.prober import Probers
+from metis_operator.prober import EMBEDDING_ROLE, RERANKER_ROLE, Probers
 from metis_operator.settings import Settings
 from metis_operator.state import (
-    IndexerStatus,
     Model,
     ModelCheck,
     Observation,
@@ -38,8 +36,6 @@ from metis_operator.state import (
 )
 
 log = logging.getLogger("metis_operator")
-EMBEDDING = "embedding model"
-RERANKER = "reranker"
 
 
 @dataclasses.dataclass
@@ -68,24 +64,8 @@ class Outcome:
     for its turn, "started" when this reconciliation started it."""
 
 
-class IndexerError(Exception):
-    """The indexer did not do what was asked; `temporary` says whether asking again helps."""
-
-    def __init__(self, message: str, *, temporary: bool) -> None:
-        super().__init__(message)
-        self.temporary = temporary
-
-
 def now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def kb_path(owner: children.Owner) -> str:
-    return kube.path(children.API_VERSION, children.PLURAL, owner.namespace, owner.name)
-
-
-def indexer_url(ctx: Context, owner: children.Owner) -> str:
-    return ctx.settings.url(owner.child, owner.namespace, ctx.settings.indexer.port)
 
 
 async def _check_model(
@@ -122,20 +102,16 @@ def operators_change(desired: Mapping[str, Any], actual: Mapping[str, Any] | Non
     recorded), and its pod template would change."""
     if actual is None:
         return False
-    want = (desired["metadata"].get("annotations") or {}).get(GENERATION_ANNOTATION)
-    have = ((actual.get("metadata") or {}).get("annotations") or {}).get(GENERATION_ANNOTATION)
+    want = (desired["metadata"].get("annotations") or {}).get(crd.GENERATION_ANNOTATION)
+    have = ((actual.get("metadata") or {}).get("annotations") or {}).get(crd.GENERATION_ANNOTATION)
     template = desired["spec"]["template"]
     return (have is None or have == want) and not children.is_subset(
         template, (actual.get("spec") or {}).get("template")
     )
 
 
-GENERATION_ANNOTATION = f"{children.GROUP}/generation"
-"""On the Deployment: the base's generation it was applied for."""
-
-
 def _hash(obj: Mapping[str, Any]) -> str | None:
-    return ((obj.get("metadata") or {}).get("annotations") or {}).get(children.HASH_ANNOTATION)
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(crd.HASH_ANNOTATION)
 
 
 async def _read(ctx: Context, kind: str, manifest: Mapping[str, Any], fresh: bool) -> Any:
@@ -171,7 +147,7 @@ async def _apply_children(
         ctx.tokens.add(key)
     deployment = children.deployment(owner, spec, ctx.settings)
     annotations = deployment["metadata"].setdefault("annotations", {})
-    annotations[GENERATION_ANNOTATION] = str(generation)
+    annotations[crd.GENERATION_ANNOTATION] = str(generation)
     desired = [
         children.config_map(owner, config),
         children.service(owner, ctx.settings),
@@ -196,19 +172,6 @@ async def _apply_children(
     return actual_claim, actual["Deployment"], done, rollout
 
 
-async def _indexer_status(
-    ctx: Context, owner: children.Owner
-) -> tuple[IndexerStatus | None, str | None]:
-    try:
-        answer = await ctx.http.get(f"{indexer_url(ctx, owner)}/v1/status")
-        answer.raise_for_status()
-        return IndexerStatus.model_validate(answer.json()), None
-    except httpx.HTTPStatusError as e:
-        return None, f"GET /v1/status answered HTTP {e.response.status_code}"
-    except (httpx.HTTPError, ValueError) as e:
-        return None, clients.describe(e)
-
-
 @dataclasses.dataclass(frozen=True)
 class _Inputs:
     """What decides Failed, and what the indexer's configuration needs."""
@@ -224,20 +187,20 @@ async def _inputs(ctx: Context, owner: children.Owner, spec: spec_mod.KnowledgeB
     ns = owner.namespace
     claims = [ctx.cache.claim(ns, d) for d in spec.drives]
     embedding, embedding_url, selector = await _check_model(
-        ctx, owner, spec.embedding.deployment, EMBEDDING
+        ctx, owner, spec.embedding.deployment, EMBEDDING_ROLE
     )
     selectors = [selector]
     reranker, reranker_url = (None, None)
     services = {spec.embedding.deployment}
     if spec.reranker is not None:
         reranker, reranker_url, rr_selector = await _check_model(
-            ctx, owner, spec.reranker.deployment, RERANKER
+            ctx, owner, spec.reranker.deployment, RERANKER_ROLE
         )
         selectors.append(rr_selector)
         services.add(spec.reranker.deployment)
-    keep = {(ns, spec.embedding.deployment, EMBEDDING)}
+    keep = {(ns, spec.embedding.deployment, EMBEDDING_ROLE)}
     if spec.reranker is not None:
-        keep.add((ns, spec.reranker.deployment, RERANKER))
+        keep.add((ns, spec.reranker.deployment, RERANKER_ROLE))
     ctx.probers.release((ns, owner.name), keep)
     found = {d: c for d, c in zip(spec.drives, claims, strict=True) if c is not None}
     o = Observation(
@@ -304,7 +267,7 @@ async def run(
     pod = observe.pod_view(pods)
     indexer, error = (None, None)
     if pod is not None and pod.running and not pod.terminating:
-        indexer, error = await _indexer_status(ctx, owner)
+        indexer, error = await indexer_mod.status(ctx, owner)
     outcome = done(
         dataclasses.replace(
             o,
@@ -335,55 +298,3 @@ def _outcome(
         with_reranker=with_reranker, now=now(),
     )  # fmt: skip
     return Outcome(verdict, status, deps)
-
-
-async def token(ctx: Context, owner: children.Owner) -> str | None:
-    """The base's API token (Secret `metis-<name>`, key `token`), None without one or
-    without the right to read it (the indexer then answers 401, which says so)."""
-    try:
-        secret = await ctx.cluster.get(kube.path("v1", "secrets", owner.namespace, owner.child))
-    except kube.ApiError as e:
-        if e.status != 403:
-            raise
-        where = f"{owner.namespace}/{owner.name}"
-        log.warning("%s: cannot read Secret %s: %s", where, owner.child, e.message,
-                    extra={"base": where})  # fmt: skip
-        return None
-    return cache_mod.token(secret) if secret is not None else None
-
-
-async def _ask(
-    ctx: Context, owner: children.Owner, route: str, body: Mapping[str, Any], timeout: float
-) -> Any:
-    url = f"{indexer_url(ctx, owner)}{route}"
-    secret = await token(ctx, owner)
-    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
-    try:
-        answer = await ctx.http.post(url, json=dict(body), timeout=timeout, headers=headers)
-    except httpx.HTTPError as e:
-        raise IndexerError(
-            f"its indexer does not answer: {clients.describe(e)}", temporary=True
-        ) from None
-    if answer.is_success:
-        return answer.json()
-    try:
-        error = answer.json()["error"]
-        message = f"{error['code']}: {error['message']}"
-    except (ValueError, KeyError, TypeError):
-        message = f"HTTP {answer.status_code}"
-    # 409: a replacement is taking over (STANDBY); 5xx: not serving yet. Else: never.
-    raise IndexerError(message, temporary=answer.status_code == 409 or answer.status_code >= 500)
-
-
-async def reindex(ctx: Context, owner: children.Owner, *, full: bool) -> None:
-    """Ask the indexer for a pass now (`full`: read every document again)."""
-    await _ask(ctx, owner, "/v1/reindex", {"full": full}, ctx.settings.reach.timeout_seconds)
-
-
-async def evaluate(ctx: Context, owner: children.Owner, *, k: int) -> dict[str, Any]:
-    """Run the evaluation set; the figures the status keeps (never a miss: misses
-    name documents)."""
-    result = await _ask(
-        ctx, owner, "/v1/evaluate", {"k": k}, ctx.settings.reach.evaluate_timeout_seconds
-    )
-    return {key: result[key] for key in ("k", "cases", "recall_at_k", "mrr", "at")}

@@ -1,7 +1,8 @@
 """A KnowledgeBase's spec as the operator reads it, and the indexer configuration it
 turns into.
 
-The CRD enforces the same limits (crds/knowledgebase.yaml); they are checked again
+The limits are the indexer's (`metis_indexer.limits`, one home for both); the CRD
+enforces them too (crds/knowledgebase.yaml), and they are checked again
 here because the operator never trusts a CRD it did not install: an older or
 edited CRD must not make it write a Deployment or a configuration that cannot run.
 Errors name the field as a user wrote it (`spec.sources[1].path`).
@@ -16,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from metis_indexer import limits
 from metis_indexer.config import IndexerConfig
 
 NAME_MAX = 40
@@ -27,13 +29,9 @@ DRIVE_MAX = 253
 SERVICE_RE = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 """A Service's name (a DNS-1035 label)."""
 SERVICE_MAX = 63
-PATH_MAX = 512
 PREFIX_MAX = 1000
-SOURCES_MIN, SOURCES_MAX = 1, 16
-CHUNK_SIZE_MIN, CHUNK_SIZE_MAX, CHUNK_SIZE_DEFAULT, CHUNK_OVERLAP_DEFAULT = 200, 4000, 1200, 200
 CPU_MIN, CPU_MAX, CPU_DEFAULT = 1, 64, 1
 MEMORY_MIN, MEMORY_MAX, MEMORY_DEFAULT = 1, 256, 2
-RESCAN_MIN, RESCAN_MAX, RESCAN_DEFAULT = 10, 86_400, 60
 MACHINES_MAX = 100
 LABEL_KEY_RE = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -56,14 +54,13 @@ class _Model(BaseModel):
 
 class Source(_Model):
     drive: str = Field(pattern=DRIVE_RE, max_length=DRIVE_MAX)
-    path: str | None = Field(default=None, min_length=1, max_length=PATH_MAX)
+    path: str | None = Field(default=None, min_length=1, max_length=limits.PATH_MAX)
 
     @field_validator("path")
     @classmethod
     def _plain_folder(cls, v: str | None) -> str | None:
-        if v is not None and (
-            v.startswith("/") or v.endswith("/") or any(p in ("", ".", "..") for p in v.split("/"))
-        ):
+        """The path rule, and no empty part (`a//b`, a trailing /) as the CRD says."""
+        if v is not None and (limits.path_problem(v) or "" in v.split("/")):
             raise ValueError(
                 "must be a folder of the drive: relative, without empty, . or .. parts"
             )
@@ -92,12 +89,14 @@ class Reranker(_Model):
 
 
 class Chunking(_Model):
-    size: int = Field(default=CHUNK_SIZE_DEFAULT, ge=CHUNK_SIZE_MIN, le=CHUNK_SIZE_MAX)
-    overlap: int = Field(default=CHUNK_OVERLAP_DEFAULT, ge=0)
+    size: int = Field(
+        default=limits.CHUNK_SIZE_DEFAULT, ge=limits.CHUNK_SIZE_MIN, le=limits.CHUNK_SIZE_MAX
+    )
+    overlap: int = Field(default=limits.CHUNK_OVERLAP_DEFAULT, ge=0)
 
     @model_validator(mode="after")
     def _overlap_below_half(self) -> Chunking:
-        if self.overlap * 2 >= self.size:
+        if not limits.overlap_allowed(self.size, self.overlap):
             # Name the default when the user set none: they never wrote the 200.
             unset = "" if "overlap" in self.model_fields_set else ", its default when not set"
             raise ValueError(
@@ -133,19 +132,20 @@ class Placement(_Model):
 
 
 class KnowledgeBaseSpec(_Model):
-    sources: list[Source] = Field(min_length=SOURCES_MIN, max_length=SOURCES_MAX)
+    sources: list[Source] = Field(min_length=limits.SOURCES_MIN, max_length=limits.SOURCES_MAX)
     embedding: Embedding
     reranker: Reranker | None = None
     chunking: Chunking = Chunking()
     placement: Placement = Placement()
-    rescan_seconds: int = RESCAN_DEFAULT
+    rescan_seconds: int = limits.RESCAN_DEFAULT
 
     @field_validator("rescan_seconds")
     @classmethod
     def _rescan(cls, v: int) -> int:
-        if v != 0 and not RESCAN_MIN <= v <= RESCAN_MAX:
+        if not limits.rescan_allowed(v):
             raise ValueError(
-                f"is {v}; it must be 0 (only when asked) or {RESCAN_MIN} to {RESCAN_MAX}"
+                f"is {v}; it must be 0 (only when asked) or {limits.RESCAN_MIN} to "
+                f"{limits.RESCAN_MAX}"
             )
         return v
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from pydantic import BaseModel, ConfigDict
-
+from metis_indexer.schema import StatusAnswer
 from metis_operator.spec import Placement
 
 
@@ -70,30 +69,6 @@ class PodView:
     terminating: bool = False
 
 
-class IndexerStatus(BaseModel):
-    """The part of the indexer's `GET /v1/status` the operator reads; never names."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    phase: str
-    reason: str = ""
-    documents: int = 0
-    chunks: int = 0
-    failed: int = 0
-    pass_total: int = 0
-    pass_done: int = 0
-    passes: int = 0
-    last_indexed_at: str | None = None
-    dimensions: int | None = None
-    revisions: dict[str, str] = {}
-    indexed_revisions: dict[str, str] = {}
-    warnings: list[str] = []
-    generation: int | None = None
-    """The base's generation of the configuration the indexer runs."""
-    indexed_generation: int | None = None
-    """The generation whose pass last finished; None until one finishes."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Observation:
     """Everything `derive` looks at; defaults describe a base that has just appeared."""
@@ -113,7 +88,8 @@ class Observation:
     replacing: bool = False
     """A changed pod template is rolling out, or the old pod is going away."""
     pod: PodView | None = None
-    indexer: IndexerStatus | None = None
+    indexer: StatusAnswer | None = None
+    """The indexer's `GET /v1/status`, as its own model."""
     indexer_error: str | None = None
     """Why `GET /v1/status` did not answer, when the pod runs."""
     generation: int = 0
@@ -229,8 +205,6 @@ def _waiting(o: Observation) -> str | None:
         return f"the operator cannot reach its indexer: {o.indexer_error}"
     if o.indexer.phase == "waiting":
         return o.indexer.reason or "its index waits"
-    if o.indexer.phase not in ("scanning", "indexing", "ready"):
-        return f"its indexer reports an unknown phase {o.indexer.phase!r}"
     return None
 
 

@@ -13,8 +13,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from metis_indexer.schema import StatusAnswer
 from metis_operator import quality
-from metis_operator.state import IndexerStatus, Model, ModelCheck, Observation, State, Verdict
+from metis_operator.state import Model, ModelCheck, Observation, State, Verdict
 
 READY = "Ready"
 """True only in state Ready: what `kubectl wait --for=condition=Ready` and GitOps
@@ -26,9 +27,9 @@ STALLED = "Stalled"
 """True while Failed: it will not progress until someone changes something (kstatus)."""
 PAUSED = "Paused"
 """True while the base carries the pause annotation: nothing of it is touched."""
-EMBEDDING = "EmbeddingModelAvailable"
+EMBEDDING_CONDITION = "EmbeddingModelAvailable"
 """True when the embedding model's Service answers as an embedding model."""
-RERANKER = "RerankerAvailable"
+RERANKER_CONDITION = "RerankerAvailable"
 """True when the reranker's Service answers as a reranker; absent without one."""
 
 INDEX_TOTALS = ("documents", "chunks", "failed", "last_indexed_at", "dimensions")
@@ -68,10 +69,10 @@ def conditions(
         _condition(RECONCILING, not settled, state.value, "" if settled else why, generation),
         _condition(STALLED, state is State.FAILED, state.value,
                    why if state is State.FAILED else "", generation),
-        _model_condition(EMBEDDING, o.embedding, generation),
+        _model_condition(EMBEDDING_CONDITION, o.embedding, generation),
     ]  # fmt: skip
     if with_reranker:
-        out.append(_model_condition(RERANKER, o.reranker, generation))
+        out.append(_model_condition(RERANKER_CONDITION, o.reranker, generation))
     return out
 
 
@@ -121,7 +122,7 @@ def warnings(o: Observation) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _index(ix: IndexerStatus | None, previous: Mapping[str, Any]) -> dict[str, Any]:
+def _index(ix: StatusAnswer | None, previous: Mapping[str, Any]) -> dict[str, Any]:
     if ix is None:
         return {k: previous[k] for k in INDEX_TOTALS if previous.get(k) is not None}
     index = {

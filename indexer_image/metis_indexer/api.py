@@ -1,7 +1,7 @@
 """The indexer's HTTP API (DESIGN.md, port 7700): thin handlers over `service.Indexer`.
 
-Bodies are parsed into pydantic models, and the service's answers are validated
-into them too, so the OpenAPI document (built from the same models) is what the
+Bodies are parsed into pydantic models, and the service answers in them too
+(schema.py), so the OpenAPI document (built from the same models) is what the
 API answers. Every domain error becomes `{"error": {"code", "message"}}` in one
 middleware. The routes that cost model time (reindex, evaluate) take the
 operator's token when one is set; one evaluation runs at a time.
@@ -10,21 +10,23 @@ operator's token when one is set; one evaluation runs at a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
+from metis_indexer import config as config_mod
 from metis_indexer import console, mcp
-from metis_indexer.errors import ApiError, BadRequest, Conflict, Unauthorized
-from metis_indexer.evaluation import Evaluation
+from metis_indexer.errors import BadRequest, Conflict, Refusal, Unauthorized
 from metis_indexer.schema import (
     DocumentsPage,
     DocumentsQuery,
@@ -42,6 +44,7 @@ from metis_indexer.schema import (
     parse_body,
     parse_query,
 )
+from metis_indexer.search.evaluation import Evaluation
 from metis_indexer.service import Indexer
 
 log = logging.getLogger("metis.api")
@@ -112,7 +115,7 @@ def answer(model: BaseModel, status: int = 200, *, exclude_none: bool = False) -
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except ApiError as e:
+    except Refusal as e:
         return error(e.status, e.code, e.message, dict(e.headers))
     except web.HTTPRequestEntityTooLarge:
         return error(413, "INVALID_BODY", f"the body is larger than {MAX_BODY} bytes")
@@ -137,7 +140,7 @@ async def search(request: web.Request) -> web.Response:
         raise
     try:
         result = await indexer.search(req)
-    except ApiError:
+    except Refusal:
         indexer.metrics.searches.labels(mode=req.mode, outcome="error").inc()
         raise
     _observe(indexer, req, result)
@@ -153,13 +156,12 @@ def _observe(indexer: Indexer, req: SearchRequest, result: SearchAnswer) -> None
 
 
 async def status(request: web.Request) -> web.Response:
-    return answer(StatusAnswer.model_validate(request.app[indexer_key].status()))
+    return answer(request.app[indexer_key].status())
 
 
 async def documents(request: web.Request) -> web.Response:
     q = parse_query(DocumentsQuery, request.query)
-    page = request.app[indexer_key].documents(q.page, q.page_size, q.state)
-    return answer(DocumentsPage.model_validate(page))
+    return answer(request.app[indexer_key].documents(q.page, q.page_size, q.state))
 
 
 async def reindex(request: web.Request) -> web.Response:
@@ -356,9 +358,13 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/openapi.json", openapi, name="openapi")
 
 
-def create_app(indexer: Indexer, *, token: str | None = None) -> web.Application:
+def create_app(
+    indexer: Indexer, *, token: str | None = None, config_path: Path | None = None
+) -> web.Application:
     """The app; the indexer's passes start and stop with it. `token`: the operator's,
-    required on the routes that cost model time (None: they are open, as locally)."""
+    required on the routes that cost model time (None: they are open, as locally).
+    `config_path`: the configuration file to follow; a change is applied while the app
+    runs."""
     app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
     app[indexer_key] = indexer
     app[costly_key] = Costly(token=token)
@@ -373,10 +379,22 @@ def create_app(indexer: Indexer, *, token: str | None = None) -> web.Application
     async def ask(req: SearchRequest) -> SearchAnswer | ErrorBody:
         try:
             return await indexer.search(req)
-        except ApiError as e:
+        except Refusal as e:
             return ErrorBody(code=e.code, message=e.message)
 
     app.cleanup_ctx.append(passes)
+    if config_path is not None:
+
+        async def following(_: web.Application) -> AsyncIterator[None]:
+            task = asyncio.create_task(
+                config_mod.follow(config_path, indexer.apply_config), name="metis-config"
+            )
+            yield
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        app.cleanup_ctx.append(following)
     setup_routes(app)
     console.add_search_page(app, ask, indexer.config.name)
     mcp.mount(app, indexer, _observe)

@@ -126,7 +126,7 @@ def serve_config(args: argparse.Namespace) -> IndexerConfig:
     try:
         return IndexerConfig.model_validate(raw)
     except ValidationError as e:
-        raise config_mod.ConfigError(config_mod.describe(e)) from None
+        raise config_mod.ConfigError(config_mod.explain(e)) from None
 
 
 async def _serve(cfg: IndexerConfig, config_path: Path | None) -> None:
@@ -138,40 +138,23 @@ async def _serve(cfg: IndexerConfig, config_path: Path | None) -> None:
         indexer.on_progress = _progress_bar
     token = os.environ.get(TOKEN_ENV) or None
     # handler_cancellation: a request whose client went away stops costing model time.
-    runner = web.AppRunner(create_app(indexer, token=token), access_log=None,
-                           handler_cancellation=True)
+    runner = web.AppRunner(create_app(indexer, token=token, config_path=config_path),
+                           access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port)
     await site.start()
     print(f"metis: serving {cfg.name} on http://{cfg.host}:{cfg.port}", flush=True)
+    await _signalled()
+    await runner.cleanup()
+
+
+async def _signalled() -> None:
+    """Returns on SIGINT or SIGTERM: the app then stops its passes and its watcher."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    watcher = None
-    if config_path is not None:
-        watcher = asyncio.create_task(_watch_config(config_path, indexer))
     await stop.wait()
-    if watcher is not None:
-        watcher.cancel()
-    await runner.cleanup()
-
-
-async def _watch_config(path: Path, indexer: Any) -> None:
-    """Follow a configuration file (a ConfigMap's mount): a change starts a pass."""
-    last = path.read_bytes()
-    while True:
-        await asyncio.sleep(5)
-        try:
-            current = path.read_bytes()
-        except OSError:
-            continue
-        if current != last:
-            last = current
-            try:
-                await indexer.apply_config(config_mod.load(path))
-            except config_mod.ConfigError as e:
-                logging.getLogger("metis").error("configuration not applied: %s", e)
 
 
 def _progress_bar(state: Any) -> None:
@@ -244,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.command == "models":
-        from metis_indexer.localmodel.server import main as models_main
+        from metis_indexer.models.localmodel.server import main as models_main
 
         return models_main(["--host", args.host, "--port", str(args.port)])
     if args.command == "console":

@@ -3,12 +3,20 @@ and what `metis serve` builds from its flags. One JSON document, checked here.""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-MAX_SOURCES = 16
+from metis_indexer import limits
+
+FOLLOW_SECONDS = 5
+"""Seconds between looks at the configuration file."""
+
+log = logging.getLogger("metis")
 
 
 class _Model(BaseModel):
@@ -27,10 +35,10 @@ class SourceConfig(_Model):
     def _plain_path(cls, v: str | None) -> str | None:
         if v is None or v.strip("/") == "":
             return None
-        parts = PurePosixPath(v).parts
-        if v.startswith("/") or any(p in (".", "..") for p in v.split("/")):
-            raise ValueError(f"path {v!r} must be relative, without . or .. parts")
-        return "/".join(parts)
+        problem = limits.path_problem(v)
+        if problem is not None:
+            raise ValueError(f"path {v!r} {problem}")
+        return "/".join(PurePosixPath(v).parts)
 
     @property
     def folder(self) -> Path:
@@ -51,12 +59,14 @@ class RerankerConfig(_Model):
 
 
 class ChunkingConfig(_Model):
-    size: int = Field(default=1200, ge=200, le=4000)
-    overlap: int = Field(default=200, ge=0)
+    size: int = Field(
+        default=limits.CHUNK_SIZE_DEFAULT, ge=limits.CHUNK_SIZE_MIN, le=limits.CHUNK_SIZE_MAX
+    )
+    overlap: int = Field(default=limits.CHUNK_OVERLAP_DEFAULT, ge=0)
 
     @model_validator(mode="after")
     def _overlap_below_half(self) -> ChunkingConfig:
-        if self.overlap * 2 >= self.size:
+        if not limits.overlap_allowed(self.size, self.overlap):
             raise ValueError(
                 f"chunking.overlap ({self.overlap}) must be less than half of chunking.size "
                 f"({self.size})"
@@ -66,11 +76,13 @@ class ChunkingConfig(_Model):
 
 class IndexerConfig(_Model):
     name: str = "metis"
-    sources: list[SourceConfig] = Field(min_length=1, max_length=MAX_SOURCES)
+    sources: list[SourceConfig] = Field(
+        min_length=limits.SOURCES_MIN, max_length=limits.SOURCES_MAX
+    )
     embedding: EmbeddingConfig | None = None
     reranker: RerankerConfig | None = None
     chunking: ChunkingConfig = ChunkingConfig()
-    rescan_seconds: int = 60
+    rescan_seconds: int = limits.RESCAN_DEFAULT
     index_dir: Path
     host: str = "127.0.0.1"
     port: int = Field(default=7700, ge=0, le=65535)
@@ -86,8 +98,10 @@ class IndexerConfig(_Model):
     @field_validator("rescan_seconds")
     @classmethod
     def _rescan(cls, v: int) -> int:
-        if v != 0 and not 10 <= v <= 86_400:
-            raise ValueError(f"rescan_seconds is {v}; it must be 0 or 10 to 86400")
+        if not limits.rescan_allowed(v):
+            raise ValueError(
+                f"rescan_seconds is {v}; it must be 0 or {limits.RESCAN_MIN} to {limits.RESCAN_MAX}"
+            )
         return v
 
     @model_validator(mode="after")
@@ -122,11 +136,29 @@ def load(path: Path) -> IndexerConfig:
     except json.JSONDecodeError as e:
         raise ConfigError(f"configuration {path} is not JSON: {e}") from None
     except ValidationError as e:
-        raise ConfigError(f"configuration {path}: {describe(e)}") from None
+        raise ConfigError(f"configuration {path}: {explain(e)}") from None
 
 
-def describe(e: ValidationError) -> str:
+def explain(e: ValidationError) -> str:
     """Pydantic's errors as one line a person can act on."""
     return "; ".join(
         f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in e.errors()
     )
+
+
+async def follow(path: Path, apply: Callable[[IndexerConfig], Awaitable[None]]) -> None:
+    """Follow a configuration file (a ConfigMap's mount): each change is applied; one that
+    cannot run is logged and the running configuration kept."""
+    last = path.read_bytes()
+    while True:
+        await asyncio.sleep(FOLLOW_SECONDS)
+        try:
+            current = path.read_bytes()
+        except OSError:
+            continue
+        if current != last:
+            last = current
+            try:
+                await apply(load(path))
+            except ConfigError as e:
+                log.error("configuration not applied: %s", e)

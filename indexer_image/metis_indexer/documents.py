@@ -87,18 +87,3 @@ class Chunk:
     line: int | None
     section: int
     start: int
-
-    @property
-    def context(self) -> tuple[str, ...]:
-        """Title and headings, outermost first; a first heading that repeats the title
-        (a Markdown page's `# Title`) is said once."""
-        headings = self.headings
-        if self.title and headings and headings[0] == self.title:
-            headings = headings[1:]
-        return tuple(p for p in (self.title, *headings) if p)
-
-    @property
-    def embedding_text(self) -> str:
-        """What is embedded: `Title > H1 > H2`, then the passage."""
-        path = " > ".join(self.context)
-        return f"{path}\n\n{self.text}" if path else self.text

@@ -3,7 +3,7 @@
 The core raises these; the HTTP app's one middleware turns them into
 `{"error": {"code", "message"}}` answers, with the error's headers.
 
-    ApiError
+    Refusal
      ├── BadRequest            400  QUERY_EMPTY, QUERY_TOO_LONG, TOP_K_OUT_OF_RANGE,
      │                              INVALID_BODY, NO_EMBEDDING_MODEL, EVAL_*
      ├── Unauthorized          401  UNAUTHORIZED (a costly route without the operator's token)
@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 
-class ApiError(Exception):
-    """An answer the API gives instead of a result."""
+class Refusal(Exception):
+    """An answer the API gives instead of a result (not the operator's `kube.ApiError`, an
+    error of the Kubernetes API)."""
 
     status = 500
     headers: Mapping[str, str] = MappingProxyType({})
@@ -29,20 +30,20 @@ class ApiError(Exception):
         self.message = message
 
 
-class BadRequest(ApiError):
+class BadRequest(Refusal):
     status = 400
 
 
-class Unauthorized(ApiError):
+class Unauthorized(Refusal):
     """The route needs `Authorization: Bearer <token>`; the header says which scheme."""
 
     status = 401
     headers = MappingProxyType({"WWW-Authenticate": "Bearer"})
 
 
-class Unavailable(ApiError):
+class Unavailable(Refusal):
     status = 503
 
 
-class Conflict(ApiError):
+class Conflict(Refusal):
     status = 409

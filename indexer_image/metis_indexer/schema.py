@@ -151,6 +151,14 @@ class StatusAnswer(BaseModel):
     last_pass: LastPass
     warnings: list[str]
 
+    @classmethod
+    def read(cls, answer: object) -> StatusAnswer:
+        """An answer as a client (the operator) reads it: a field it does not know, from an
+        indexer newer than itself, is left out rather than refused."""
+        if isinstance(answer, Mapping):
+            answer = {k: v for k, v in answer.items() if k in cls.model_fields}
+        return cls.model_validate(answer)
+
 
 class Document(BaseModel):
     """One document of `GET /v1/documents`; `reason` and `detail` say why one failed."""

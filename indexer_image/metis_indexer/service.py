@@ -1,17 +1,11 @@
-"""The indexer as a running service: passes that keep the index current, and the
-operations the HTTP API exposes (search, status, documents, reindex, evaluate).
+"""The indexer as a running service: its lifecycle (the writer lock, standby, a changed
+configuration, the passes one after another) and the operations the HTTP API exposes
+(search, status, documents, reindex, evaluate).
 
-A pass (spec 000, "Incremental indexing"): walk the sources; a file with the same
-size and mtime is left alone, otherwise its content hash decides; new and changed
-files are read (in killable worker processes), cut, embedded and committed, many
-documents in flight at once: their passages share full embedding requests, and
-they are committed a few to a transaction, each document whole or not at all;
-files that are gone are dropped. When the embedding model
-does not answer, the pass waits (phase `waiting`) and resumes where it stopped.
-
-What fails is kept to what it is: a document that cannot be read, embedded or
-stored is recorded as failed with its reason and the pass goes on; a full index
-drive makes the pass wait for space; a damaged index is moved aside and rebuilt
+A pass (spec 000, "Incremental indexing") is `ingest.plan` (what to read, what to
+drop) and `ingest.runner` (reading, embedding, writing). When the embedding model
+does not answer, the pass waits (phase `waiting`) and resumes where it stopped; a
+full index drive makes it wait for space; a damaged index is moved aside and rebuilt
 from the sources (it is derived data).
 """
 
@@ -19,39 +13,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import datetime as dt
 import fcntl
-import hashlib
 import logging
 import os
 import sqlite3
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import evaluation, readers, search, sources, store
-from metis_indexer.clients import (
+from metis_indexer.config import IndexerConfig
+from metis_indexer.errors import BadRequest, Conflict, Unavailable
+from metis_indexer.index import store
+from metis_indexer.index.memory import Index, Settings
+from metis_indexer.ingest import plan
+from metis_indexer.ingest.readers.pool import ReaderPool
+from metis_indexer.ingest.runner import PassState, Runner, now
+from metis_indexer.metrics import Metrics
+from metis_indexer.models.clients import (
     EmbeddingClient,
     ModelRefused,
     ModelUnavailable,
     RerankClient,
-    Unencodable,
 )
-from metis_indexer.config import IndexerConfig
-from metis_indexer.documents import Chunk, FailReason, ReadFailed
-from metis_indexer.errors import BadRequest, Conflict, Unavailable
-from metis_indexer.index import Index, Settings
-from metis_indexer.metrics import Metrics
-from metis_indexer.readers.failures import detail
-from metis_indexer.readers.pool import ReaderPool
-from metis_indexer.schema import SearchAnswer, SearchRequest
-from metis_indexer.store import FileRecord
-from metis_indexer.writer import GroupWriter
+from metis_indexer.schema import DocumentsPage, SearchAnswer, SearchRequest, StatusAnswer
+from metis_indexer.search import evaluation
+from metis_indexer.search import hybrid as search
 
 log = logging.getLogger("metis.indexer")
 
@@ -64,57 +52,10 @@ MODEL_SILENCE = 30.0
 PROBE_SECONDS = 30.0
 """A model whose request failed is asked for one word: an answer within this long
 means the failure was passing, and the pass goes on without saying it waits."""
-IN_FLIGHT_DOCUMENTS = 32
-"""Documents hashed, read, embedded and written at once: enough that the reader workers
-always have the next file, the model full requests (a document is 18 passages on
-average), and the writer a group to commit while the next embed."""
 DOCUMENT_STATES = ("indexed", "failed")
 LOCK_FILE = "writer.lock"
 STANDBY_LOOK = 1.0
 """Seconds between looks, in standby, at whether the writing indexer has stopped."""
-
-
-def now() -> str:
-    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def file_hash(path: Path, root: Path | None = None) -> str:
-    """The content hash of a file that is still inside its drive (ReadFailed if not)."""
-    digest = hashlib.blake2b(digest_size=20)
-    with os.fdopen(readers.open_inside(path, root), "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def failed(record: FileRecord, why: ReadFailed) -> FileRecord:
-    return dataclasses.replace(
-        record, state="failed", reason=why.reason.value, detail=why.detail or None, chunks=0
-    )
-
-
-@dataclasses.dataclass
-class PassState:
-    """What a status shows of the passes."""
-
-    phase: str = "loading"
-    reason: str = ""
-    total: int = 0
-    done: int = 0
-    last_indexed_at: str | None = None
-    completed: int = 0
-    skipped: dict[str, int] = dataclasses.field(default_factory=dict)
-    indexed_revisions: dict[str, str] = dataclasses.field(default_factory=dict)
-    indexed_generation: int | None = None
-    read: int = 0
-    unchanged: int = 0
-    dropped: int = 0
-    problems: list[str] = dataclasses.field(default_factory=list)
-
-
-def _under(key: tuple[str, str], folders: list[tuple[str, str]]) -> bool:
-    drive, path = key
-    return any(d == drive and (not f or path.startswith(f + "/")) for d, f in folders)
 
 
 class Indexer:
@@ -134,8 +75,6 @@ class Indexer:
         self._task: asyncio.Task[None] | None = None
         self._model_lock = asyncio.Lock()
         self._pool: ReaderPool | None = None
-        self._writer: GroupWriter | None = None
-        """The pass's writer (one a pass, over the index as it is then)."""
         self.on_progress: Callable[[PassState], None] | None = None
         self._lock_fd: int | None = None
         self._rebuilding = ""
@@ -323,37 +262,19 @@ class Indexer:
             if current is not None and self.index.chunk_count:
                 log.info("index built with %s; now %s: reading everything again", current, settings)
             await asyncio.to_thread(self.index.adopt, settings)
-        listing, unseen = await asyncio.to_thread(self._walk)
+        listing = await asyncio.to_thread(plan.scan, self.config.sources)
+        self.state.skipped = dict(listing.skipped)
+        self.state.problems = list(listing.problems)
         known = {(f.record.source, f.record.path): f.record for f in self.index.files.values()}
-        gone = [key for key in known if key not in listing and not _under(key, unseen)]
+        todo, gone = plan.plan(listing, known, settings, full)
         await asyncio.to_thread(self.index.drop_files, gone)
-        todo = [
-            (key, item)
-            for key, item in sorted(listing.items())
-            if full
-            or key not in known
-            or known[key].built_with != settings.key
-            or (known[key].size, known[key].mtime_ns) != (item.size, item.mtime_ns)
-        ]
         self.state.total, self.state.done = len(todo), 0
         self.state.read = self.state.unchanged = 0
         self.state.dropped = len(gone)
         self._set_phase("indexing" if todo else "scanning", "")
-        queue: asyncio.Queue[tuple[tuple[str, str], sources.Found]] = asyncio.Queue()
-        for entry in todo:
-            queue.put_nowait(entry)
-        self._writer = GroupWriter(self.index)
-        writing = asyncio.create_task(self._writer.run(), name="metis-writer")
-        workers = [
-            asyncio.create_task(self._work(queue, known, full, settings))
-            for _ in range(min(IN_FLIGHT_DOCUMENTS, len(todo)))
-        ]
-        try:
-            await asyncio.gather(*workers)
-        finally:
-            for w in workers:
-                w.cancel()
-            writing.cancel()
+        assert self._pool is not None
+        runner = Runner(self.index, self._pool, self._embed, self.state, self._publish)
+        await runner.run(todo, known, full, settings)
         await asyncio.to_thread(self.index.settle)
         self.state.last_indexed_at = now()
         self.state.completed += 1
@@ -366,30 +287,6 @@ class Indexer:
             "pass done in %.1f s: %d read, %d unchanged, %d dropped",
             time.monotonic() - started, self.state.read, self.state.unchanged, len(gone),
         )
-
-    def _walk(self) -> tuple[dict[tuple[str, str], sources.Found], list[tuple[str, str]]]:
-        """Every readable file of the sources, and the folders that could not be listed
-        (their documents are kept: a folder we cannot see is not a folder that is empty)."""
-        listing: dict[tuple[str, str], sources.Found] = {}
-        skipped: dict[str, int] = {}
-        unseen: list[tuple[str, str]] = []
-        problems: list[str] = []
-        for source in self.config.sources:
-            try:
-                found = sources.walk(source.root, source.path)
-            except sources.SourceError as e:
-                problems.append(f"source {source.drive}: {e}")
-                unseen.append((source.drive, source.path or ""))
-                continue
-            for f in found.files:
-                listing[(source.drive, f.path)] = f
-            for ext, n in found.skipped.items():
-                skipped[ext] = skipped.get(ext, 0) + n
-            unseen += [(source.drive, folder) for folder in found.unreadable]
-            problems += [f"source {source.drive}: cannot list {u}" for u in found.unreadable]
-        self.state.skipped = skipped
-        self.state.problems = problems
-        return listing, unseen
 
     async def _settings(self) -> Settings:
         """What the index must be built with now: waits for the embedding model."""
@@ -407,100 +304,15 @@ class Indexer:
             except ModelUnavailable as e:
                 await self._wait_for_model(e)
 
-    async def _work(
-        self,
-        queue: asyncio.Queue[tuple[tuple[str, str], sources.Found]],
-        known: dict[tuple[str, str], FileRecord],
-        full: bool,
-        settings: Settings,
-    ) -> None:
-        while not queue.empty():
-            (drive, path), item = queue.get_nowait()
-            await self._one(drive, path, item, known.get((drive, path)), full, settings)
-            self.state.done += 1
-            self._publish()
-
-    async def _one(
-        self,
-        drive: str,
-        path: str,
-        item: sources.Found,
-        before: FileRecord | None,
-        full: bool,
-        settings: Settings,
-    ) -> None:
-        """Bring one file up to date; commits it whole or not at all. Whatever fails of
-        this document alone is recorded as its failure, and the pass goes on."""
-        try:
-            digest = await asyncio.to_thread(file_hash, item.absolute, item.root)
-        except (OSError, ReadFailed) as e:
-            digest = ""
-            result: list[Chunk] | ReadFailed = (
-                e if isinstance(e, ReadFailed) else ReadFailed(FailReason.UNREADABLE, detail(e))
-            )
-        else:
-            if (
-                before is not None
-                and before.hash == digest
-                and before.built_with == settings.key
-                and not full
-            ):
-                await asyncio.to_thread(
-                    self.index.touch_file,
-                    dataclasses.replace(before, size=item.size, mtime_ns=item.mtime_ns),
-                )
-                self.state.unchanged += 1
-                return
-            assert self._pool is not None
-            result = await self._pool.read_chunks(
-                item.absolute, item.kind, settings.chunk_size, settings.chunk_overlap, item.root
-            )
-        self.state.read += 1
-        record = FileRecord(
-            source=drive, path=path, kind=item.kind.value, size=item.size,
-            mtime_ns=item.mtime_ns, hash=digest, state="indexed", indexed_at=now(),
-            built_with=settings.key,
-        )
-        if isinstance(result, ReadFailed):
-            await self._put(failed(record, result))
-            return
-        chunks = result
-        try:
-            vectors = await self._embed(chunks)
-        except Unencodable as e:
-            await self._put(failed(record, ReadFailed(FailReason.MALFORMED, str(e))))
-            return
-        except ModelRefused as e:
-            await self._put(failed(record, ReadFailed(FailReason.EMBEDDING_REFUSED, str(e))))
-            return
-        record = dataclasses.replace(
-            record, title=chunks[0].title if chunks else None, chunks=len(chunks)
-        )
-        try:
-            await self._put(record, chunks, vectors)
-        except (sqlite3.Error, ValueError) as e:
-            if store.trouble(e) is not None:
-                raise  # the index's trouble, not this document's
-            log.warning("%s: %s could not be stored: %s", drive, path, e)
-            await self._put(failed(record, ReadFailed(FailReason.NOT_STORED, detail(e))))
-
-    async def _put(
-        self,
-        record: FileRecord,
-        chunks: list[Chunk] | None = None,
-        vectors: npt.NDArray[np.float32] | None = None,
-    ) -> None:
-        """Write one document, in a transaction with others that are ready."""
-        assert self._writer is not None, "documents are written during a pass"
-        await self._writer.put((record, chunks or [], vectors))
-
-    async def _embed(self, chunks: list[Chunk]) -> npt.NDArray[np.float32] | None:
+    async def _embed(self, passages: list[str]) -> npt.NDArray[np.float32] | None:
+        """Vectors of a document's passages; waits (phase `waiting`) while the model is
+        away."""
         if self.embedder is None:
             return None
         while True:
             started = time.monotonic()
             try:
-                vectors = await self.embedder.embed_documents([c.embedding_text for c in chunks])
+                vectors = await self.embedder.embed_documents(passages)
                 self.metrics.embed_seconds.observe(time.monotonic() - started)
                 return vectors
             except ModelRefused:
@@ -581,9 +393,9 @@ class Indexer:
             "failed": failed,
         }
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusAnswer:
         s = self.state
-        return {
+        return StatusAnswer.model_validate({
             "name": self.config.name,
             "phase": s.phase,
             "reason": s.reason,
@@ -602,7 +414,7 @@ class Indexer:
             "indexed_generation": s.indexed_generation,
             "last_pass": {"read": s.read, "unchanged": s.unchanged, "dropped": s.dropped},
             "warnings": [*s.problems, *self._notes],
-        }
+        })  # fmt: skip
 
     def empty_warning(self) -> str:
         if self.state.completed and not self.counts()["documents"]:
@@ -631,7 +443,7 @@ class Indexer:
             )
         return await search.search(self.index, req, self._models(), self.empty_warning())
 
-    def documents(self, page: int, page_size: int, state: str | None) -> dict[str, Any]:
+    def documents(self, page: int, page_size: int, state: str | None) -> DocumentsPage:
         if page < 1:
             raise BadRequest("INVALID_BODY", f"page is {page}; pages count from 1")
         if not 1 <= page_size <= 1000:
@@ -645,7 +457,7 @@ class Indexer:
         ]
         rows.sort(key=lambda r: (r.source, r.path))
         start = (page - 1) * page_size
-        return {
+        return DocumentsPage.model_validate({
             "documents": [
                 {
                     "source": r.source, "document": r.path, "kind": r.kind, "title": r.title,
@@ -657,7 +469,7 @@ class Indexer:
             "page": page,
             "page_size": page_size,
             "total": len(rows),
-        }
+        })  # fmt: skip
 
     async def evaluate(self, k: int) -> evaluation.Evaluation:
         drives = {s.drive: s.root for s in self.config.sources}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from metis_indexer.documents import Chunk
-from metis_indexer.index import Index, Settings
-from metis_indexer.store import FileRecord
+from metis_indexer.index.memory import Index, Settings
+from metis_indexer.index.store import FileRecord
 
 DIM = 8
 
@@ -32,5 +32,5 @@ def axis(i: int, dim: int = DIM) -> np.ndarray:
 
 def new_index(folder, dim: int = DIM) -> Index:
     index = Index(folder)
-    index.reset(Settings("test-model", dim, 1200, 200))
+    index.adopt(Settings("test-model", dim, 1200, 200))
     return index

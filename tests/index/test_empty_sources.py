@@ -10,8 +10,9 @@ import pytest
 
 from metis_indexer.config import IndexerConfig, SourceConfig
 from metis_indexer.errors import Unavailable
+from metis_indexer.ingest.runner import PassState
 from metis_indexer.schema import SearchAnswer, SearchRequest
-from metis_indexer.service import Indexer, PassState
+from metis_indexer.service import Indexer
 
 
 def indexer_of_a_picture(tmp_path: Path) -> Indexer:

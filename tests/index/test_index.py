@@ -8,13 +8,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from metis_indexer.index import Index, Settings
+from metis_indexer.index.memory import Index, Settings
 
 from .helpers import axis, chunk, new_index, record
 
 
 def keyword_rows(index: Index, text: str) -> list[int]:
-    from metis_indexer import tokens
+    from metis_indexer.index import tokens
 
     ids = index.store.word_ids(tokens.words(text))
     scores = index.keyword.scores(ids, index.alive)
@@ -121,11 +121,11 @@ WRITER = textwrap.dedent(
     import sys
     import numpy as np
     from metis_indexer.documents import Chunk
-    from metis_indexer.index import Index, Settings
-    from metis_indexer.store import FileRecord
+    from metis_indexer.index.memory import Index, Settings
+    from metis_indexer.index.store import FileRecord
     index = Index(__import__("pathlib").Path(sys.argv[1]))
     if index.settings() is None:
-        index.reset(Settings("m", 8, 1200, 200))
+        index.adopt(Settings("m", 8, 1200, 200))
     index.load()
     print("ready", flush=True)
     i = 0

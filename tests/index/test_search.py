@@ -9,7 +9,7 @@ import pytest
 
 from metis_indexer.errors import BadRequest, Unavailable
 from metis_indexer.schema import SearchRequest, parse_body
-from metis_indexer.search import Models, leg_size, rerank_size, search
+from metis_indexer.search.hybrid import Models, leg_size, rerank_size, search
 
 from .helpers import DIM, axis, chunk, new_index, record
 

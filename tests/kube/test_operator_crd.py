@@ -4,7 +4,6 @@ filled in, and the printer columns are those of DESIGN.md."""
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -14,17 +13,8 @@ import pytest
 from metis_dev.plane import ControlPlane
 from metis_dev.process import wait_for
 from tests.kube.operator_support import ROOT, install, kb
-
-GOOD: dict[str, Any] = {
-    "sources": [{"drive": "docs", "path": "handbook"}, {"drive": "runbooks"}],
-    "embedding": {"deployment": "bge-m3"},
-}
-
-
-def spec(**changes: Any) -> dict[str, Any]:
-    out = copy.deepcopy(GOOD)
-    out.update(changes)
-    return out
+from tests.support import refused_specs
+from tests.support.refused_specs import GOOD, spec
 
 
 @pytest.fixture(scope="module")
@@ -38,107 +28,7 @@ def apply(kube: ControlPlane, namespace: str, body: dict[str, Any]) -> tuple[int
     return done.returncode, done.stderr + done.stdout
 
 
-REFUSED = [
-    pytest.param("-handbook", GOOD, "metadata.name", id="name-starts-with-dash"),
-    pytest.param("handbook-", GOOD, "metadata.name", id="name-ends-with-dash"),
-    pytest.param("h" * 41, GOOD, "metadata.name must be at most 40 characters", id="name-41"),
-    pytest.param("hb", spec(sources=[]), "spec.sources", id="no-source"),
-    pytest.param(
-        "hb",
-        spec(sources=[{"drive": f"d{i}"} for i in range(17)]),
-        "spec.sources",
-        id="17-sources",
-    ),
-    pytest.param(
-        "hb",
-        spec(sources=[{"drive": "docs", "path": "a/../b"}]),
-        "spec.sources[0].path",
-        id="dotdot-part",
-    ),
-    pytest.param(
-        "hb",
-        spec(sources=[{"drive": "docs", "path": "./a"}]),
-        "spec.sources[0].path",
-        id="dot-part",
-    ),
-    pytest.param(
-        "hb",
-        spec(sources=[{"drive": "docs", "path": "/etc"}]),
-        "spec.sources[0].path",
-        id="absolute-path",
-    ),
-    pytest.param(
-        "hb",
-        spec(sources=[{"drive": "docs", "path": "hb"}, {"drive": "docs", "path": "hb/hr"}]),
-        "spec.sources: two sources of one drive may not overlap",
-        id="nested-sources",
-    ),
-    pytest.param(
-        "hb",
-        spec(sources=[{"drive": "docs"}, {"drive": "docs", "path": "hr"}]),
-        "spec.sources: two sources of one drive may not overlap",
-        id="whole-drive-and-folder",
-    ),
-    pytest.param(
-        "hb",
-        spec(sources=[{"drive": "docs"}, {"drive": "docs"}]),
-        "spec.sources: two sources of one drive may not overlap",
-        id="same-source-twice",
-    ),
-    pytest.param("hb", spec(chunking={"size": 199}), "spec.chunking.size", id="chunk-199"),
-    pytest.param("hb", spec(chunking={"size": 4001}), "spec.chunking.size", id="chunk-4001"),
-    pytest.param(
-        "hb",
-        spec(chunking={"size": 400, "overlap": 300}),
-        "spec.chunking.overlap (300) must be less than half of spec.chunking.size (400)",
-        id="overlap-half",
-    ),
-    pytest.param(
-        "hb",
-        spec(chunking={"overlap": 600}),
-        "spec.chunking.overlap (600) must be less than half of spec.chunking.size (1200)",
-        id="overlap-default-size",
-    ),
-    pytest.param(
-        "hb",
-        spec(chunking={"size": 300}),
-        "spec.chunking.overlap (200, its default when not set) must be less than half of "
-        "spec.chunking.size (300)",
-        id="overlap-not-set",
-    ),
-    pytest.param("hb", spec(placement={"cpu_cores": 0}), "spec.placement.cpu_cores", id="cpu-0"),
-    pytest.param("hb", spec(placement={"cpu_cores": 65}), "spec.placement.cpu_cores", id="cpu-65"),
-    pytest.param("hb", spec(placement={"memory_gb": 0}), "spec.placement.memory_gb", id="mem-0"),
-    pytest.param(
-        "hb", spec(placement={"memory_gb": 257}), "spec.placement.memory_gb", id="mem-257"
-    ),
-    pytest.param("hb", spec(rescan_seconds=9), "spec.rescan_seconds", id="rescan-9"),
-    pytest.param("hb", spec(rescan_seconds=86_401), "spec.rescan_seconds", id="rescan-86401"),
-    pytest.param("hb", spec(rescan_seconds=-1), "spec.rescan_seconds", id="rescan-negative"),
-    pytest.param("hb", spec(embedding={}), "spec.embedding.deployment", id="no-embedding-model"),
-    pytest.param(
-        "hb",
-        spec(embedding={"deployment": "BGE_M3"}),
-        "spec.embedding.deployment",
-        id="model-not-a-service-name",
-    ),
-    pytest.param(
-        "hb",
-        spec(placement={"labels": {"pool": "has space"}}),
-        "spec.placement.labels.pool",
-        id="label-value",
-    ),
-    pytest.param(
-        "hb",
-        spec(placement={"labels": {"bad key": "x"}}),
-        "spec.placement.labels",
-        id="label-key",
-    ),
-    pytest.param("hb", spec(chunking={"sise": 800}), "sise", id="unknown-field"),
-]
-
-
-@pytest.mark.parametrize(("name", "body", "words"), REFUSED)
+@pytest.mark.parametrize(("name", "body", "words"), refused_specs.params("crd"))
 def test_each_limit_is_refused_naming_the_field(
     kube: ControlPlane, crd: None, namespace: str, name: str, body: dict[str, Any], words: str
 ) -> None:

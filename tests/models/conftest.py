@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from metis_indexer.localmodel.encoder import Encoder
+from metis_indexer.models.localmodel.encoder import Encoder
 from tests.support.model_server import running_model_server
 
 
@@ -28,7 +28,7 @@ def encoder(model_cache_home: Path) -> Encoder:
 
 @pytest.fixture(scope="session")
 def model_server(model_cache_home: Path, encoder: Encoder) -> Iterator[str]:
-    """The base URL of a running `python -m metis_indexer.localmodel` (started after
+    """The base URL of a running `python -m metis_indexer.models.localmodel` (started after
     `encoder`, so the graph is already cached)."""
     with running_model_server(cache_home=model_cache_home) as server:
         yield server.base_url

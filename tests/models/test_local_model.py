@@ -21,8 +21,8 @@ import httpx
 import numpy as np
 import pytest
 
-from metis_indexer.localmodel import graph, server
-from metis_indexer.localmodel.encoder import (
+from metis_indexer.models.localmodel import graph, server
+from metis_indexer.models.localmodel.encoder import (
     EXTRA_INSTALL,
     MODEL_ID,
     WHEEL_INSTALL,
@@ -247,7 +247,8 @@ def test_cli_prints_its_address_and_stops_cleanly_on_sigterm(model_cache_home: P
         assert f"metis models: serving all-MiniLM-L6-v2 on {running.base_url}\n" in running.log()
         port = running.base_url.rsplit(":", 1)[1]
         taken = subprocess.run(
-            [sys.executable, "-m", "metis_indexer.localmodel", "--port", port, "--threads", "1"],
+            [sys.executable, "-m", "metis_indexer.models.localmodel", "--port", port,
+             "--threads", "1"],
             capture_output=True,
             text=True,
             timeout=120,

@@ -88,8 +88,7 @@ def test_podman_limits_stay_where_runc_can_set_them() -> None:
 
 
 def _tree(root: Path) -> None:
-    for rel in ("pyproject.toml", "indexer_image/Dockerfile", "metis_operator/Dockerfile",
-                "metis_operator/a.py", "indexer_image/metis_indexer/b.py",
+    for rel in ("pyproject.toml", "indexer_image/Dockerfile", "metis_operator/a.py", "indexer_image/metis_indexer/b.py",
                 "indexer_image/metis_indexer/__pycache__/b.cpython-311.pyc"):  # fmt: skip
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(rel)
@@ -98,12 +97,12 @@ def _tree(root: Path) -> None:
 def test_an_image_is_rebuilt_exactly_when_its_inputs_change(tmp_path: Path) -> None:
     _tree(tmp_path)
     assert [str(p) for p in images.context_files(tmp_path)] == [
-        "indexer_image/metis_indexer/b.py", "metis_operator/Dockerfile", "metis_operator/a.py",
-        "pyproject.toml"]  # fmt: skip
+        "indexer_image/metis_indexer/b.py", "metis_operator/a.py", "pyproject.toml"]  # fmt: skip
     key = images.image_key(images.INDEXER, "base-1", tmp_path)
     (tmp_path / "indexer_image/metis_indexer/__pycache__/b.cpython-311.pyc").write_text("x")
     assert images.image_key(images.INDEXER, "base-1", tmp_path) == key
     assert images.image_key(images.INDEXER, "base-2", tmp_path) != key
+    assert images.image_key(images.OPERATOR, "base-1", tmp_path) != key
     (tmp_path / "metis_operator/a.py").write_text("changed")
     assert images.image_key(images.INDEXER, "base-1", tmp_path) != key
 

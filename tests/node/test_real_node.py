@@ -83,7 +83,7 @@ def models(real_node: node.Node, tmp_path_factory: pytest.TempPathFactory) -> It
             [
                 sys.executable,
                 "-m",
-                "metis_indexer.localmodel",
+                "metis_indexer.models.localmodel",
                 "--host",
                 node.GATEWAY,
                 "--port",

@@ -1,6 +1,7 @@
-"""The CRD and the operator's spec model enforce the same limits with the same
-defaults: a limit changed in one place only is a bug this catches (the API
-server's behaviour itself is tested in tests/kube/test_operator_crd.py)."""
+"""The CRD enforces the limits of their one home (`metis_indexer.limits`, which the
+operator's spec model, the indexer's configuration, the chunker and the sources read)
+with the same defaults: a limit changed in one place only is a bug this catches (the
+API server's behaviour itself is tested in tests/kube/test_operator_crd.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from metis_indexer import limits
 from metis_operator import spec as spec_mod
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "knowledgebase.yaml"
@@ -27,11 +29,11 @@ def test_numeric_limits_and_defaults_match(schema: dict[str, Any]) -> None:
     chunking = schema["chunking"]["properties"]
     placement = schema["placement"]["properties"]
     assert (chunking["size"]["minimum"], chunking["size"]["maximum"]) == (
-        spec_mod.CHUNK_SIZE_MIN, spec_mod.CHUNK_SIZE_MAX)  # fmt: skip
-    assert chunking["size"]["default"] == spec_mod.CHUNK_SIZE_DEFAULT
-    assert chunking["overlap"]["default"] == spec_mod.CHUNK_OVERLAP_DEFAULT
+        limits.CHUNK_SIZE_MIN, limits.CHUNK_SIZE_MAX)  # fmt: skip
+    assert chunking["size"]["default"] == limits.CHUNK_SIZE_DEFAULT
+    assert chunking["overlap"]["default"] == limits.CHUNK_OVERLAP_DEFAULT
     assert schema["chunking"]["default"] == {
-        "size": spec_mod.CHUNK_SIZE_DEFAULT, "overlap": spec_mod.CHUNK_OVERLAP_DEFAULT}  # fmt: skip
+        "size": limits.CHUNK_SIZE_DEFAULT, "overlap": limits.CHUNK_OVERLAP_DEFAULT}  # fmt: skip
     assert (placement["cpu_cores"]["minimum"], placement["cpu_cores"]["maximum"]) == (
         spec_mod.CPU_MIN, spec_mod.CPU_MAX)  # fmt: skip
     assert (placement["memory_gb"]["minimum"], placement["memory_gb"]["maximum"]) == (
@@ -40,18 +42,18 @@ def test_numeric_limits_and_defaults_match(schema: dict[str, Any]) -> None:
         "cpu_cores": spec_mod.CPU_DEFAULT, "memory_gb": spec_mod.MEMORY_DEFAULT}  # fmt: skip
     assert placement["machines"]["maxItems"] == spec_mod.MACHINES_MAX
     rescan = schema["rescan_seconds"]
-    assert (rescan["default"], rescan["maximum"]) == (spec_mod.RESCAN_DEFAULT, spec_mod.RESCAN_MAX)
-    assert f"self >= {spec_mod.RESCAN_MIN}" in rescan["x-kubernetes-validations"][0]["rule"]
+    assert (rescan["default"], rescan["maximum"]) == (limits.RESCAN_DEFAULT, limits.RESCAN_MAX)
+    assert f"self >= {limits.RESCAN_MIN}" in rescan["x-kubernetes-validations"][0]["rule"]
     sources = schema["sources"]
     assert (sources["minItems"], sources["maxItems"]) == (
-        spec_mod.SOURCES_MIN, spec_mod.SOURCES_MAX)  # fmt: skip
+        limits.SOURCES_MIN, limits.SOURCES_MAX)  # fmt: skip
 
 
 def test_names_and_lengths_match(schema: dict[str, Any]) -> None:
     source = schema["sources"]["items"]["properties"]
     assert source["drive"]["pattern"] == spec_mod.DRIVE_RE
     assert source["drive"]["maxLength"] == spec_mod.DRIVE_MAX
-    assert source["path"]["maxLength"] == spec_mod.PATH_MAX
+    assert source["path"]["maxLength"] == limits.PATH_MAX
     for model in ("embedding", "reranker"):
         deployment = schema[model]["properties"]["deployment"]
         assert deployment["pattern"] == spec_mod.SERVICE_RE
@@ -98,5 +100,5 @@ def test_every_field_is_documented_for_kubectl_explain() -> None:
 
 def test_the_overlap_rule_names_the_default(schema: dict[str, Any]) -> None:
     (rule,) = schema["chunking"]["x-kubernetes-validations"]
-    assert f"self.overlap == {spec_mod.CHUNK_OVERLAP_DEFAULT}" in rule["messageExpression"]
+    assert f"self.overlap == {limits.CHUNK_OVERLAP_DEFAULT}" in rule["messageExpression"]
     assert "its default when not set" in rule["messageExpression"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import kopf
 
-from metis_operator import cache, handlers
+from metis_operator import cache, crd, handlers
 from metis_operator import settings as settings_mod
 
 
@@ -32,7 +32,7 @@ def test_every_kind_that_decides_a_base_is_watched_and_indexed() -> None:
 
 def test_the_pause_annotation() -> None:
     def body(value: str | None) -> dict[str, object]:
-        annotations = {handlers.PAUSED: value} if value is not None else {}
+        annotations = {crd.PAUSED: value} if value is not None else {}
         return {"metadata": {"annotations": annotations}}
 
     assert handlers.paused(body("true")) and handlers.paused(body("True"))

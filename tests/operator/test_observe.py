@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from metis_operator import observe
+from metis_operator import crd, observe
 from metis_operator.state import PodView
 
 
@@ -103,9 +103,9 @@ def test_scaled_to_zero_behind_a_selector() -> None:
 
 
 def test_claims_and_revisions() -> None:
-    claim = {"metadata": {"annotations": {observe.REVISION: " r2 "}}, "status": {"phase": "Bound"}}
+    claim = {"metadata": {"annotations": {crd.REVISION: " r2 "}}, "status": {"phase": "Bound"}}
     assert observe.claim_bound(claim) and observe.revision(claim) == "r2"
-    unlisted = {"metadata": {"annotations": {observe.REVISION: ""}}, "status": {"phase": "Bound"}}
+    unlisted = {"metadata": {"annotations": {crd.REVISION: ""}}, "status": {"phase": "Bound"}}
     assert observe.from_data_source(unlisted) and not observe.revision(unlisted)
     assert not observe.from_data_source({"metadata": {}})
     assert not observe.claim_bound({"status": {"phase": "Pending"}})

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from metis_indexer import clients
+from metis_indexer.models import clients
 from metis_operator import probes
 from metis_operator.state import Model
 from tests.support.model_server import ModelServer, start_model_server

@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from metis_operator import kube, reconcile
+from metis_operator import indexer as calls
+from metis_operator import kube
 from metis_operator.cache import Cache
 from metis_operator.children import Owner
 from metis_operator.metrics import Metrics
@@ -46,7 +47,7 @@ def ask(cluster: Secrets) -> httpx.Request:
             settings = load({"METIS_URL_TEMPLATE": "http://{name}.{namespace}:{port}"})
             ctx = Context(settings, cluster, http, Metrics.create(), Cache(),  # type: ignore[arg-type]
                           Probers(http, interval=60, grace=20))  # fmt: skip
-            await reconcile.reindex(ctx, OWNER, full=True)
+            await calls.reindex(ctx, OWNER, full=True)
 
     asyncio.run(scenario())
     (request,) = seen

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from metis_operator import reconcile
-from metis_operator.reconcile import GENERATION_ANNOTATION
+from metis_operator.crd import GENERATION_ANNOTATION
 
 
 def deployment(generation: str | None, image: str) -> dict[str, Any]:

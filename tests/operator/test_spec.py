@@ -3,7 +3,6 @@ the indexer configuration a spec turns into."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -11,17 +10,8 @@ import pytest
 
 from metis_operator import spec as spec_mod
 from metis_operator.spec import SpecError
-
-GOOD: dict[str, Any] = {
-    "sources": [{"drive": "docs", "path": "handbook"}, {"drive": "runbooks"}],
-    "embedding": {"deployment": "bge-m3"},
-}
-
-
-def spec(**changes: Any) -> dict[str, Any]:
-    out = copy.deepcopy(GOOD)
-    out.update(changes)
-    return out
+from tests.support import refused_specs
+from tests.support.refused_specs import GOOD, spec
 
 
 def refused(body: dict[str, Any], name: str = "handbook") -> str:
@@ -37,88 +27,7 @@ def test_defaults_are_the_specs() -> None:
     assert s.reranker is None and s.drives == ["docs", "runbooks"]
 
 
-@pytest.mark.parametrize(
-    ("name", "body", "words"),
-    [
-        pytest.param("-hb", GOOD, "metadata.name '-hb' must be lowercase", id="name-dash"),
-        pytest.param("Handbook", GOOD, "metadata.name", id="name-upper"),
-        pytest.param("h" * 41, GOOD, "at most 40 characters", id="name-41"),
-        pytest.param(
-            "hb", spec(sources=[]), "spec.sources: List should have at least 1", id="none"
-        ),
-        pytest.param(
-            "hb",
-            spec(sources=[{"drive": f"d{i}"} for i in range(17)]),
-            "spec.sources: List should have at most 16",
-            id="17",
-        ),
-        pytest.param(
-            "hb",
-            spec(sources=[{"drive": "docs", "path": "a/../b"}]),
-            "spec.sources[0].path: must be a folder of the drive",
-            id="dotdot",
-        ),
-        pytest.param(
-            "hb",
-            spec(sources=[{"drive": "docs", "path": "a//b"}]),
-            "spec.sources[0].path",
-            id="empty-part",
-        ),
-        pytest.param(
-            "hb",
-            spec(sources=[{"drive": "docs", "path": "/a"}]),
-            "spec.sources[0].path",
-            id="absolute",
-        ),
-        pytest.param(
-            "hb",
-            spec(sources=[{"drive": "docs", "path": "hb"}, {"drive": "docs", "path": "hb/hr"}]),
-            "spec.sources[0] and spec.sources[1] overlap",
-            id="nested",
-        ),
-        pytest.param(
-            "hb",
-            spec(sources=[{"drive": "docs"}, {"drive": "x"}, {"drive": "docs", "path": "a"}]),
-            "spec.sources[0] and spec.sources[2] overlap",
-            id="whole-drive",
-        ),
-        pytest.param("hb", spec(chunking={"size": 199}), "spec.chunking.size", id="size-199"),
-        pytest.param("hb", spec(chunking={"size": 4001}), "spec.chunking.size", id="size-4001"),
-        pytest.param(
-            "hb",
-            spec(chunking={"size": 400, "overlap": 200}),
-            "spec.chunking.overlap (200) must be less than half of spec.chunking.size (400)",
-            id="overlap",
-        ),
-        pytest.param(
-            "hb",
-            spec(chunking={"size": 300}),
-            "spec.chunking.overlap (200, its default when not set) must be less than half of "
-            "spec.chunking.size (300)",
-            id="overlap-default",
-        ),
-        pytest.param(
-            "hb",
-            spec(chunking={"overlap": 600}),
-            "spec.chunking.overlap (600) must be less than half of spec.chunking.size (1200)",
-            id="overlap-default-size",
-        ),
-        pytest.param("hb", spec(placement={"cpu_cores": 65}), "spec.placement.cpu_cores", id="cpu"),
-        pytest.param("hb", spec(placement={"memory_gb": 0}), "spec.placement.memory_gb", id="mem"),
-        pytest.param(
-            "hb", spec(placement={"labels": {"pool": "a b"}}), "spec.placement.labels", id="label"
-        ),
-        pytest.param(
-            "hb", spec(placement={"machines": ["Node_1"]}), "spec.placement.machines", id="machine"
-        ),
-        pytest.param("hb", spec(rescan_seconds=9), "spec.rescan_seconds: is 9", id="rescan-9"),
-        pytest.param("hb", spec(rescan_seconds=86_401), "spec.rescan_seconds", id="rescan-max"),
-        pytest.param(
-            "hb", spec(embedding={"deployment": "BGE"}), "spec.embedding.deployment", id="model"
-        ),
-        pytest.param("hb", spec(chunking={"sise": 1}), "spec.chunking.sise", id="unknown-field"),
-    ],
-)
+@pytest.mark.parametrize(("name", "body", "words"), refused_specs.params("operator"))
 def test_each_limit_is_refused_naming_the_field(
     name: str, body: dict[str, Any], words: str
 ) -> None:

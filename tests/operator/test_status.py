@@ -10,7 +10,6 @@ import pytest
 
 from metis_operator import status as status_mod
 from metis_operator.state import (
-    IndexerStatus,
     Model,
     ModelCheck,
     Observation,
@@ -18,10 +17,11 @@ from metis_operator.state import (
     State,
     Verdict,
 )
+from tests.operator.answers import indexer_status
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 EMBEDDING = ModelCheck("embedding model", "bge-m3", Model.AVAILABLE, "serves BAAI/bge-m3 (1024)")
-STATUS = IndexerStatus(
+STATUS = indexer_status(
     phase="ready", documents=40, chunks=120, failed=1, passes=2,
     last_indexed_at=T0, dimensions=1024, indexed_revisions={"docs": "r1"},
 )  # fmt: skip
@@ -107,7 +107,7 @@ def test_kstatus_conditions_follow_the_state(
 
 
 def test_progress_while_a_pass_reads() -> None:
-    o = Observation(indexer=IndexerStatus(phase="indexing", pass_total=40, pass_done=12))
+    o = Observation(indexer=indexer_status(phase="indexing", pass_total=40, pass_done=12))
     s = compose({}, verdict=Verdict(State.INDEXING, "reading"), o=o)
     assert s["progress"] == "12/40"
 
@@ -163,7 +163,7 @@ def test_warnings_count_folders_instead_of_naming_them() -> None:
     o = Observation(
         embedding=idle,
         reranker=ModelCheck("reranker", "rr", Model.NOT_ANSWERING, "timed out"),
-        indexer=IndexerStatus(phase="ready", warnings=[
+        indexer=indexer_status(phase="ready", warnings=[
             "source docs: cannot list hr/salaries-2026", "source docs: cannot list legal/x",
             "source wiki: the drive at /drives/wiki is not a folder",
         ]),

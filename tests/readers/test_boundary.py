@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from metis_indexer import readers
 from metis_indexer.documents import Document, FailReason, Kind, ReadFailed
-from metis_indexer.service import file_hash
+from metis_indexer.ingest import readers
+from metis_indexer.ingest.runner import file_hash
 
 from .paths import TIKA_PDF
 

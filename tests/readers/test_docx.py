@@ -6,9 +6,9 @@ import zipfile
 
 import pytest
 
-from metis_indexer import readers
 from metis_indexer.documents import FailReason, Kind, ReadFailed
-from metis_indexer.readers import docx
+from metis_indexer.ingest import readers
+from metis_indexer.ingest.readers import docx
 
 from .paths import POI, TIKA_WORD, TORTURE
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metis_indexer.readers import encoding
+from metis_indexer.ingest.readers import encoding
 
 from .paths import BAT, CHARDET, TORTURE
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from metis_indexer.documents import Kind
-from metis_indexer.readers import html
+from metis_indexer.ingest.readers import html
 
 from .paths import CHARDET, PERF, READABILITY, TIKA_DOCS, TIKA_HTML
 

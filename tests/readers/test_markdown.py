@@ -7,7 +7,7 @@ import re
 import pytest
 
 from metis_indexer.documents import Kind
-from metis_indexer.readers import encoding, markdown
+from metis_indexer.ingest.readers import encoding, markdown
 
 from .paths import PERF
 

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from metis_indexer import readers
 from metis_indexer.documents import FailReason, Kind, ReadFailed
+from metis_indexer.ingest import readers
 
 from .paths import TIKA_PDF, TORTURE
 

@@ -8,10 +8,10 @@ import signal
 
 import pytest
 
-from metis_indexer import readers
-from metis_indexer.chunking import chunk_document
 from metis_indexer.documents import FailReason, Kind, ReadFailed
-from metis_indexer.readers.pool import Limits, ReaderPool
+from metis_indexer.ingest import readers
+from metis_indexer.ingest.chunking import chunk_document
+from metis_indexer.ingest.readers.pool import Limits, ReaderPool
 
 from .paths import PERF, POI, TORTURE
 

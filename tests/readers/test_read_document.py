@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from metis_indexer import readers
 from metis_indexer.documents import Document, FailReason, Kind, ReadFailed
-from metis_indexer.readers import markdown
+from metis_indexer.ingest import readers
+from metis_indexer.ingest.readers import markdown
 
 from .paths import BAT, PERF, TIKA_DOCS, TORTURE
 

@@ -12,9 +12,9 @@ import re
 
 import pytest
 
-from metis_indexer import sources
 from metis_indexer.documents import Document, FailReason, Kind, ReadFailed
-from metis_indexer.readers.pool import Done, Limits, ReaderPool
+from metis_indexer.ingest import sources
+from metis_indexer.ingest.readers.pool import Done, Limits, ReaderPool
 
 from .paths import TORTURE
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from metis_indexer.clients import (
+from metis_indexer.models.clients import (
     EmbeddingClient,
     ModelRefused,
     _Asked,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from metis_indexer.chunking import chunk_document
 from metis_indexer.documents import FailReason, ReadFailed
-from metis_indexer.readers import kind_of, read_document
+from metis_indexer.ingest.chunking import chunk_document
+from metis_indexer.ingest.readers import kind_of, read_document
 from tests.support.model_server import ModelServer, start_model_server
 from tests.support.processes import Process, free_port, indexer, metis, running, wait_ready
 

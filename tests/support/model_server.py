@@ -55,7 +55,7 @@ def _die_with_parent() -> None:
 
 @dataclass(eq=False)  # identity semantics: kept in a set of live servers
 class ModelServer:
-    """One running `python -m metis_indexer.localmodel`."""
+    """One running `python -m metis_indexer.models.localmodel`."""
 
     base_url: str
     proc: subprocess.Popen[bytes]
@@ -115,7 +115,7 @@ def start_model_server(
     start builds.
     """
     port = port or free_port()
-    args = [sys.executable, "-m", "metis_indexer.localmodel", "--port", str(port)]
+    args = [sys.executable, "-m", "metis_indexer.models.localmodel", "--port", str(port)]
     if threads is not None:
         args += ["--threads", str(threads)]
     env = dict(os.environ)

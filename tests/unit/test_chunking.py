@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metis_indexer.chunking import chunk_document, chunk_text
 from metis_indexer.documents import Chunk, Document, Kind, Section
+from metis_indexer.ingest.chunking import chunk_document, chunk_text
 
 PROPERTY = settings(
     # `make mutation` runs these once per mutant and asks for fewer examples.
@@ -88,7 +88,7 @@ def sentence_around(spans: list[tuple[int, int]], position: int) -> tuple[int, i
 
 
 def reference_spans(text: str, size: int, overlap: int) -> list[tuple[int, int]]:
-    """The rules of `metis_indexer.chunking`, one character at a time."""
+    """The rules of `metis_indexer.ingest.chunking`, one character at a time."""
     n = len(text.rstrip())
     half = (size + 1) // 2
     paragraphs, ends, said = paragraph_ends(text), sentence_ends(text), sentences(text)
@@ -448,22 +448,6 @@ def test_arguments_out_of_range_are_refused(size: int, overlap: int, named: str)
 def test_limits_are_accepted() -> None:
     assert chunk_text("a b", 200, 99) == [(0, 3)]
     assert chunk_text("a b", 4000, 1999) == [(0, 3)]
-
-
-def test_embedding_text_puts_title_and_headings_in_front() -> None:
-    chunk = Chunk(
-        title="Handbook",
-        headings=("Leave policy", "Vacation"),
-        text="25 days a year.",
-        page=None,
-        line=3,
-        section=0,
-        start=0,
-    )
-    assert chunk.embedding_text == "Handbook > Leave policy > Vacation\n\n25 days a year."
-    untitled = Chunk(None, ("Vacation",), "25 days.", None, None, 0, 0)
-    assert untitled.embedding_text == "Vacation\n\n25 days."
-    assert Chunk(None, (), "25 days.", None, None, 0, 0).embedding_text == "25 days."
 
 
 # --- Every kind of end, at every offset around a chunk's edges ----------------------------

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from metis_indexer.config import IndexerConfig, describe
+from metis_indexer.config import IndexerConfig, explain
 
 
 def config(**over):
@@ -12,7 +12,7 @@ def config(**over):
 def error(**over) -> str:
     with pytest.raises(ValidationError) as e:
         config(**over)
-    return describe(e.value)
+    return explain(e.value)
 
 
 def test_defaults_follow_the_spec():
@@ -25,7 +25,7 @@ def test_defaults_follow_the_spec():
     [
         ({"sources": []}, "sources: List should have at least 1 item"),
         ({"sources": [{"drive": "d", "root": "/d"}] * 17}, "at most 16 items"),
-        ({"sources": [{"drive": "d", "root": "/d", "path": "a/../b"}]}, "without . or .. parts"),
+        ({"sources": [{"drive": "d", "root": "/d", "path": "a/../b"}]}, "has a '..' part"),
         ({"chunking": {"size": 100}}, "chunking.size"),
         ({"chunking": {"size": 400, "overlap": 200}}, "less than half of chunking.size"),
         ({"rescan_seconds": 5}, "rescan_seconds is 5; it must be 0 or 10 to 86400"),

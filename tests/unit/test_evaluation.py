@@ -6,7 +6,8 @@ import asyncio
 import pytest
 
 from metis_indexer.errors import BadRequest
-from metis_indexer.evaluation import (
+from metis_indexer.schema import Citation, Result, Scores, SearchAnswer, Took
+from metis_indexer.search.evaluation import (
     MAX_CASES,
     MRR_DEPTH,
     TIME_LIMIT,
@@ -20,7 +21,6 @@ from metis_indexer.evaluation import (
     reciprocal_rank,
     ways,
 )
-from metis_indexer.schema import Citation, Result, Scores, SearchAnswer, Took
 
 
 def answer(*docs: str) -> SearchAnswer:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from metis_indexer.fusion import RRF_K, reciprocal_rank
+from metis_indexer.search.fusion import RRF_K, reciprocal_rank
 
 
 def test_an_item_both_lists_found_beats_one_only_one_found_first():

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metis_indexer.keyword import KeywordIndex
-from metis_indexer.tokens import words
+from metis_indexer.index.keyword import KeywordIndex
+from metis_indexer.index.tokens import words
 
 PEPS = Path(__file__).resolve().parents[2].parent / "shared/data/perf/python-peps"
 

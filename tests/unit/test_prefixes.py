@@ -1,6 +1,6 @@
 import pytest
 
-from metis_indexer.prefixes import BGE_INSTRUCTION, QWEN3_INSTRUCTION, default_prefixes
+from metis_indexer.models.prefixes import BGE_INSTRUCTION, QWEN3_INSTRUCTION, default_prefixes
 
 
 @pytest.mark.parametrize(

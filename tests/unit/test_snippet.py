@@ -1,5 +1,5 @@
-from metis_indexer.snippet import LIMIT, sentences, snippet
-from metis_indexer.tokens import words
+from metis_indexer.index.tokens import words
+from metis_indexer.search.snippet import LIMIT, sentences, snippet
 
 TEXT = (
     "The office opens at nine. Everyone gets 25 days of paid vacation each year, "

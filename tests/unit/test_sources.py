@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from metis_indexer import sources
 from metis_indexer.documents import Kind
+from metis_indexer.ingest import sources
 
 
 def make(root: Path, *paths: str) -> None:

@@ -3,7 +3,7 @@ import unicodedata
 import hypothesis
 from hypothesis import strategies as st
 
-from metis_indexer.tokens import fold, words
+from metis_indexer.index.tokens import fold, words
 
 
 def test_accents_fold_and_case():

@@ -16,8 +16,8 @@ import tomllib
 import yaml
 
 from metis_indexer.documents import Document, Kind, Section
-from metis_indexer.readers import encoding
-from metis_indexer.readers.outline import Outline
+from metis_indexer.ingest.readers import encoding
+from metis_indexer.ingest.readers.outline import Outline
 
 _COMMENT = re.compile(r" {0,3}<!--")
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)")

@@ -40,9 +40,9 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from metis_indexer import chunking, readers
 from metis_indexer.documents import Chunk, Document, FailReason, Kind, ReadFailed
-from metis_indexer.readers.failures import detail
+from metis_indexer.ingest import chunking, readers
+from metis_indexer.ingest.readers.failures import detail
 
 T = TypeVar("T")
 
@@ -141,7 +141,7 @@ class ReaderPool:
         self, path: Path, kind: Kind, size: int, overlap: int, root: Path | None = None
     ) -> Future[Done[list[Chunk]]]:
         """Reads and chunks `path` in a worker, so only chunks come back."""
-        chunking.chunk_text("", size, overlap)  # bad settings fail here, not per document
+        chunking.check(size, overlap)  # bad settings fail here, not per document
         return self._submit(path, kind, root, (size, overlap))
 
     async def read_chunks(

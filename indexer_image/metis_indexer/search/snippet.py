@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
-from metis_indexer import tokens
+from metis_indexer.index import tokens
 
 LIMIT = 240
 _WORD_SLACK = 24

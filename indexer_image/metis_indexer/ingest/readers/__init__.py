@@ -5,7 +5,7 @@ file opened, not the name listed, is inside its drive), checks the size limit
 before reading a byte, hands the bytes to the kind's reader, and makes the text
 storable. Whatever goes wrong comes out as `ReadFailed` with a reason from the
 fixed vocabulary; no other exception escapes. It has no time limit of its own:
-run it through `metis_indexer.readers.pool`, which can stop a parse that runs too
+run it through `metis_indexer.ingest.readers.pool`, which can stop a parse that runs too
 long.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path, PurePath
 from types import ModuleType
 
 from metis_indexer.documents import Document, FailReason, Kind, ReadFailed
-from metis_indexer.readers import docx, html, markdown, pdf, text
-from metis_indexer.readers.failures import detail
+from metis_indexer.ingest.readers import docx, html, markdown, pdf, text
+from metis_indexer.ingest.readers.failures import detail
 
 MAX_BYTES = 64 * 1024 * 1024
 """A file larger than this is not read (spec 001: "at most 64 MB")."""

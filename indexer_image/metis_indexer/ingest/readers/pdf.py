@@ -21,8 +21,8 @@ from pypdf import PasswordType, PdfReader
 from pypdf.errors import EmptyFileError
 
 from metis_indexer.documents import Document, FailReason, Kind, ReadFailed, Section
-from metis_indexer.readers import encoding
-from metis_indexer.readers.failures import detail
+from metis_indexer.ingest.readers import encoding
+from metis_indexer.ingest.readers.failures import detail
 
 _BLANK_RUNS = re.compile(r"\n{3,}")
 

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import keyword, tokens
+from metis_indexer import texts
 from metis_indexer.documents import Chunk
-from metis_indexer.store import ChunkBatch, FileRecord, Store, StoredChunk, Written
+from metis_indexer.index import keyword, tokens
+from metis_indexer.index.store import ChunkBatch, FileRecord, Store, StoredChunk, Written
 
 
 @dataclasses.dataclass(slots=True)
@@ -71,9 +72,27 @@ class Settings:
             return None
 
 
-def keyword_text(title: str | None, headings: Sequence[str], text: str) -> str:
-    """What BM25 indexes of a chunk: its title, headings and text."""
-    return "\n".join(p for p in (title, *headings, text) if p)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Where:
+    """Which files' rows a search may see; a None field lets any through."""
+
+    kinds: frozenset[str] | None = None
+    sources: frozenset[str] | None = None
+    path_prefix: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cited:
+    """What a result's citation needs of its row."""
+
+    record: FileRecord
+    page: int | None
+    line: int | None
+    headings: tuple[str, ...]
+
+
+Leg = list[tuple[int, float]]
+"""Rows of one leg with their scores, best first."""
 
 
 Document = tuple[FileRecord, Sequence[Chunk], npt.NDArray[np.float32] | None]
@@ -137,14 +156,6 @@ class Index:
             self.keyword.merge(self.alive)
         _release_freed_memory()
 
-    def reset(self, settings: Settings) -> None:
-        """Drop everything and start an index for new settings."""
-        with self.lock:
-            self.store.clear()
-            self.store.set_meta(settings.as_meta())
-            self.dimensions = settings.dimensions
-            self._clear_memory()
-
     def adopt(self, settings: Settings) -> None:
         """Take new settings and keep what is indexed: its files are read again one by one
         (their records say what they were built with), and until then their chunks are
@@ -192,7 +203,7 @@ class Index:
                     c.page,
                     c.line,
                     c.text,
-                    Counter(tokens.words(keyword_text(c.title, c.headings, c.text))),
+                    Counter(tokens.words(texts.searched(c.title, c.headings, c.text))),
                     None if units is None else units[j],
                 )
                 for j, c in enumerate(chunks)
@@ -322,6 +333,98 @@ class Index:
     @property
     def chunk_count(self) -> int:
         return self.n_rows - self.dead
+
+    def reading(self) -> threading.RLock:
+        """Hold it across reads whose row numbers must agree (a pass's write or a
+        compaction moves rows)."""
+        return self.lock
+
+    def vector_coverage(self) -> tuple[bool, int]:
+        """Whether any row has a vector, and how many live chunks have none yet (indexed
+        while the embedding model did not answer)."""
+        with self.lock:
+            n = self.n_rows
+            has = self.has_vector[:n]
+            return bool(has.any()), int(np.count_nonzero(self.alive[:n] & ~has))
+
+    def allowed(self, where: Where | None) -> npt.NDArray[np.bool_]:
+        """Live rows of the files `where` lets through: filters apply before anything is
+        ranked."""
+        with self.lock:
+            n = self.n_rows
+            mask = self.alive[:n].copy()
+            if where is None:
+                return mask
+            ok_ids = [
+                fid
+                for fid, f in self.files.items()
+                if (where.kinds is None or f.record.kind in where.kinds)
+                and (where.sources is None or f.record.source in where.sources)
+                and (where.path_prefix is None or f.record.path.startswith(where.path_prefix))
+            ]
+            if not ok_ids:
+                return np.zeros(n, dtype=bool)
+            file_ok = np.zeros(max(self.files) + 1, dtype=bool)
+            file_ok[ok_ids] = True
+            return mask & file_ok[self.row_file[:n]]
+
+    def dense(self, vector: npt.NDArray[np.float32], allowed: npt.NDArray[np.bool_], k: int) -> Leg:
+        """The k allowed rows nearest a unit vector (cosine), best first."""
+        with self.lock:
+            n = self.n_rows
+            scores = self.vectors[:n] @ vector
+            rows = top(scores, allowed & self.has_vector[:n], k)
+            return [(r, float(scores[r])) for r in rows]
+
+    def by_words(self, words: Sequence[str], allowed: npt.NDArray[np.bool_] | None, k: int) -> Leg:
+        """The k rows of best BM25 score above 0 for `words`, best first; `allowed`:
+        only those rows (None: every live row)."""
+        with self.lock:
+            scores = self.keyword.scores(self.store.word_ids(words), self.alive, self.dead == 0)
+            if scores is None:
+                return []
+            scores = scores[: self.n_rows]
+            if allowed is not None:  # without filters, `scores` is 0 for dead rows
+                scores[~allowed] = 0
+            rows = top_positive(scores, k)
+            return list(zip(rows, scores[rows].tolist(), strict=True)) if rows else []
+
+    def cited(self, rows: Sequence[int]) -> list[Cited]:
+        """Each row's file record, page, line and headings."""
+        with self.lock:
+            return [
+                Cited(
+                    self.files[int(self.row_file[r])].record,
+                    int(self.row_page[r]) or None,
+                    int(self.row_line[r]) or None,
+                    self.headings[int(self.row_headings[r])],
+                )
+                for r in rows
+            ]
+
+    def texts(self, rows: Sequence[int]) -> dict[int, str]:
+        """Each row's text, read from disk (text is not held in memory)."""
+        with self.lock:
+            ids = {int(self.row_chunk[r]): r for r in rows}
+        by_id = self.store.texts(list(ids))
+        return {ids[cid]: text for cid, text in by_id.items()}
+
+
+def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> list[int]:
+    """Rows of the k best scores among `mask`, best first (ties: lower row first)."""
+    rows = np.flatnonzero(mask)
+    if len(rows) > k:
+        rows = rows[np.argpartition(-scores[rows], k - 1)[:k]]
+    return rows[np.lexsort((rows, -scores[rows]))].tolist()
+
+
+def top_positive(scores: npt.NDArray[np.float32], k: int) -> list[int]:
+    """Rows of the k best scores above 0, best first (ties: lower row first)."""
+    rows = np.arange(len(scores))
+    if len(scores) > k:
+        rows = np.argpartition(-scores, k - 1)[:k]
+    rows = rows[scores[rows] > 0]
+    return rows[np.lexsort((rows, -scores[rows]))].tolist()
 
 
 def _batch(

@@ -1,6 +1,6 @@
 """Hybrid search over the in-memory index (spec 002).
 
-`rank` is the pure core: filters → the two legs → fusion, over arrays, timed.
+`rank` is the core: filters → the two legs (the index's read API) → fusion, timed.
 `search` wraps it with the model calls, each bounded by its time limit; when a
 model does not answer, the search degrades as the spec says and warns.
 """
@@ -15,9 +15,10 @@ from collections.abc import Awaitable, Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import fusion, snippet, tokens
+from metis_indexer import texts
 from metis_indexer.errors import BadRequest, Unavailable
-from metis_indexer.index import Index, keyword_text
+from metis_indexer.index import tokens
+from metis_indexer.index.memory import Index, Where
 from metis_indexer.schema import (
     Citation,
     Filters,
@@ -29,6 +30,7 @@ from metis_indexer.schema import (
     Took,
     check_search,
 )
+from metis_indexer.search import fusion, snippet
 
 CANDIDATES = 50
 """Each leg keeps this many, or 4 × top_k when that is more."""
@@ -70,50 +72,17 @@ def rerank_size(top_k: int) -> int:
     return min(RERANK_MAX, max(RERANK_MIN, 3 * top_k))
 
 
-def filtering(filters: Filters | None) -> bool:
-    return filters is not None and (
-        filters.path_prefix is not None or filters.kinds is not None or filters.sources is not None
+def where(filters: Filters | None) -> Where | None:
+    """The files a search may return, as the index reads it; None: every file."""
+    if filters is None or (
+        filters.path_prefix is None and filters.kinds is None and filters.sources is None
+    ):
+        return None
+    return Where(
+        kinds=None if filters.kinds is None else frozenset(k.value for k in filters.kinds),
+        sources=None if filters.sources is None else frozenset(filters.sources),
+        path_prefix=filters.path_prefix,
     )
-
-
-def allowed_rows(index: Index, filters: Filters | None) -> npt.NDArray[np.bool_]:
-    """Live rows that pass the filters: filters apply before anything is ranked."""
-    n = index.n_rows
-    mask = index.alive[:n].copy()
-    if not filtering(filters):
-        return mask
-    kinds = None if filters.kinds is None else {k.value for k in filters.kinds}
-    sources = None if filters.sources is None else set(filters.sources)
-    prefix = filters.path_prefix
-    ok_ids = [
-        fid
-        for fid, f in index.files.items()
-        if (kinds is None or f.record.kind in kinds)
-        and (sources is None or f.record.source in sources)
-        and (prefix is None or f.record.path.startswith(prefix))
-    ]
-    if not ok_ids:
-        return np.zeros(n, dtype=bool)
-    file_ok = np.zeros(max(index.files) + 1, dtype=bool)
-    file_ok[ok_ids] = True
-    return mask & file_ok[index.row_file[:n]]
-
-
-def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> list[int]:
-    """Rows of the k best scores among `mask`, best first (ties: lower row first)."""
-    rows = np.flatnonzero(mask)
-    if len(rows) > k:
-        rows = rows[np.argpartition(-scores[rows], k - 1)[:k]]
-    return rows[np.lexsort((rows, -scores[rows]))].tolist()
-
-
-def top_positive(scores: npt.NDArray[np.float32], k: int) -> list[int]:
-    """Rows of the k best scores above 0, best first (ties: lower row first)."""
-    rows = np.arange(len(scores))
-    if len(scores) > k:
-        rows = np.argpartition(-scores, k - 1)[:k]
-    rows = rows[scores[rows] > 0]
-    return rows[np.lexsort((rows, -scores[rows]))].tolist()
 
 
 def rank(
@@ -123,33 +92,24 @@ def rank(
 ) -> Ranked:
     """Both legs and their fusion; a leg is skipped when the mode or the models say so."""
     took = Took()
-    with index.lock:
-        n = index.n_rows
-        mask = allowed_rows(index, req.filters)
-        k = leg_size(req.top_k)
-        dense: dict[int, tuple[float, int]] = {}
-        keyword: dict[int, tuple[float, int]] = {}
-        rankings: list[list[int]] = []
+    dense: dict[int, tuple[float, int]] = {}
+    keyword: dict[int, tuple[float, int]] = {}
+    rankings: list[list[int]] = []
+    k = leg_size(req.top_k)
+    files = where(req.filters)
+    with index.reading():  # both legs see the same rows
+        allowed = index.allowed(files)
         if query_vector is not None:
             t = time.perf_counter()
-            scores = index.vectors[:n] @ query_vector
-            rows = top(scores, mask & index.has_vector[:n], k)
-            dense = {r: (float(scores[r]), i) for i, r in enumerate(rows, start=1)}
-            rankings.append(rows)
+            leg = index.dense(query_vector, allowed, k)
+            dense = {r: (v, i) for i, (r, v) in enumerate(leg, start=1)}
+            rankings.append([r for r, _ in leg])
             took.dense = _ms(t)
         if req.mode != "dense":
             t = time.perf_counter()
-            term_ids = index.store.word_ids(tokens.words(req.query))
-            scores = index.keyword.scores(term_ids, index.alive, index.dead == 0)
-            rows = []
-            if scores is not None:
-                scores = scores[:n]
-                if filtering(req.filters):  # without filters, `scores` is 0 for dead rows
-                    scores[~mask] = 0
-                rows = top_positive(scores, k)
-            values = scores[rows].tolist() if rows else []
-            keyword = {r: (v, i) for i, (r, v) in enumerate(zip(rows, values, strict=True), 1)}
-            rankings.append(rows)
+            leg = index.by_words(tokens.words(req.query), None if files is None else allowed, k)
+            keyword = {r: (v, i) for i, (r, v) in enumerate(leg, start=1)}
+            rankings.append([r for r, _ in leg])
             took.keyword = _ms(t)
     t = time.perf_counter()
     fused = fusion.reciprocal_rank(rankings)
@@ -207,14 +167,13 @@ async def _embed(
         if req.mode == "dense":
             raise BadRequest("NO_EMBEDDING_MODEL", "mode dense needs an embedding model")
         return None, 0.0
-    if not index.has_vector[: index.n_rows].any():
+    any_vector, missing = index.vector_coverage()
+    if not any_vector:
         warnings.append(
             "no chunk has a vector yet (indexed while the embedding model did not answer): "
             "results by keywords"
         )
         return None, 0.0
-    n = index.n_rows
-    missing = int(np.count_nonzero(index.alive[:n] & ~index.has_vector[:n]))
     if missing:
         warnings.append(
             f"{missing} chunks have no vector yet (indexed while the embedding model did not "
@@ -247,8 +206,11 @@ async def _rerank(
 ) -> tuple[list[int], dict[int, float]]:
     assert models.rerank is not None
     candidates = rows[: rerank_size(req.top_k)]
-    texts = _texts(index, candidates)
-    passages = [_reader_text(index, r, texts[r]) for r in candidates]
+    by_row = index.texts(candidates)
+    passages = [
+        texts.searched(c.record.title, c.headings, by_row[r])
+        for r, c in zip(candidates, index.cited(candidates), strict=True)
+    ]
     t = time.perf_counter()
     try:
         scores = await asyncio.wait_for(models.rerank(req.query, passages), models.timeout)
@@ -274,58 +236,40 @@ def _results(
     ranked: Ranked,
     rerank_scores: dict[int, float],
 ) -> list[Result]:
-    texts = _texts(index, rows)
+    by_row = index.texts(rows)
     words = tokens.words(req.query)
     results = []
-    with index.lock:
-        for r in rows:
-            entry = index.files[int(index.row_file[r])].record
-            dense = ranked.dense.get(r)
-            kw = ranked.keyword.get(r)
-            page = int(index.row_page[r]) or None
-            line = int(index.row_line[r]) or None
-            scores = Scores(
-                dense=None if dense is None else round(dense[0], 6),
-                dense_rank=None if dense is None else dense[1],
-                keyword=None if kw is None else round(kw[0], 6),
-                keyword_rank=None if kw is None else kw[1],
-                fused=round(ranked.fused[r], 6),
-                rerank=None if r not in rerank_scores else round(rerank_scores[r], 6),
+    for r, cited in zip(rows, index.cited(rows), strict=True):
+        entry = cited.record
+        dense = ranked.dense.get(r)
+        kw = ranked.keyword.get(r)
+        scores = Scores(
+            dense=None if dense is None else round(dense[0], 6),
+            dense_rank=None if dense is None else dense[1],
+            keyword=None if kw is None else round(kw[0], 6),
+            keyword_rank=None if kw is None else kw[1],
+            fused=round(ranked.fused[r], 6),
+            rerank=None if r not in rerank_scores else round(rerank_scores[r], 6),
+        )
+        text = by_row.get(r, "")
+        results.append(
+            Result(
+                score=scores.rerank if scores.rerank is not None else scores.fused or 0.0,
+                text=text,
+                citation=Citation(
+                    source=entry.source,
+                    document=entry.path,
+                    title=entry.title,
+                    kind=entry.kind,  # type: ignore[arg-type]
+                    page=cited.page,
+                    line=cited.line,
+                    headings=list(cited.headings),
+                    snippet=snippet.snippet(text, words),
+                ),
+                scores=scores,
             )
-            text = texts.get(r, "")
-            results.append(
-                Result(
-                    score=scores.rerank if scores.rerank is not None else scores.fused or 0.0,
-                    text=text,
-                    citation=Citation(
-                        source=entry.source,
-                        document=entry.path,
-                        title=entry.title,
-                        kind=entry.kind,  # type: ignore[arg-type]
-                        page=page,
-                        line=line,
-                        headings=list(index.headings[int(index.row_headings[r])]),
-                        snippet=snippet.snippet(text, words),
-                    ),
-                    scores=scores,
-                )
-            )
+        )
     return results
-
-
-def _texts(index: Index, rows: Sequence[int]) -> dict[int, str]:
-    with index.lock:
-        ids = {int(index.row_chunk[r]): r for r in rows}
-    by_id = index.store.texts(list(ids))
-    return {ids[cid]: text for cid, text in by_id.items()}
-
-
-def _reader_text(index: Index, row: int, text: str) -> str:
-    """A passage as the reranker reads it: title, headings, then the text."""
-    with index.lock:
-        title = index.files[int(index.row_file[row])].record.title
-        headings = index.headings[int(index.row_headings[row])]
-    return keyword_text(title, headings, text)
 
 
 def _unit(vector: npt.NDArray[np.float32], dimensions: int) -> npt.NDArray[np.float32]:

@@ -104,7 +104,7 @@ class Encoder:
             import onnxruntime as ort
             from tokenizers import Tokenizer
 
-            from metis_indexer.localmodel import graph
+            from metis_indexer.models.localmodel import graph
         except ImportError as e:
             raise ModelNotInstalled(
                 f"the local model server needs the `models` extra ({e.name} is missing):\n"

@@ -40,10 +40,8 @@ import bisect
 import re
 from collections.abc import Iterator
 
+from metis_indexer import limits
 from metis_indexer.documents import Chunk, Document
-
-MIN_SIZE = 200
-MAX_SIZE = 4000
 
 _CLOSERS = "\"'”’)\\]}»」』）"
 # Both start with one character class, which the regex engine skips to quickly. A run of
@@ -66,7 +64,7 @@ _LAST_NON_SPACE = re.compile(r"(?s:.*)\S")
 
 def chunk_document(doc: Document, size: int = 1200, overlap: int = 200) -> list[Chunk]:
     """Cut every section of `doc` into chunks that keep its title, headings, page and line."""
-    _check(size, overlap)
+    check(size, overlap)
     chunks = []
     for index, section in enumerate(doc.sections):
         text = section.text
@@ -91,15 +89,18 @@ def chunk_document(doc: Document, size: int = 1200, overlap: int = 200) -> list[
 
 def chunk_text(text: str, size: int = 1200, overlap: int = 200) -> list[tuple[int, int]]:
     """The `(start, end)` spans of the chunks of one section's text, in order."""
-    _check(size, overlap)
+    check(size, overlap)
     return list(_Cutter(text, size, overlap).spans())
 
 
-def _check(size: int, overlap: int) -> None:
-    """Refuse what spec 000 does not allow, before any text is cut."""
-    if not MIN_SIZE <= size <= MAX_SIZE:
-        raise ValueError(f"chunking size must be {MIN_SIZE} to {MAX_SIZE} characters, not {size}")
-    if overlap < 0 or 2 * overlap >= size:
+def check(size: int, overlap: int) -> None:
+    """Refuse what spec 000 does not allow (`limits`), before any text is cut."""
+    if not limits.CHUNK_SIZE_MIN <= size <= limits.CHUNK_SIZE_MAX:
+        raise ValueError(
+            f"chunking size must be {limits.CHUNK_SIZE_MIN} to {limits.CHUNK_SIZE_MAX} "
+            f"characters, not {size}"
+        )
+    if not limits.overlap_allowed(size, overlap):
         raise ValueError(
             f"chunking overlap must be at least 0 and less than half the size ({size}), "
             f"not {overlap}"

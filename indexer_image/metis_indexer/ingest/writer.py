@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from metis_indexer.index import Document, Index
+from metis_indexer.index.memory import Document, Index
 
 MOST = 32
 """Documents written in one transaction at most: a few thousand chunks, a few MB."""

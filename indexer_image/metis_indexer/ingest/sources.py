@@ -22,8 +22,9 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
+from metis_indexer import limits
 from metis_indexer.documents import Kind
-from metis_indexer.readers import kind_of
+from metis_indexer.ingest.readers import kind_of
 
 
 class SourceError(Exception):
@@ -67,13 +68,9 @@ def check_path(path: str | None) -> PurePosixPath:
     """
     if not path:
         return PurePosixPath()
-    if path.startswith("/"):
-        raise ValueError(f"source path {path!r} must be relative to its drive, without a leading /")
-    if "\0" in path:
-        raise ValueError(f"source path {path!r} contains a NUL character")
-    bad = [part for part in path.split("/") if part in (".", "..")]
-    if bad:
-        raise ValueError(f"source path {path!r} has a {bad[0]!r} part; name the folder plainly")
+    problem = limits.path_problem(path)
+    if problem is not None:
+        raise ValueError(f"source path {path!r} {problem}")
     return PurePosixPath(path)
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from metis_indexer.localmodel.encoder import (
+from metis_indexer.models.localmodel.encoder import (
     MAX_TOKENS,
     Encoded,
     Encoder,
@@ -383,7 +383,7 @@ def serve(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`metis models` / `python -m metis_indexer.localmodel`; returns the exit status."""
+    """`metis models` / `python -m metis_indexer.models.localmodel`; returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="metis models",
         description="Serve all-MiniLM-L6-v2 locally: OpenAI embeddings, Cohere/Jina and TEI "

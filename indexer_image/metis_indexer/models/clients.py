@@ -30,7 +30,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer.prefixes import default_prefixes
+from metis_indexer.models.prefixes import default_prefixes
 
 BATCH = 64
 """Passages per embeddings request, filled across documents: large enough to amortise

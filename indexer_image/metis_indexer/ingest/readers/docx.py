@@ -33,9 +33,9 @@ from docx.oxml.parser import parse_xml
 from lxml import etree
 
 from metis_indexer.documents import Document, FailReason, Kind, ReadFailed, Section
-from metis_indexer.readers import encoding
-from metis_indexer.readers.failures import detail
-from metis_indexer.readers.outline import Outline
+from metis_indexer.ingest.readers import encoding
+from metis_indexer.ingest.readers.failures import detail
+from metis_indexer.ingest.readers.outline import Outline
 
 MAX_UNCOMPRESSED = 256 * 1024 * 1024
 """Bytes a package may inflate to, all parts together (python-docx holds them all)."""

@@ -24,8 +24,8 @@ import re
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from metis_indexer.documents import Document, Kind, Section
-from metis_indexer.readers import encoding
-from metis_indexer.readers.outline import Outline
+from metis_indexer.ingest.readers import encoding
+from metis_indexer.ingest.readers.outline import Outline
 
 _DECLARED = re.compile(
     rb"""<meta[^>]*?charset\s*=\s*["']?\s*([-\w.:]+)|<\?xml[^>]*?encoding\s*=\s*["']([-\w.:]+)""",

@@ -318,16 +318,6 @@ class Store:
         with self._write_lock:
             self._writer.execute("UPDATE chunks SET vector = NULL WHERE vector IS NOT NULL")
 
-    def clear(self) -> None:
-        """Forget every file and chunk."""
-        with self._transaction() as db:
-            db.execute("DELETE FROM chunks")
-            db.execute("DELETE FROM files")
-            db.execute("DELETE FROM terms")
-        self._word_cache.clear()
-        self._written_words.clear()
-        self._words_generation += 1
-
     # -- files -----------------------------------------------------------------------------
 
     def files(self) -> list[tuple[int, FileRecord]]:

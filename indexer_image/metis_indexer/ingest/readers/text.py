@@ -9,7 +9,7 @@ spec does not promise it).
 from __future__ import annotations
 
 from metis_indexer.documents import Document, Kind, Section
-from metis_indexer.readers import encoding
+from metis_indexer.ingest.readers import encoding
 
 
 def read(data: bytes) -> Document:

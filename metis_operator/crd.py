@@ -1,0 +1,33 @@
+"""The KnowledgeBase resource's identity (crds/knowledgebase.yaml): its group, version,
+kind and plural, and every annotation the operator reads or writes under its group."""
+
+from __future__ import annotations
+
+from metis_operator import kube
+
+GROUP = "metis.astraeus.io"
+VERSION = "v1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "KnowledgeBase"
+PLURAL = "knowledgebases"
+RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
+"""As kopf names a resource."""
+FINALIZER = f"{GROUP}/finalizer"
+
+REINDEX = f"{GROUP}/reindex"
+"""Annotation: a new value asks for a pass; a value starting with `full` reads everything."""
+EVALUATE = f"{GROUP}/evaluate"
+"""Annotation: a new value runs the evaluation set (`k=5` in it sets k; 10 by default)."""
+PAUSED = f"{GROUP}/paused"
+"""Annotation: "true" leaves the base and its children untouched."""
+REVISION = f"{GROUP}/revision"
+"""On a drive's claim: the revision of the data it holds (a data source's)."""
+HASH_ANNOTATION = f"{GROUP}/applied-hash"
+"""On each child: the hash of the manifest last applied."""
+GENERATION_ANNOTATION = f"{GROUP}/generation"
+"""On the Deployment: the base's generation it was applied for."""
+
+
+def path(namespace: str, name: str) -> str:
+    """The base's path on the API server."""
+    return kube.path(API_VERSION, PLURAL, namespace, name)

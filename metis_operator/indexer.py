@@ -1,0 +1,99 @@
+"""The operator's calls to a base's indexer: its status, and the requests a user makes
+by annotation (reindex, evaluate). The answers are the indexer's own models
+(`metis_indexer.schema`), so the two sides cannot drift apart."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from metis_indexer.models import clients
+from metis_indexer.schema import StatusAnswer
+from metis_operator import cache as cache_mod
+from metis_operator import children, kube
+
+if TYPE_CHECKING:
+    from metis_operator.reconcile import Context
+
+log = logging.getLogger("metis_operator")
+
+
+class IndexerError(Exception):
+    """The indexer did not do what was asked; `temporary` says whether asking again helps."""
+
+    def __init__(self, message: str, *, temporary: bool) -> None:
+        super().__init__(message)
+        self.temporary = temporary
+
+
+def url(ctx: Context, owner: children.Owner) -> str:
+    return ctx.settings.url(owner.child, owner.namespace, ctx.settings.indexer.port)
+
+
+async def status(
+    ctx: Context, owner: children.Owner
+) -> tuple[StatusAnswer | None, str | None]:
+    """The indexer's `GET /v1/status`, or why it did not answer."""
+    try:
+        answer = await ctx.http.get(f"{url(ctx, owner)}/v1/status")
+        answer.raise_for_status()
+        return StatusAnswer.read(answer.json()), None
+    except httpx.HTTPStatusError as e:
+        return None, f"GET /v1/status answered HTTP {e.response.status_code}"
+    except (httpx.HTTPError, ValueError) as e:
+        return None, clients.describe(e)
+
+
+async def token(ctx: Context, owner: children.Owner) -> str | None:
+    """The base's API token (Secret `metis-<name>`, key `token`), None without one or
+    without the right to read it (the indexer then answers 401, which says so)."""
+    try:
+        secret = await ctx.cluster.get(kube.path("v1", "secrets", owner.namespace, owner.child))
+    except kube.ApiError as e:
+        if e.status != 403:
+            raise
+        where = f"{owner.namespace}/{owner.name}"
+        log.warning("%s: cannot read Secret %s: %s", where, owner.child, e.message,
+                    extra={"base": where})  # fmt: skip
+        return None
+    return cache_mod.token(secret) if secret is not None else None
+
+
+async def ask(
+    ctx: Context, owner: children.Owner, route: str, body: Mapping[str, Any], timeout: float
+) -> Any:
+    where = f"{url(ctx, owner)}{route}"
+    secret = await token(ctx, owner)
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    try:
+        answer = await ctx.http.post(where, json=dict(body), timeout=timeout, headers=headers)
+    except httpx.HTTPError as e:
+        raise IndexerError(
+            f"its indexer does not answer: {clients.describe(e)}", temporary=True
+        ) from None
+    if answer.is_success:
+        return answer.json()
+    try:
+        error = answer.json()["error"]
+        message = f"{error['code']}: {error['message']}"
+    except (ValueError, KeyError, TypeError):
+        message = f"HTTP {answer.status_code}"
+    # 409: a replacement is taking over (STANDBY); 5xx: not serving yet. Else: never.
+    raise IndexerError(message, temporary=answer.status_code == 409 or answer.status_code >= 500)
+
+
+async def reindex(ctx: Context, owner: children.Owner, *, full: bool) -> None:
+    """Ask the indexer for a pass now (`full`: read every document again)."""
+    await ask(ctx, owner, "/v1/reindex", {"full": full}, ctx.settings.reach.timeout_seconds)
+
+
+async def evaluate(ctx: Context, owner: children.Owner, *, k: int) -> dict[str, Any]:
+    """Run the evaluation set; the figures the status keeps (never a miss: misses
+    name documents)."""
+    result = await ask(
+        ctx, owner, "/v1/evaluate", {"k": k}, ctx.settings.reach.evaluate_timeout_seconds
+    )
+    return {key: result[key] for key in ("k", "cases", "recall_at_k", "mrr", "at")}

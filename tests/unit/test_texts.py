@@ -1,0 +1,34 @@
+"""The texts a chunk is embedded, searched and reranked as."""
+
+from metis_indexer import texts
+from metis_indexer.documents import Chunk
+
+
+def test_a_first_heading_that_repeats_the_title_is_said_once() -> None:
+    chunk = Chunk("Leave policy", ("Leave policy", "Vacation"), "25 days.", None, 12, 0, 0)
+    assert texts.embedded(chunk) == "Leave policy > Vacation\n\n25 days."
+    other = Chunk("Handbook", ("Leave policy",), "25 days.", None, 12, 0, 0)
+    assert texts.embedded(other) == "Handbook > Leave policy\n\n25 days."
+
+
+def test_embedding_text_puts_title_and_headings_in_front() -> None:
+    chunk = Chunk(
+        title="Handbook",
+        headings=("Leave policy", "Vacation"),
+        text="25 days a year.",
+        page=None,
+        line=3,
+        section=0,
+        start=0,
+    )
+    assert texts.embedded(chunk) == "Handbook > Leave policy > Vacation\n\n25 days a year."
+    untitled = Chunk(None, ("Vacation",), "25 days.", None, None, 0, 0)
+    assert texts.embedded(untitled) == "Vacation\n\n25 days."
+    assert texts.embedded(Chunk(None, (), "25 days.", None, None, 0, 0)) == "25 days."
+
+
+def test_words_and_the_reranker_read_title_headings_and_text() -> None:
+    assert texts.searched("Handbook", ("Leave", "Vacation"), "25 days.") == (
+        "Handbook\nLeave\nVacation\n25 days."
+    )
+    assert texts.searched(None, (), "25 days.") == "25 days."
