@@ -88,7 +88,8 @@ def test_podman_limits_stay_where_runc_can_set_them() -> None:
 
 
 def _tree(root: Path) -> None:
-    for rel in ("pyproject.toml", "indexer_image/Dockerfile", "metis_operator/a.py", "indexer_image/metis_indexer/b.py",
+    for rel in ("pyproject.toml", "indexer_image/Dockerfile", "metis_operator/a.py",
+                "indexer_image/metis_indexer/b.py",
                 "indexer_image/metis_indexer/__pycache__/b.cpython-311.pyc"):  # fmt: skip
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(rel)
