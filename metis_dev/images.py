@@ -270,36 +270,14 @@ def import_into(
     podman: Podman, ref: str, containerd_address: Path, namespace: str = "k8s.io"
 ) -> None:
     """Hand image `ref` to a containerd (where the kubelet finds it without a registry)."""
-    listed = _run(
-        [
-            "ctr",
-            "--address",
-            str(containerd_address),
-            "-n",
-            namespace,
-            "images",
-            "ls",
-            "-q",
-            f"name=={ref}",
-        ]
-    )
+    ctr = ["ctr", "--address", str(containerd_address), "-n", namespace, "images"]
+    listed = _run([*ctr, "ls", "-q", f"name=={ref}"])
     if ref in listed.split():
         return
     with tempfile.TemporaryDirectory(dir=podman.cache) as tmp:
         archive = Path(tmp) / "image.tar"
         podman("save", "--format", "docker-archive", "-o", str(archive), ref)
-        _run(
-            [
-                "ctr",
-                "--address",
-                str(containerd_address),
-                "-n",
-                namespace,
-                "images",
-                "import",
-                str(archive),
-            ]
-        )
+        _run([*ctr, "import", str(archive)])
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ Environment:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -25,7 +26,9 @@ import pytest
 
 from metis_dev.build import ensure_binaries
 from metis_dev.plane import ControlPlane
-from metis_dev.process import wait_for
+from metis_dev.process import free_port, wait_for
+from tests.kube.operator_support import Operator, install, running_operator
+from tests.support.model_server import ModelServer, start_model_server
 
 
 def _wants_kube(item: pytest.Item) -> bool:
@@ -86,10 +89,9 @@ def kubectl(kube: ControlPlane) -> Callable[..., subprocess.CompletedProcess[str
     return kube.kubectl
 
 
-@pytest.fixture
-def namespace(kube: ControlPlane) -> Iterator[str]:
-    """A fresh namespace for one test, deleted afterwards (not waited for)."""
-    name = f"t-{secrets.token_hex(4)}"
+@contextlib.contextmanager
+def fresh_namespace(kube: ControlPlane, name: str) -> Iterator[str]:
+    """Namespace `name`, made and ready for pods; deleted afterwards (not waited for)."""
     kube.rest().post("/api/v1/namespaces", {"metadata": {"name": name}})
     # Pods are refused until the service-account controller made `default`.
     wait_for(
@@ -99,3 +101,33 @@ def namespace(kube: ControlPlane) -> Iterator[str]:
     )
     yield name
     kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def namespace(kube: ControlPlane) -> Iterator[str]:
+    """A fresh namespace for one test."""
+    with fresh_namespace(kube, f"t-{secrets.token_hex(4)}") as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def installed(kube: ControlPlane) -> None:
+    """The CRD, RBAC and namespace of manifests/, once per module."""
+    install(kube)
+
+
+@pytest.fixture
+def models() -> Iterator[ModelServer]:
+    """`metis models` (the real local model) for one test."""
+    server = start_model_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def operator(kube: ControlPlane, installed: None, tmp_path: Path) -> Iterator[Operator]:
+    """The operator as a local process, for one test."""
+    workdir = tmp_path / "operator"
+    workdir.mkdir()
+    with running_operator(kube, workdir, free_port()) as op:
+        yield op

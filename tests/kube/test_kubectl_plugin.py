@@ -27,19 +27,17 @@ import pytest
 
 from metis_dev.kubelet import Kubelet
 from metis_dev.plane import ControlPlane
-from metis_dev.process import free_port, wait_for
+from metis_dev.process import wait_for
 from tests.kube.operator_support import (
     Operator,
     get_kb,
-    install,
     kb,
     make_drive,
     model_service,
-    running_operator,
     state_events,
     wait_state,
 )
-from tests.support.model_server import ModelServer, start_model_server
+from tests.support.model_server import ModelServer
 from tests.support.processes import metis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,26 +52,6 @@ class AnyAddressKubelet(Kubelet):
         config = json.loads(Kubelet._localised(text, mounts))
         config["host"] = "0.0.0.0"
         return json.dumps(config, indent=2)
-
-
-@pytest.fixture(scope="module")
-def installed(kube: ControlPlane) -> None:
-    install(kube)
-
-
-@pytest.fixture
-def models() -> Iterator[ModelServer]:
-    server = start_model_server()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def operator(kube: ControlPlane, installed: None, tmp_path: Path) -> Iterator[Operator]:
-    workdir = tmp_path / "operator"
-    workdir.mkdir()
-    with running_operator(kube, workdir, free_port()) as op:
-        yield op
 
 
 @pytest.fixture

@@ -36,16 +36,9 @@ from tests.kube.operator_support import (
     wait_state,
 )
 from tests.kube.test_operator_lifecycle import write_documents
-from tests.support.model_server import ModelServer, start_model_server
+from tests.support.model_server import ModelServer
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/metis-system/leases/metis-operator"
-
-
-@pytest.fixture
-def models() -> Iterator[ModelServer]:
-    server = start_model_server()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -24,23 +24,16 @@ from metis_dev.process import free_port, wait_for
 from tests.kube.operator_support import (
     ROOT,
     Operator,
-    install,
     kb,
     make_drive,
     model_service,
-    running_operator,
     wait_state,
 )
 from tests.support import processes
-from tests.support.model_server import ModelServer, start_model_server
+from tests.support.model_server import ModelServer
 
 CRD = ROOT / "crds" / "knowledgebase.yaml"
 OVERLAY = ROOT / "manifests" / "overlays" / "namespaced"
-
-
-@pytest.fixture(scope="module")
-def installed(kube: ControlPlane) -> None:
-    install(kube)
 
 
 def _schema() -> dict[str, Any]:
@@ -98,21 +91,6 @@ def test_kubectl_explain_describes_every_field(
 
 
 # --------------------------------------------------------------------------- a base's edge
-
-
-@pytest.fixture
-def models() -> Iterator[ModelServer]:
-    server = start_model_server()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def operator(kube: ControlPlane, installed: None, tmp_path: Path) -> Iterator[Operator]:
-    workdir = tmp_path / "operator"
-    workdir.mkdir()
-    with running_operator(kube, workdir, free_port()) as op:
-        yield op
 
 
 def test_a_base_gets_a_network_policy_and_a_token_made_once(

@@ -28,13 +28,11 @@ from metis_dev.process import free_port, wait_for
 from tests.kube.operator_support import (
     Operator,
     get_kb,
-    install,
     kb,
     kb_path,
     kstatus,
     make_drive,
     model_service,
-    running_operator,
     state_events,
     wait_state,
 )
@@ -65,32 +63,12 @@ def write_documents(folder: Path, count: int) -> list[str]:
     return names
 
 
-@pytest.fixture(scope="module")
-def installed(kube: ControlPlane) -> None:
-    install(kube)
-
-
-@pytest.fixture
-def models() -> Iterator[ModelServer]:
-    server = start_model_server()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def restricted(kube: ControlPlane, namespace: str) -> str:
     """The test namespace under the restricted Pod Security Standard: the indexer
     pods the operator makes must be admitted there."""
     kube.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     return namespace
-
-
-@pytest.fixture
-def operator(kube: ControlPlane, installed: None, tmp_path: Path) -> Iterator[Operator]:
-    workdir = tmp_path / "operator"
-    workdir.mkdir()
-    with running_operator(kube, workdir, free_port()) as op:
-        yield op
 
 
 @pytest.fixture

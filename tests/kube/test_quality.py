@@ -24,19 +24,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from metis_dev.kubelet import Kubelet
 from metis_dev.plane import ControlPlane
-from metis_dev.process import free_port, wait_for
+from metis_dev.process import wait_for
 from tests.kube.operator_support import (
     Operator,
     get_kb,
-    install,
     kb,
     make_drive,
     model_service,
-    running_operator,
     state_events,
     wait_state,
 )
-from tests.support.model_server import ModelServer, start_model_server
+from tests.support.model_server import ModelServer
 
 PAIRS = (("pelican", "umbrella"), ("glacier", "violin"), ("lantern", "cactus"),
          ("walrus", "telescope"), ("volcano", "harmonica"), ("octopus", "bicycle"))  # fmt: skip
@@ -61,26 +59,6 @@ def write_corpus(folder: Path, drive: str) -> None:
                       "expected": [f"{drive}/story-{i}.md"]})  # fmt: skip
     (folder / ".metis").mkdir()
     (folder / ".metis" / "evals.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
-
-
-@pytest.fixture(scope="module")
-def installed(kube: ControlPlane) -> None:
-    install(kube)
-
-
-@pytest.fixture
-def models() -> Iterator[ModelServer]:
-    server = start_model_server()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def operator(kube: ControlPlane, installed: None, tmp_path: Path) -> Iterator[Operator]:
-    workdir = tmp_path / "operator"
-    workdir.mkdir()
-    with running_operator(kube, workdir, free_port()) as op:
-        yield op
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import pytest
 
 from metis_dev import images, node
 from metis_dev.node import wait_for
-from tests.kube.conftest import ControlPlane
+from tests.kube.conftest import ControlPlane, fresh_namespace
 from tests.kube.operator_support import (
     OPERATOR_USER,
     ROOT,
@@ -62,15 +62,8 @@ and no placement labels (the node is the only machine)."""
 
 @pytest.fixture(scope="module")
 def ns(kube: ControlPlane) -> Iterator[str]:
-    name = f"node-{os.getpid()}"
-    kube.rest().post("/api/v1/namespaces", {"metadata": {"name": name}})
-    wait_for(
-        lambda: kube.rest().get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-        timeout=60,
-        what=f"service account default in {name}",
-    )
-    yield name
-    kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with fresh_namespace(kube, f"node-{os.getpid()}") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
