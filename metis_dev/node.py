@@ -327,6 +327,41 @@ def node_rules(saved: str, network: str = "metis") -> tuple[list[list[str]], lis
     return rules, chains
 
 
+def model_service(namespace: str, name: str, port: int) -> list[dict[str, Any]]:
+    """Service `name` without a selector, port 80, and the EndpointSlice that names the
+    host's address on the pods' bridge at `port`: pods and the operator reach a model
+    server of the host (listening on GATEWAY) through it, as through any Service."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": port}]},
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"{name}-host",
+                "namespace": namespace,
+                "labels": {"kubernetes.io/service-name": name},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [GATEWAY], "conditions": {"ready": True}}],
+            "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        },
+    ]
+
+
+def host_command(resolv_conf: Path, argv: Sequence[str]) -> list[str]:
+    """`argv` run in its own mount namespace whose /etc/resolv.conf is `resolv_conf` (the
+    node's DNS): a process on the host (the operator) then reaches `<svc>.<ns>.svc` as
+    pods do, and the machine's own resolv.conf is left alone."""
+    script = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+            str(resolv_conf), *argv]  # fmt: skip
+
+
 def ready(node: dict[str, Any]) -> bool:
     conditions = node.get("status", {}).get("conditions", [])
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
@@ -471,6 +506,7 @@ class Node:
         self.work = work
         self.assets = assets
         self.socket = work / "containerd.sock"
+        self.resolv_conf = work / "resolv.conf"
         self.procs: list[_Proc] = []
         self.keeper: _Keeper | None = None
         self.started_in = 0.0
@@ -505,7 +541,7 @@ class Node:
             (w / sub).mkdir(parents=True, exist_ok=True)
         (w / "containerd.toml").write_text(containerd_config(w))
         (w / "cni" / "10-metis.conflist").write_text(json.dumps(cni_config(w)))
-        (w / "resolv.conf").write_text(f"nameserver {GATEWAY}\n")
+        self.resolv_conf.write_text(f"nameserver {GATEWAY}\n")
         (w / "dns" / "services").write_text("")
         # The API server's own ServiceCIDR object says where ClusterIPs come from.
         api = config.new_client_from_config(config_file=str(self.kubeconfig))
@@ -605,21 +641,8 @@ class Node:
         return proc.stdout
 
     def host_command(self, argv: Sequence[str]) -> list[str]:
-        """`argv` run in its own mount namespace whose /etc/resolv.conf names the node's
-        DNS: a process on the host (the operator) then reaches `<svc>.<ns>.svc` as pods
-        do, and the machine's own resolv.conf is left alone."""
-        script = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
-        return [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            str(self.work / "resolv.conf"),
-            *argv,
-        ]
+        """`argv` resolving names by the node's DNS (`host_command`)."""
+        return host_command(self.resolv_conf, argv)
 
     def stop(self) -> None:
         """Stop the pods' containers, every process, and remove the bridge."""
