@@ -323,6 +323,9 @@ def workdir() -> Iterator[Path]:
 def main() -> None:
     started = time.monotonic()
     say("Metis' main job on a local Kubernetes cluster.\n")
+    # SIGTERM ends the demo as Ctrl-C does: everything it started is stopped (a real
+    # node's containers, bridge and iptables rules too).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with workdir() as work, contextlib.ExitStack() as stack:
         demo = Demo(work, stack)
         cluster_up(demo, os.environ.get("DEMO_NODE", "auto"))

@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 from kubernetes import client, config
 
 from metis_dev import images
+from metis_dev.process import _die_with_parent as die_with_parent
 
 HERE = Path(__file__).resolve().parent
 NODE_MODULE = HERE / "go" / "node-bin"
@@ -392,6 +393,8 @@ class _Proc:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # A killed owner (a SIGKILLed `metis-dev`) takes its node processes along.
+                preexec_fn=die_with_parent,
             )
 
     def tail(self, chars: int = 4000) -> str:
