@@ -112,7 +112,10 @@ def test_the_kubelet_finds_pods_dns_at_the_bridge(tmp_path: Path) -> None:
     config = node.kubelet_config(tmp_path, 10250, 10248)
     assert config["clusterDNS"] == [node.GATEWAY]
     assert config["containerRuntimeEndpoint"] == f"unix://{tmp_path}/containerd.sock"
-    assert f'sandbox_image = "{node.PAUSE_IMAGE}"' in node.containerd_config(tmp_path)
+    containerd = node.containerd_config(tmp_path, tmp_path / "images")
+    assert f'sandbox_image = "{node.PAUSE_IMAGE}"' in containerd
+    assert f'root = "{tmp_path / "images"}"' in containerd  # images outlive the node
+    assert f'state = "{tmp_path}/containerd/state"' in containerd
     (plugin,) = node.cni_config(tmp_path)["plugins"]
     assert plugin["ipam"]["ranges"] == [[{"subnet": node.POD_CIDR, "gateway": node.GATEWAY}]]
 
