@@ -29,8 +29,9 @@ import numpy as np
 
 from metis_indexer.documents import Chunk
 from metis_indexer.index import tokens
-from metis_indexer.index.memory import Index, Settings, top
+from metis_indexer.index.memory import Index, Settings
 from metis_indexer.index.store import FileRecord
+from metis_indexer.index.vectors import top
 from metis_indexer.schema import SearchRequest
 from metis_indexer.search.hybrid import Models, leg_size, rank, search
 
