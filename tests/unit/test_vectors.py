@@ -13,7 +13,7 @@ def units(rows: np.ndarray) -> np.ndarray:
 
 
 def both(tmp_path, rows: np.ndarray) -> tuple[FloatVectors, Int8Vectors]:
-    exact, int8 = FloatVectors(rows.shape[1]), Int8Vectors(rows.shape[1], tmp_path / "v.f32")
+    exact, int8 = FloatVectors(rows.shape[1]), Int8Vectors(rows.shape[1], tmp_path)
     for held in (exact, int8):
         held.ensure_capacity(len(rows), 0)
         for start in range(0, len(rows), 1000):  # as documents arrive, calibrated by the first
@@ -76,7 +76,8 @@ def test_only_allowed_rows_are_answered_and_compaction_keeps_rows_in_step(tmp_pa
 
 
 def test_nothing_is_answered_before_a_vector_arrives(tmp_path):
-    int8 = Int8Vectors(8, tmp_path / "v.f32")
+    int8 = Int8Vectors(8, tmp_path)
     int8.ensure_capacity(4, 0)
     int8.put(0, np.zeros((4, 8), np.float32))
     assert int8.nearest(np.ones(8, np.float32) / np.sqrt(8), np.ones(4, bool), 3) == []
+    assert list(tmp_path.iterdir()) == [], "the float32 file is unlinked while in use"

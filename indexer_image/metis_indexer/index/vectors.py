@@ -14,7 +14,9 @@ each vector by its own largest magnitude, so no later vector is ever clipped.
 
 from __future__ import annotations
 
+import mmap
 import os
+import tempfile
 from pathlib import Path
 from typing import Protocol
 
@@ -32,8 +34,10 @@ Leg = list[tuple[int, float]]
 RESCORE_MIN = 400
 """Candidates the int8 scan hands to exact rescoring, or 4 × k when that is more."""
 
-FILE_NAME = "vectors.f32"
-"""The float32 vectors of the int8 form, row for row with memory; rebuilt at each load."""
+FILE_PREFIX = "vectors-"
+"""The float32 vectors of the int8 form, row for row with memory: a file of this process
+alone (two indexers may load one index folder: one stands by), rebuilt at each load and
+unlinked as soon as it is open, so nothing is left behind however the process ends."""
 
 
 def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> list[int]:
@@ -67,7 +71,7 @@ class Vectors(Protocol):
 
 def make(kind: Kind, dimensions: int, folder: Path) -> Vectors:
     if kind == "int8":
-        return Int8Vectors(dimensions, folder / FILE_NAME)
+        return Int8Vectors(dimensions, folder)
     return FloatVectors(dimensions)
 
 
@@ -109,16 +113,16 @@ class Int8Vectors:
 
     kind: Kind = "int8"
 
-    def __init__(self, dimensions: int, path: Path) -> None:
+    def __init__(self, dimensions: int, folder: Path) -> None:
         self.dimensions = dimensions
         self.codes = np.zeros((0, dimensions), dtype=np.int8)
         self.row_scale = np.zeros(0, dtype=np.float32)
         """What a row's code must be multiplied by to give its vector back (per dimension
         scaling aside)."""
         self.dim_scale: npt.NDArray[np.float32] | None = None
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._fd, name = tempfile.mkstemp(prefix=FILE_PREFIX, suffix=".f32", dir=folder)
+        os.unlink(name)
         self._map: npt.NDArray[np.float32] | None = None
 
     def __del__(self) -> None:
@@ -180,8 +184,8 @@ class Int8Vectors:
             return np.zeros((0, self.dimensions), dtype=np.float32)
         needed = int(rows.max()) + 1
         if self._map is None or len(self._map) < needed:
-            size = os.fstat(self._fd).st_size // (4 * self.dimensions)
-            self._map = np.memmap(self.path, dtype="<f4", mode="r", shape=(size, self.dimensions))
+            mapped = mmap.mmap(self._fd, os.fstat(self._fd).st_size, prot=mmap.PROT_READ)
+            self._map = np.frombuffer(mapped, dtype="<f4").reshape(-1, self.dimensions)
         return np.asarray(self._map[rows])
 
     def resident_bytes(self) -> int:
