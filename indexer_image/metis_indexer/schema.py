@@ -142,7 +142,7 @@ class StatusAnswer(BaseModel):
     last_indexed_at: str | None
     passes: int
     dimensions: int | None
-    vectors: VectorKind
+    vectors: VectorKind = "float32"
     """How the index holds its vectors in memory (float32, or int8 rescored exactly)."""
     embedding_model: str | None
     reranker: str | None
