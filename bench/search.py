@@ -170,6 +170,7 @@ def run(n: int, dim: int, repeats: int, rounds: int) -> dict[str, object]:
         load = measure_load(folder)
         index = Index(folder)
         index.load()
+        index.settle()  # as the service does once it has loaded
         bm25s_search, bm25s_build, tokenise_s = bm25s_baseline(n)
         qs = queries(repeats)
         rng = np.random.default_rng(11)
@@ -205,6 +206,7 @@ def run(n: int, dim: int, repeats: int, rounds: int) -> dict[str, object]:
         int8_load = measure_load(folder, "int8")
         int8 = Index(folder, "int8")
         int8.load()
+        int8.settle()
         int8_steps = int8_figures(int8, qs, qvecs, matrix, mask, rounds)
         recall, scan_only = recall_at_50(index, int8, qvecs)
         del int8
