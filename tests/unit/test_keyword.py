@@ -265,14 +265,14 @@ def test_postings_and_scores_keep_their_compact_types(docs):
 
 def test_weights_of_rows_that_moved_meanwhile_are_not_installed(docs):
     # Weighing runs outside the index's lock; what it weighed is kept only if nothing moved.
-    vocab, index = build(docs[:40], batches=1)
+    _, index = build(docs[:40], batches=1)
     alive = np.ones(40, dtype=bool)
     snap = index.snapshot(alive)
     weights = snap.weigh(index)
     index.drop(np.array([3]))  # the statistics moved, the segments did not
     assert not index.install(snap, weights) and not index.weighed
 
-    vocab, index = build(docs[:40], batches=1)
+    _, index = build(docs[:40], batches=1)
     snap = index.snapshot(alive)
     weights = snap.weigh(index)
     index.merge(alive)  # as many segments, but not the same ones
