@@ -280,3 +280,11 @@ def test_weights_of_rows_that_moved_meanwhile_are_not_installed(docs):
 
     snap = index.snapshot(alive)
     assert index.install(snap, snap.weigh(index)) and index.weighed
+
+
+def test_a_term_no_row_holds_scores_nothing_from_cached_weights(docs):
+    vocab, index = build(docs[:20], batches=1)
+    alive = np.ones(20, dtype=bool)
+    snap = index.snapshot(alive)
+    assert index.install(snap, snap.weigh(index))
+    assert index.scores(np.array([len(vocab) + 5], dtype=np.int32), alive) is None
