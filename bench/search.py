@@ -350,6 +350,13 @@ def bm25s_baseline(n: int) -> tuple[Callable[[str], object], float, float]:
     return ask, build_s, tokenise_s
 
 
+def _step_rows(steps: dict[str, tuple[float, float]], names: dict[str, str]) -> list[str]:
+    """A row a step: its label, p50 and p95 in milliseconds."""
+    return [
+        f"| {label} | {steps[key][0]:.2f} | {steps[key][1]:.2f} |" for key, label in names.items()
+    ]
+
+
 def report(r: dict[str, object]) -> str:
     steps: dict[str, tuple[float, float]] = r["steps"]  # type: ignore[assignment]
     load: dict[str, float] = r["load"]  # type: ignore[assignment]
@@ -381,9 +388,7 @@ def report(r: dict[str, object]) -> str:
         "fuse": "fusion",
         "hybrid": "whole hybrid search (no model calls; texts, snippets, citations)",
     }
-    for key, label in names.items():
-        p50, p95 = steps[key]
-        lines.append(f"| {label} | {p50:.2f} | {p95:.2f} |")
+    lines += _step_rows(steps, names)
     lines += [
         "",
         "| target | measured | verdict |",
@@ -445,9 +450,7 @@ def int8_report(r: dict[str, object]) -> list[str]:
         "dense": "int8 dense step (scan, top 400, exact rescoring, top 50)",
         "hybrid": "int8 whole hybrid search (no model calls)",
     }
-    for key, label in names.items():
-        p50, p95 = steps[key]
-        lines.append(f"| {label} | {p50:.2f} | {p95:.2f} |")
+    lines += _step_rows(steps, names)
     lines += [
         "",
         "| target | measured | verdict |",
