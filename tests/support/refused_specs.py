@@ -95,6 +95,8 @@ TABLE = [
             "spec.placement.labels"),
     Refused("machine", "hb", spec(placement={"machines": ["Node_1"]}),
             "spec.placement.machines"),
+    Refused("vectors-int4", "hb", spec(vectors="int4"), "spec.vectors",
+            "spec.vectors: Input should be 'float32' or 'int8'"),
     Refused("unknown-field", "hb", spec(chunking={"sise": 800}), "sise", "spec.chunking.sise"),
 ]  # fmt: skip
 
