@@ -4,9 +4,11 @@ three stay in step (spec 002). The model's own prefixes are added by its client
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from metis_indexer.documents import Chunk
+from metis_indexer.index import tokens
 
 
 def context(title: str | None, headings: Sequence[str]) -> tuple[str, ...]:
@@ -26,3 +28,8 @@ def embedded(chunk: Chunk) -> str:
 def searched(title: str | None, headings: Sequence[str], text: str) -> str:
     """What BM25 indexes of a chunk, and what the reranker reads: title, headings, text."""
     return "\n".join(p for p in (title, *headings, text) if p)
+
+
+def counted(title: str | None, headings: Sequence[str], text: str) -> Counter[str]:
+    """A chunk's words and how often each occurs: what the keyword index stores of it."""
+    return tokens.counts(searched(title, headings, text))

@@ -1,9 +1,10 @@
 import unicodedata
+from collections import Counter
 
 import hypothesis
 from hypothesis import strategies as st
 
-from metis_indexer.index.tokens import fold, words
+from metis_indexer.index.tokens import counts, fold, words
 
 
 def test_accents_fold_and_case():
@@ -40,3 +41,15 @@ def test_folding_matches_the_reference_on_any_text(text):
 
 def test_folding_keeps_lone_surrogates_and_drops_every_mark():
     assert fold("A\ud800É\u0301") == "a\ud800e"
+
+
+@hypothesis.settings(max_examples=300)
+@hypothesis.given(st.text(alphabet=st.characters(codec=None, exclude_categories=())))
+def test_counts_are_the_words_counted_in_their_order(text):
+    counted = counts(text)
+    assert counted == Counter(words(text))
+    assert list(counted) == list(dict.fromkeys(words(text)))
+
+
+def test_counts_drop_single_letters_but_not_single_digits():
+    assert counts("a 2 b 2 ab ab ²") == Counter({"2": 3, "ab": 2})

@@ -16,7 +16,6 @@ import dataclasses
 import gc
 import json
 import threading
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,9 +24,9 @@ import numpy.typing as npt
 
 from metis_indexer import texts
 from metis_indexer.documents import Chunk
-from metis_indexer.index import keyword, tokens
+from metis_indexer.index import keyword
 from metis_indexer.index import vectors as held
-from metis_indexer.index.store import ChunkBatch, FileRecord, Store, StoredChunk, Written
+from metis_indexer.index.store import ChunkBatch, FileRecord, Store, Stored, Terms, Written
 from metis_indexer.index.vectors import Leg
 
 
@@ -96,6 +95,8 @@ class Cited:
 
 Document = tuple[FileRecord, Sequence[Chunk], npt.NDArray[np.float32] | None]
 """A file's record, its chunks and their vectors (None: the embedding model did not answer)."""
+Counted = tuple[FileRecord, Sequence[Chunk], npt.NDArray[np.float32] | None, Terms]
+"""A Document with its chunks' words already counted (`count_words`)."""
 
 
 class Index:
@@ -195,42 +196,34 @@ class Index:
         if error is not None:
             raise error
 
-    def put_documents(self, documents: Sequence[Document]) -> list[Exception | None]:
+    def put_documents(self, documents: Sequence[Document | Counted]) -> list[Exception | None]:
         """Replace several files' chunks, on disk (one transaction, each document whole or
         not at all) and then in memory; each document's error, or None where it was
-        written. An error of the index itself (a full drive, a damaged file) is raised."""
+        written. An error of the index itself (a full drive, a damaged file) is raised.
+        A document's words are counted here unless it comes with them (`Counted`)."""
         errors: list[Exception | None] = []
-        todo: list[tuple[int, FileRecord, list[StoredChunk], npt.NDArray[np.float32] | None]] = []
-        for i, (record, chunks, vectors) in enumerate(documents):
+        todo: list[tuple[int, Stored]] = []
+        for i, (record, chunks, vectors, *counted) in enumerate(documents):
             if vectors is not None and len(vectors) != len(chunks):
                 errors.append(ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors"))
                 continue
             errors.append(None)
+            terms = counted[0] if counted else count_words(chunks)
             units = None if vectors is None else _units(vectors)
-            stored = [
-                StoredChunk(
-                    c.headings,
-                    c.page,
-                    c.line,
-                    c.text,
-                    Counter(tokens.words(texts.searched(c.title, c.headings, c.text))),
-                    None if units is None else units[j],
-                )
-                for j, c in enumerate(chunks)
-            ]
-            todo.append((i, record, stored, units))
+            todo.append((i, Stored(record, chunks, _headings(chunks), terms, units)))
         if not todo:
             return errors
-        results = self.store.put_documents([(record, stored) for _, record, stored, _ in todo])
+        results = self.store.put_documents([stored for _, stored in todo])
         batches = []
         with self.lock:
-            for (i, record, stored, units), written in zip(todo, results, strict=True):
+            for (i, stored), written in zip(todo, results, strict=True):
                 if isinstance(written, Exception):
                     errors[i] = written
                     continue
+                record = stored.record
                 self._drop_file((record.source, record.path))
                 self._add_file(written.file_id, record)
-                batches.append(_batch(written, stored, units, self.dimensions))
+                batches.append(_batch(written, stored, self.dimensions))
             if batches:
                 self._add_batch(_concatenated(batches))
                 self.keyword.compact(self.alive)
@@ -425,28 +418,41 @@ def top_positive(scores: npt.NDArray[np.float32], k: int) -> list[int]:
     return rows[np.lexsort((rows, -scores[rows]))].tolist()
 
 
-def _batch(
-    written: Written,
-    stored: Sequence[StoredChunk],
-    units: npt.NDArray[np.float32] | None,
-    dimensions: int,
-) -> ChunkBatch:
+def count_words(chunks: Sequence[Chunk]) -> Terms:
+    """A document's words as the keyword index stores them (the reader workers count them
+    for a pass, so that this work is off the indexer's own process)."""
+    return Terms.of(texts.counted(c.title, c.headings, c.text) for c in chunks)
+
+
+def _headings(chunks: Sequence[Chunk]) -> list[str]:
+    """Each chunk's headings as stored (JSON); a section's chunks share theirs."""
+    said: dict[tuple[str, ...], str] = {}
+    out = []
+    for c in chunks:
+        h = said.get(c.headings)
+        if h is None:
+            h = said[c.headings] = json.dumps(c.headings, ensure_ascii=False)
+        out.append(h)
+    return out
+
+
+def _batch(written: Written, stored: Stored, dimensions: int) -> ChunkBatch:
     """One document's chunks in the columns `load` reads."""
-    n = len(stored)
+    n = len(stored.chunks)
+    units = stored.vectors
     if units is not None and units.shape[1:] == (dimensions,):
         vectors, has_vector = units, np.ones(n, dtype=bool)
     else:
         vectors, has_vector = np.zeros((n, dimensions), np.float32), np.zeros(n, dtype=bool)
-    empty = np.zeros(0, np.int32)
     return ChunkBatch(
-        ids=np.asarray(written.chunk_ids, dtype=np.int64),
+        ids=np.arange(written.first_id, written.first_id + n, dtype=np.int64),
         file_ids=np.full(n, written.file_id, dtype=np.int64),
-        headings=[json.dumps(c.headings, ensure_ascii=False) for c in stored],
-        pages=np.array([c.page or 0 for c in stored], dtype=np.int32),
-        lines=np.array([c.line or 0 for c in stored], dtype=np.int32),
-        term_ids=np.concatenate(written.term_ids) if n else empty,
-        counts=np.concatenate(written.counts) if n else empty,
-        sizes=np.array([len(t) for t in written.term_ids], dtype=np.int64),
+        headings=stored.headings,
+        pages=np.array([c.page or 0 for c in stored.chunks], dtype=np.int32),
+        lines=np.array([c.line or 0 for c in stored.chunks], dtype=np.int32),
+        term_ids=written.term_ids,
+        counts=stored.terms.counts,
+        sizes=stored.terms.sizes,
         vectors=vectors,
         has_vector=has_vector,
     )
@@ -472,9 +478,11 @@ def _concatenated(batches: Sequence[ChunkBatch]) -> ChunkBatch:
 
 def _units(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     """Each row scaled to unit length (a zero row stays zero). Each row's norm is taken
-    alone, as a row was before rows were scaled together: the vectors are the same bits."""
+    alone (`np.linalg.norm` of a row is the square root of its dot with itself, which is
+what is taken, without that function's checks per row), as a row was before rows were
+scaled together: the vectors are the same bits."""
     v = np.asarray(vectors, dtype=np.float32)
-    norms = np.array([float(np.linalg.norm(row)) for row in v], dtype=np.float32)
+    norms = np.sqrt(np.array([row.dot(row) for row in v], dtype=np.float32).reshape(len(v)))
     return np.divide(v, norms[:, None], out=np.zeros_like(v), where=norms[:, None] > 0)
 
 

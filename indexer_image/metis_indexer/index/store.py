@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -97,25 +96,60 @@ class FileRecord:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class StoredChunk:
-    """A chunk as written: its citation, text, word counts and vector."""
+class Terms:
+    """A document's words as the keyword index stores them, flat: chunk i has `sizes[i]`
+    (word, count) pairs, in `words` and `counts`. Flat arrays rather than a mapping per
+    chunk: they cross from the reader workers, where words are counted, cheaply."""
 
-    headings: tuple[str, ...]
-    page: int | None
-    line: int | None
-    text: str
-    words: Mapping[str, int]
-    vector: npt.NDArray[np.float32] | None
+    words: list[str]
+    counts: npt.NDArray[np.int32]
+    sizes: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, counted: Iterable[Mapping[str, int]]) -> Terms:
+        """Each chunk's word counts, in order, made flat."""
+        words: list[str] = []
+        counts: list[int] = []
+        sizes: list[int] = []
+        for chunk in counted:
+            words += chunk.keys()
+            counts += chunk.values()
+            sizes.append(len(chunk))
+        return cls(words, np.array(counts, dtype=np.int32), np.array(sizes, dtype=np.int64))
+
+
+class Cited(Protocol):
+    """What the store keeps of a chunk besides its words and vector (`documents.Chunk`)."""
+
+    @property
+    def page(self) -> int | None: ...
+    @property
+    def line(self) -> int | None: ...
+    @property
+    def text(self) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stored:
+    """A document as written: its record, and its chunks as columns."""
+
+    record: FileRecord
+    chunks: Sequence[Cited]
+    headings: list[str]
+    """Each chunk's headings as stored (JSON)."""
+    terms: Terms
+    vectors: npt.NDArray[np.float32] | None
+    """Unit vectors, a row a chunk; None: the embedding model did not answer."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Written:
-    """What the store gave a document: its file id, and each chunk's id and term ids."""
+    """What the store gave a document: its file id, its first chunk's id (the others
+    follow), and its chunks' term ids, flat as in its `Terms`."""
 
     file_id: int
-    chunk_ids: list[int]
-    term_ids: list[npt.NDArray[np.int32]]
-    counts: list[npt.NDArray[np.int32]]
+    first_id: int
+    term_ids: npt.NDArray[np.int32]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -327,16 +361,7 @@ class Store:
         ).fetchall()
         return [(r[0], FileRecord(*r[1:])) for r in rows]
 
-    def put_document(self, record: FileRecord, chunks: Sequence[StoredChunk]) -> Written:
-        """Replace a file's record and chunks in one transaction."""
-        [written] = self.put_documents([(record, chunks)])
-        if isinstance(written, Exception):
-            raise written
-        return written
-
-    def put_documents(
-        self, documents: Sequence[tuple[FileRecord, Sequence[StoredChunk]]]
-    ) -> list[Written | Exception]:
+    def put_documents(self, documents: Sequence[Stored]) -> list[Written | Exception]:
         """Replace several files' records and chunks in one transaction, each document in a
         savepoint of its own: whole or not at all. A document that cannot be stored is
         given back as its error and the others are written; an error of the index itself
@@ -358,11 +383,11 @@ class Store:
                 next_id = int(
                     db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM chunks").fetchone()[0]
                 )
-                for record, chunks in documents:
+                for document in documents:
                     db.execute("SAVEPOINT document")
                     mark = len(added)
                     try:
-                        results.append(self._write(db, record, chunks, next_id, added))
+                        results.append(self._write(db, document, next_id, added))
                         db.execute("RELEASE document")
                     except (sqlite3.Error, ValueError) as e:
                         if trouble(e) is not None or not db.in_transaction:
@@ -374,7 +399,7 @@ class Store:
                         del added[mark:]
                         results.append(e)
                         continue
-                    next_id += len(chunks)
+                    next_id += len(document.chunks)
         except BaseException:
             for w in added:
                 del words[w]
@@ -384,54 +409,42 @@ class Store:
         return results
 
     def _write(
-        self,
-        db: sqlite3.Connection,
-        record: FileRecord,
-        chunks: Sequence[StoredChunk],
-        first_id: int,
-        added: list[str],
+        self, db: sqlite3.Connection, document: Stored, first_id: int, added: list[str]
     ) -> Written:
         """One document's rows; its chunks take ids from `first_id` on, and the words it
         brings get ids (and are listed in `added`)."""
         ids = self._written_words
-        flat = [w for c in chunks for w in c.words]
-        missing = {w for w in flat if w not in ids}
+        terms = document.terms
+        missing = set(terms.words).difference(ids)
         if missing:
             found, new = self._word_ids(db, missing)
             ids.update(found)
             added += new
-        term_ids = np.array([ids[w] for w in flat], dtype=np.int32)
-        counts = np.array([n for c in chunks for n in c.words.values()], dtype=np.int32)
-        ends = np.cumsum([len(c.words) for c in chunks])
-        file_id = self._upsert_file(db, record)
+        term_ids = np.fromiter(map(ids.__getitem__, terms.words), np.int32, len(terms.words))
+        ends = np.cumsum(terms.sizes)
+        starts = ends - terms.sizes
+        file_id = self._upsert_file(db, document.record)
         db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
-        written = Written(
-            file_id,
-            list(range(first_id, first_id + len(chunks))),
-            np.split(term_ids, ends[:-1]) if chunks else [],
-            np.split(counts, ends[:-1]) if chunks else [],
+        vectors = (
+            [None] * len(document.chunks) if document.vectors is None
+            else list(document.vectors.astype("<f4"))
         )
         db.executemany(
             "INSERT INTO chunks (id, file_id, ord, headings, page, line, text, terms, vector)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
-                    first_id + ord_,
-                    file_id,
-                    ord_,
-                    json.dumps(c.headings, ensure_ascii=False),
-                    c.page,
-                    c.line,
-                    c.text,
-                    _terms_blob(t, n),
-                    None if c.vector is None else c.vector.astype("<f4").tobytes(),
+                    first_id + ord_, file_id, ord_, headings, c.page, c.line, c.text,
+                    _terms_blob(term_ids[a:b], terms.counts[a:b]),
+                    None if v is None else v.tobytes(),
                 )
-                for ord_, (c, t, n) in enumerate(
-                    zip(chunks, written.term_ids, written.counts, strict=True)
-                )
+                for ord_, (c, headings, v, a, b) in enumerate(zip(
+                    document.chunks, document.headings, vectors, starts.tolist(), ends.tolist(),
+                    strict=True,
+                ))
             ],
-        )
-        return written
+        )  # fmt: skip
+        return Written(file_id, first_id, term_ids)
 
     @staticmethod
     def _word_ids(db: sqlite3.Connection, words: set[str]) -> tuple[dict[str, int], list[str]]:

@@ -10,6 +10,7 @@ import functools
 import re
 import sys
 import unicodedata
+from collections import Counter
 
 import numpy as np
 import numpy.typing as npt
@@ -42,3 +43,13 @@ def fold(text: str) -> str:
 def words(text: str) -> list[str]:
     """The words of `text`, in order, as the keyword index stores them."""
     return [w for w in _WORD.findall(fold(text)) if len(w) > 1 or w.isdigit()]
+
+
+def counts(text: str) -> Counter[str]:
+    """`Counter(words(text))`, counted before single letters are dropped: the rule is
+    then tested once per distinct word rather than once per word (a pass counts the
+    words of every chunk)."""
+    found = Counter(_WORD.findall(fold(text)))
+    for w in [w for w in found if len(w) == 1 and not w.isdigit()]:
+        del found[w]
+    return found

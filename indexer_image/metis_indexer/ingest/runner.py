@@ -26,7 +26,7 @@ from metis_indexer import texts
 from metis_indexer.documents import Chunk, FailReason, ReadFailed
 from metis_indexer.index import store
 from metis_indexer.index.memory import Index, Settings
-from metis_indexer.index.store import FileRecord
+from metis_indexer.index.store import FileRecord, Terms
 from metis_indexer.ingest import readers, sources
 from metis_indexer.ingest.plan import Key
 from metis_indexer.ingest.readers.failures import detail
@@ -147,7 +147,7 @@ class Runner:
             digest = await asyncio.to_thread(file_hash, item.absolute, item.root)
         except (OSError, ReadFailed) as e:
             digest = ""
-            result: list[Chunk] | ReadFailed = (
+            result: tuple[list[Chunk], Terms] | ReadFailed = (
                 e if isinstance(e, ReadFailed) else ReadFailed(FailReason.UNREADABLE, detail(e))
             )
         else:
@@ -163,7 +163,7 @@ class Runner:
                 )
                 self.state.unchanged += 1
                 return
-            result = await self.pool.read_chunks(
+            result = await self.pool.read_counted(
                 item.absolute, item.kind, settings.chunk_size, settings.chunk_overlap, item.root
             )
         self.state.read += 1
@@ -175,7 +175,7 @@ class Runner:
         if isinstance(result, ReadFailed):
             await writer.put((failed(record, result), [], None))
             return
-        chunks = result
+        chunks, terms = result
         try:
             vectors = await self.embed([texts.embedded(c) for c in chunks])
         except Unencodable as e:
@@ -189,7 +189,7 @@ class Runner:
             record, title=chunks[0].title if chunks else None, chunks=len(chunks)
         )
         try:
-            await writer.put((record, chunks, vectors))
+            await writer.put((record, chunks, vectors, terms))
         except (sqlite3.Error, ValueError) as e:
             if store.trouble(e) is not None:
                 raise  # the index's trouble, not this document's

@@ -16,7 +16,7 @@ parsing), falling back to floats once, remembered, for a server that refuses it.
 from __future__ import annotations
 
 import asyncio
-import base64
+import binascii
 import collections
 import contextlib
 import dataclasses
@@ -399,7 +399,7 @@ def decode_embeddings(answer: Any, n: int) -> npt.NDArray[np.float32]:
     if len(rows) != n:
         raise ValueError(f"{len(rows)} embeddings for {n} inputs")
     if rows and all(isinstance(r, str) for r in rows):
-        raw = [base64.b64decode(r, validate=True) for r in rows]
+        raw = [binascii.a2b_base64(r, strict_mode=True) for r in rows]
         if len({len(b) for b in raw}) != 1 or len(raw[0]) % 4:
             raise ValueError("base64 embeddings of unequal or partial lengths")
         vectors = np.frombuffer(b"".join(raw), dtype="<f4").reshape(n, -1).astype(np.float32)

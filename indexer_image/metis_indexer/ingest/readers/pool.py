@@ -19,6 +19,7 @@ Usage::
     with ReaderPool(workers=2) as pool:
         done = pool.submit_read(path, Kind.PDF).result()  # Done(result=Document | ReadFailed)
         chunks = await pool.read_chunks(path, Kind.MD, 1200, 200)  # list[Chunk] | ReadFailed
+        counted = await pool.read_counted(path, Kind.MD, 1200, 200)  # (chunks, Terms) | ...
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from metis_indexer.documents import Chunk, Document, FailReason, Kind, ReadFailed
+from metis_indexer.index.memory import count_words
+from metis_indexer.index.store import Terms
 from metis_indexer.ingest import chunking, readers
 from metis_indexer.ingest.readers.failures import detail
 
@@ -78,7 +81,8 @@ class _Task:
     path: Path
     kind: Kind
     root: Path | None
-    chunking: tuple[int, int] | None
+    chunking: tuple[int, int, bool] | None
+    """Size, overlap and whether to count the chunks' words; None: read only."""
     future: Future[Done[Any]]
 
 
@@ -142,13 +146,23 @@ class ReaderPool:
     ) -> Future[Done[list[Chunk]]]:
         """Reads and chunks `path` in a worker, so only chunks come back."""
         chunking.check(size, overlap)  # bad settings fail here, not per document
-        return self._submit(path, kind, root, (size, overlap))
+        return self._submit(path, kind, root, (size, overlap, False))
 
     async def read_chunks(
         self, path: Path, kind: Kind, size: int, overlap: int, root: Path | None = None
     ) -> list[Chunk] | ReadFailed:
         """`submit_chunks` for asyncio callers; the result alone."""
         done = await asyncio.wrap_future(self.submit_chunks(path, kind, size, overlap, root))
+        return done.result
+
+    async def read_counted(
+        self, path: Path, kind: Kind, size: int, overlap: int, root: Path | None = None
+    ) -> tuple[list[Chunk], Terms] | ReadFailed:
+        """`read_chunks`, with the chunks' words counted in the worker too: a pass's
+        tokenising runs beside the indexer's own process rather than in it."""
+        chunking.check(size, overlap)
+        future = self._submit(path, kind, root, (size, overlap, True))
+        done: Done[tuple[list[Chunk], Terms]] = await asyncio.wrap_future(future)
         return done.result
 
     def close(self) -> None:
@@ -338,7 +352,7 @@ def _serve(conn: multiprocessing.connection.Connection, memory_bytes: int | None
 
 
 def _work(
-    path: Path, kind: Kind, root: Path | None, chunk_settings: tuple[int, int] | None
+    path: Path, kind: Kind, root: Path | None, chunk_settings: tuple[int, int, bool] | None
 ) -> tuple[bool, Any]:
     try:
         document = readers.read_document(path, kind, root)
@@ -346,7 +360,9 @@ def _work(
         return False, (e.reason.name, e.detail)
     if chunk_settings is None:
         return True, document
+    size, overlap, count = chunk_settings
     try:
-        return True, chunking.chunk_document(document, *chunk_settings)
+        chunks = chunking.chunk_document(document, size, overlap)
+        return True, (chunks, count_words(chunks)) if count else chunks
     except Exception as e:  # a chunker bug fails this document, not the pass
         return False, (FailReason.MALFORMED.name, detail(e, "chunking"))
