@@ -23,6 +23,7 @@ from metis_indexer.models.clients import (
     ModelRefused,
     _Asked,
     _Item,
+    base64_rows,
     decode_embeddings,
     take_batch,
 )
@@ -175,3 +176,21 @@ def test_malformed_embeddings_are_refused(rows):
     answer = {"data": [{"index": i, "embedding": r} for i, r in enumerate(rows)]}
     with pytest.raises(ValueError):
         decode_embeddings(answer, 2)
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3, 384, 1024])
+def test_base64_rows_decode_as_the_standard_library_does(dim):
+    rows = [b64(np.random.default_rng(i).random(dim).tolist()) for i in range(3)]
+    want = [list(base64.b64decode(r)) for r in rows]
+    assert base64_rows(rows).tolist() == want
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [["AAA$"], ["AAAA", "AAA="], ["A=AA"], ["éééé"], ["AAAAAA"], ["A==="]],
+    ids=["outside-the-alphabet", "padded-unequally", "padding-inside", "not-ascii",
+         "partial-quartet", "three-pads"],
+)
+def test_what_is_not_base64_is_refused(rows):
+    with pytest.raises(ValueError):
+        base64_rows(rows)

@@ -16,12 +16,10 @@ parsing), falling back to floats once, remembered, for a server that refuses it.
 from __future__ import annotations
 
 import asyncio
-import binascii
 import collections
 import contextlib
 import dataclasses
 import itertools
-import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -29,6 +27,7 @@ from typing import Any
 import httpx
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from metis_indexer.models.prefixes import default_prefixes
 
@@ -95,7 +94,7 @@ def describe(e: BaseException) -> str:
 async def _json(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> Any:
     response = await client.request(method, url, **kw)
     response.raise_for_status()
-    return response.json()
+    return orjson.loads(response.content)
 
 
 async def _post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Any:
@@ -399,15 +398,42 @@ def decode_embeddings(answer: Any, n: int) -> npt.NDArray[np.float32]:
     if len(rows) != n:
         raise ValueError(f"{len(rows)} embeddings for {n} inputs")
     if rows and all(isinstance(r, str) for r in rows):
-        raw = [binascii.a2b_base64(r, strict_mode=True) for r in rows]
-        if len({len(b) for b in raw}) != 1 or len(raw[0]) % 4:
-            raise ValueError("base64 embeddings of unequal or partial lengths")
-        vectors = np.frombuffer(b"".join(raw), dtype="<f4").reshape(n, -1).astype(np.float32)
+        raw = base64_rows(rows)
+        if raw.shape[1] % 4:
+            raise ValueError("base64 embeddings of partial lengths")
+        vectors = np.ascontiguousarray(raw).view("<f4").astype(np.float32)
     else:
         vectors = np.array(rows, dtype=np.float32)
     if vectors.ndim != 2 or len(vectors) != n:
         raise ValueError(f"{len(vectors)} embeddings for {n} inputs")
     return vectors
+
+
+_SEXTETS = np.full(256, 255, dtype=np.uint8)
+_SEXTETS[np.frombuffer(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", dtype=np.uint8
+)] = np.arange(64, dtype=np.uint8)
+
+
+def base64_rows(rows: list[str]) -> npt.NDArray[np.uint8]:
+    """Standard base64 strings of one length, decoded together as rows of bytes; ValueError
+    for any other. One array operation an answer: decoding each string alone took 10 µs
+    (binascii goes a character at a time), a tenth of a pass's own work in its process."""
+    width = len(rows[0])
+    if width == 0 or width % 4 or any(len(r) != width for r in rows):
+        raise ValueError("base64 embeddings of unequal or partial lengths")
+    chars = np.frombuffer("".join(rows).encode("ascii"), dtype=np.uint8).reshape(-1, width)
+    pad = width - len(rows[0].rstrip("="))
+    if pad > 2 or (chars[:, width - pad :] != ord("=")).any():
+        raise ValueError("base64 embeddings padded unequally")
+    sextets = np.zeros(chars.shape, dtype=np.uint32)
+    sextets[:, : width - pad] = _SEXTETS[chars[:, : width - pad]]
+    if (sextets == 255).any():
+        raise ValueError("base64 embeddings with characters outside base64")
+    s = sextets.reshape(len(rows), -1, 4)
+    joined = (s[..., 0] << 18) | (s[..., 1] << 12) | (s[..., 2] << 6) | s[..., 3]
+    octets = np.stack([joined >> 16, joined >> 8, joined], axis=-1).astype(np.uint8)
+    return octets.reshape(len(rows), -1)[:, : width // 4 * 3 - pad]
 
 
 def sendable(texts: Sequence[str]) -> None:
@@ -424,9 +450,10 @@ def encode(body: dict[str, Any]) -> bytes:
     """A JSON body as bytes, or Unencodable: text with lone surrogates cannot be sent,
     and that is the input's fault, not an outage of the model."""
     try:
-        return json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise Unencodable(f"the text cannot be sent to a model: {e.reason}") from None
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError as e:  # its message: "str is not valid UTF-8: <why>"
+        why = str(e).rpartition(": ")[2]
+        raise Unencodable(f"the text cannot be sent to a model: {why}") from None
 
 
 class RerankClient:
