@@ -36,7 +36,7 @@ import numpy as np
 
 from metis_indexer.documents import Chunk
 from metis_indexer.index import tokens
-from metis_indexer.index.memory import Index, Settings
+from metis_indexer.index.memory import Index, Settings, count_words
 from metis_indexer.index.store import FileRecord
 from metis_indexer.index.vectors import FloatVectors, Int8Vectors, top
 from metis_indexer.limits import VectorKind
@@ -77,7 +77,9 @@ def texts(n: int, size: int = 1200) -> list[tuple[str, list[str]]]:
     return out
 
 
-def build(folder: Path, n: int, dim: int) -> float:
+def build(folder: Path, n: int, dim: int) -> tuple[float, float]:
+    """Seconds counting the chunks' words (a pass does that in its reader workers), then
+    seconds writing the counted documents, a group a transaction, as a pass's writer."""
     rng = np.random.default_rng(7)
     index = Index(folder)
     index.adopt(Settings("random-unit-vectors", dim, 1200, 200))
@@ -89,11 +91,14 @@ def build(folder: Path, n: int, dim: int) -> float:
                             chunks=len(parts))
         documents.append((record, chunks, vectors))
     start = time.perf_counter()
-    for i in range(0, len(documents), GROUP):
-        index.put_documents(documents[i : i + GROUP])
+    counted = [(*document, count_words(document[1])) for document in documents]
+    count_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for i in range(0, len(counted), GROUP):
+        index.put_documents(counted[i : i + GROUP])
     index.settle()
     index.store.close()
-    return time.perf_counter() - start
+    return count_s, time.perf_counter() - start
 
 
 LOADER = """
@@ -166,7 +171,7 @@ def run(n: int, dim: int, repeats: int, rounds: int) -> dict[str, object]:
     step and its baseline always run under the same load."""
     with tempfile.TemporaryDirectory(prefix="metis-bench-") as tmp:
         folder = Path(tmp)
-        build_s = build(folder, n, dim)
+        count_s, build_s = build(folder, n, dim)
         load = measure_load(folder)
         index = Index(folder)
         index.load()
@@ -216,6 +221,7 @@ def run(n: int, dim: int, repeats: int, rounds: int) -> dict[str, object]:
             "chunks": index.chunk_count,
             "dim": dim,
             "build_s": build_s,
+            "count_s": count_s,
             "bm25s_index_s": bm25s_build,
             "tokenise_s": tokenise_s,
             "load": load,
@@ -367,7 +373,8 @@ def report(r: dict[str, object]) -> str:
     passing: dict[str, tuple[float, float]] = r["pass"]  # type: ignore[assignment]
     build_s, bm25s_s = float(r["build_s"]), float(r["bm25s_index_s"])  # type: ignore[arg-type]
     build_ratio = build_s / bm25s_s
-    fair = build_s / (bm25s_s + float(r["tokenise_s"]))  # type: ignore[arg-type]
+    count_s = float(r["count_s"])  # type: ignore[arg-type]
+    fair = (count_s + build_s) / (bm25s_s + float(r["tokenise_s"]))  # type: ignore[arg-type]
     during = passing["pass_hybrid"][0] / passing["idle_hybrid"][0]
     lines = [
         f"# Search benchmark — {dt.date.today()} on {platform.node()} "
@@ -401,15 +408,16 @@ def report(r: dict[str, object]) -> str:
         f"{'met' if per_chunk <= 5 * 1024 else 'MISSED'} |",
         f"| load of {chunks:,} chunks ≤ 10 s | {load['load_s']:.2f} s | "
         f"{'met' if load['load_s'] <= 10 else 'MISSED'} |",
-        f"| index build ≤ 2 × bm25s indexing | {build_ratio:.2f} × ({r['build_s']:.1f} s: "
-        f"tokenising, SQLite, memory; bm25s {r['bm25s_index_s']:.1f} s from tokens) | "
+        f"| index build ≤ 2 × bm25s indexing | {build_ratio:.2f} × ({r['build_s']:.1f} s from "
+        f"counted words: SQLite, memory; bm25s {r['bm25s_index_s']:.1f} s from tokens) | "
         f"{'met' if build_ratio <= 2 else 'MISSED'} |",
         f"| searches during a pass ≤ 2 × idle (p50, whole hybrid search) | {during:.2f} × "
         f"({passing['pass_hybrid'][0]:.2f} ms vs {passing['idle_hybrid'][0]:.2f} ms) | "
         f"{'met' if during <= 2 else 'MISSED'} |",
         "",
-        f"Tokenising the same texts alone takes {r['tokenise_s']:.1f} s: counted in the build, "
-        f"not in bm25s's indexing (build / (tokenising + bm25s) = {fair:.2f} ×).",
+        f"Counting the chunks' words took {count_s:.1f} s before the build (a pass counts them "
+        f"in its reader workers); tokenising the same texts for bm25s {r['tokenise_s']:.1f} s. "
+        f"Both included: (counting + build) / (tokenising + bm25s) = {fair:.2f} ×.",
         "",
         f"During a pass ({r['written_during']:,} documents replaced by a writer thread, "
         f"{GROUP} per transaction, while searches ran), against idle blocks of the same "

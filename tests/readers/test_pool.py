@@ -8,7 +8,9 @@ import signal
 
 import pytest
 
+from metis_indexer import texts
 from metis_indexer.documents import FailReason, Kind, ReadFailed
+from metis_indexer.index.memory import count_words
 from metis_indexer.ingest import readers
 from metis_indexer.ingest.chunking import chunk_document
 from metis_indexer.ingest.readers.pool import Limits, ReaderPool
@@ -44,6 +46,18 @@ def test_a_worker_can_chunk_so_only_chunks_come_back(pool):
     done = pool.submit_chunks(path, kind, 800, 100).result()
     assert done.result == chunk_document(readers.read_document(path, kind), 800, 100)
     assert asyncio.run(pool.read_chunks(path, kind, 800, 100)) == done.result
+
+
+def test_a_worker_can_count_the_words_of_its_chunks_as_the_index_does(pool):
+    for path, kind in FILES:
+        chunks, terms = asyncio.run(pool.read_counted(path, kind, 800, 100))
+        assert chunks == chunk_document(readers.read_document(path, kind), 800, 100)
+        here = count_words(chunks)
+        assert terms.words == here.words and len(terms.words) > 0
+        assert terms.counts.tolist() == here.counts.tolist()
+        assert terms.sizes.tolist() == here.sizes.tolist() == [
+            len(texts.counted(c.title, c.headings, c.text)) for c in chunks
+        ]
 
 
 def test_failures_come_back_as_values(pool):
