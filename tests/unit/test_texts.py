@@ -27,8 +27,12 @@ def test_embedding_text_puts_title_and_headings_in_front() -> None:
     assert texts.embedded(Chunk(None, (), "25 days.", None, None, 0, 0)) == "25 days."
 
 
-def test_words_and_the_reranker_read_title_headings_and_text() -> None:
+def test_words_weigh_the_title_twice_and_the_reranker_reads_it_once() -> None:
     assert texts.searched("Handbook", ("Leave", "Vacation"), "25 days.") == (
-        "Handbook\nLeave\nVacation\n25 days."
+        "Handbook\nHandbook\nLeave\nVacation\n25 days."
     )
     assert texts.searched(None, (), "25 days.") == "25 days."
+    assert texts.reranked("Handbook", ("Leave", "Vacation"), "25 days.") == (
+        "Handbook\nLeave\nVacation\n25 days."
+    )
+    assert texts.reranked(None, (), "25 days.") == "25 days."

@@ -208,7 +208,7 @@ async def _rerank(
     candidates = rows[: rerank_size(req.top_k)]
     by_row = index.texts(candidates)
     passages = [
-        texts.searched(c.record.title, c.headings, by_row[r])
+        texts.reranked(c.record.title, c.headings, by_row[r])
         for r, c in zip(candidates, index.cited(candidates), strict=True)
     ]
     t = time.perf_counter()
