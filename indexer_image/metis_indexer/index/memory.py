@@ -304,7 +304,9 @@ class Index:
             self.vectors[start:end] = batch.vectors
         self.alive[start:end] = True
         self.n_rows = end
-        self.keyword.add(np.arange(start, end), batch.term_ids, batch.counts, batch.sizes)
+        self.keyword.add(
+            np.arange(start, end), batch.term_ids, batch.counts, batch.sizes, batch.file_ids
+        )
 
     def _heading_id(self, stored: str) -> int:
         hid = self._headings_ids.get(stored)
