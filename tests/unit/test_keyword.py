@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metis_indexer.index.keyword import KeywordIndex
+from metis_indexer.index.keyword import KeywordIndex, document_frequencies
 from metis_indexer.index.tokens import words
 
 PEPS = Path(__file__).resolve().parents[2].parent / "shared/data/perf/python-peps"
@@ -263,3 +263,10 @@ def test_a_word_a_document_repeats_in_each_chunk_is_as_rare_as_in_one_chunk():
     idf = math.log(1 + (2 - 1 + 0.5) / (1 + 0.5))
     assert index.live_files == 2
     assert np.allclose(got[:2], idf) and got[2] == 0
+
+
+def test_document_frequencies_count_each_document_once_per_term():
+    terms = np.array([0, 0, 1, 0, 2], np.int32)
+    files = np.array([5, 5, 5, 6, 0], np.int64)
+    assert document_frequencies(terms, files, 4).tolist() == [2, 1, 1, 0]
+    assert document_frequencies(np.zeros(0, np.int32), np.zeros(0, np.int64), 2).tolist() == [0, 0]

