@@ -1,12 +1,15 @@
 """`make demo`: Metis' main job on a local Kubernetes cluster.
 
 `metis-dev cluster up` (etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
-a stand-in kubelet that runs indexer pods as local processes), `kubectl apply -k
-manifests/`, the operator as a local process with the cluster's kubeconfig, `metis models`
-behind the Services the handbook example names, `kubectl apply -f` of the example; then
-each state of the base as it changes, an excerpt of `kubectl describe kb`, three cited
-questions through the base's address and, when `metis console` exists, the console's URL.
-`DEMO_KEEP=1` keeps everything running until Ctrl-C. Nothing leaves this machine.
+a node: a real one, containerd, kubelet and kube-proxy running the project's images, where
+the machine allows it; elsewhere a stand-in kubelet that runs indexer pods as local
+processes), `kubectl apply -k manifests/`, the operator as a local process with the
+cluster's kubeconfig, `metis models` behind the Services the handbook example names,
+`kubectl apply -f` of the example; then each state of the base as it changes, an excerpt
+of `kubectl describe kb`, three cited questions through the base's address and, when
+`metis console` exists, the console's URL. `DEMO_KEEP=1` keeps everything running until
+Ctrl-C; `DEMO_NODE=real|stand-in` asks for a node (default: auto). Nothing leaves this
+machine.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ import httpx
 import yaml
 from kubernetes import client, config, watch
 
+from metis_dev import node as real_node
 from metis_dev.build import assets_dir
+from metis_dev.cli import NodeInfo
 from metis_dev.kubelet import drive, metis
 from metis_dev.process import Process, free_port, wait_for
 
@@ -45,7 +50,8 @@ QUESTIONS = [
 ]
 BIN = Path(sys.executable).parent
 LOOPBACK = "http://127.0.0.1:{port}"
-"""How the operator and the console reach a Service here: a Service is a loopback port."""
+"""How the operator and the console reach a Service with the stand-in kubelet: a Service is
+a loopback port. On a real node they reach `<svc>.<ns>.svc` through the node's DNS."""
 
 
 def say(line: str = "") -> None:
@@ -64,6 +70,19 @@ class Demo:
         self.stack = stack
         self.kubeconfig = work / "cluster" / "kubeconfig"
         self.kubectl_path = assets_dir() / "kubectl"
+        self.node = NodeInfo(kind="stand-in", name="")
+        """Which node `cluster up` runs (its DIR/node.json), once it is up."""
+
+    @property
+    def real(self) -> bool:
+        return self.node.kind == "real"
+
+    def on_host(self, argv: list[str]) -> list[str]:
+        """`argv` as a process of this machine that reaches Services as the cluster's
+        pods do: by the real node's DNS, or as it is with the stand-in."""
+        if self.real and self.node.resolv_conf:
+            return real_node.host_command(Path(self.node.resolv_conf), argv)
+        return argv
 
     def start(self, process: Process, grace: float = 10.0, sig: int = signal.SIGTERM) -> Process:
         """Start `process`; it is stopped when the demo ends, last started first."""
@@ -104,14 +123,14 @@ def follow(log: Path, offset: int) -> int:
     return offset
 
 
-def cluster_up(demo: Demo) -> Process:
-    say(f"$ metis-dev cluster up --dir {demo.work / 'cluster'}")
-    say("  (the first run on a machine builds the Kubernetes binaries from Go modules: "
-        "minutes; later runs reuse them)")  # fmt: skip
+def cluster_up(demo: Demo, requested: str) -> Process:
+    say(f"$ metis-dev cluster up --dir {demo.work / 'cluster'} --node {requested}")
+    say("  (the first run on a machine builds the Kubernetes binaries from Go modules, and "
+        "for a real node kubelet, kube-proxy and the images: minutes; later runs reuse them)")
     log = demo.work / "cluster-up.log"
     cluster = demo.start(
         Process("metis-dev", [str(BIN / "metis-dev"), "cluster", "up", "--dir",
-                              str(demo.work / "cluster")], log),
+                              str(demo.work / "cluster"), "--node", requested], log),
         grace=60, sig=signal.SIGINT,
     )  # fmt: skip
     offset = 0
@@ -123,6 +142,7 @@ def cluster_up(demo: Demo) -> Process:
 
     wait_for(up, timeout=3600, what="metis-dev cluster up", alive=cluster.check_alive)
     follow(log, offset)
+    demo.node = NodeInfo.model_validate_json((demo.work / "cluster" / "node.json").read_text())
     return cluster
 
 
@@ -135,21 +155,31 @@ def install(demo: Demo) -> None:
 
 
 def model_services(demo: Demo) -> None:
+    """`metis models` on this machine behind both model Services: on a real node it
+    listens on the pods' bridge and each Service (no selector) has an EndpointSlice
+    naming that address; with the stand-in a Service is its loopback port."""
     port = free_port()
-    say(f"$ metis models --port {port}   # all-MiniLM-L6-v2 on this machine, for both "
-        "model Services")  # fmt: skip
-    models = demo.start(Process("metis models", metis("models", "--port", str(port)),
+    host = real_node.GATEWAY if demo.real else "127.0.0.1"
+    say(f"$ metis models --host {host} --port {port}   # all-MiniLM-L6-v2 on this machine, "
+        "for both model Services")  # fmt: skip
+    models = demo.start(Process("metis models",
+                                metis("models", "--host", host, "--port", str(port)),
                                 demo.work / "models.log"))  # fmt: skip
-    wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200,
+    wait_for(lambda: httpx.get(f"http://{host}:{port}/health").status_code == 200,
              timeout=120, what="metis models", alive=models.check_alive)  # fmt: skip
-    services = [
-        {"apiVersion": "v1", "kind": "Service",
-         "metadata": {"name": name, "namespace": NAMESPACE},
-         "spec": {"ports": [{"name": "http", "port": port}]}}
-        for name in ("bge-m3", "bge-reranker")
-    ]  # fmt: skip
-    demo.apply("services.yaml", services,
-               f"Services bge-m3 and bge-reranker: 127.0.0.1:{port} here")  # fmt: skip
+    names = ("bge-m3", "bge-reranker")
+    if demo.real:
+        objects = [o for name in names for o in real_node.model_service(NAMESPACE, name, port)]
+        note = f"Services bge-m3 and bge-reranker without selector, endpoints {host}:{port}"
+    else:
+        objects = [
+            {"apiVersion": "v1", "kind": "Service",
+             "metadata": {"name": name, "namespace": NAMESPACE},
+             "spec": {"ports": [{"name": "http", "port": port}]}}
+            for name in names
+        ]  # fmt: skip
+        note = f"Services bge-m3 and bge-reranker: {host}:{port} here"
+    demo.apply("services.yaml", objects, note)
 
 
 def drives(demo: Demo) -> None:
@@ -163,19 +193,25 @@ def drives(demo: Demo) -> None:
     demo.apply("drives.yaml", objects, f"PVCs docs and runbooks on folders under {docs.parent}")
 
 
-def operator(demo: Demo, indexer_port: int) -> None:
-    env = {
-        "KUBECONFIG": str(demo.kubeconfig),
-        "METIS_URL_TEMPLATE": LOOPBACK,
-        "METIS_INDEXER_PORT": str(indexer_port),
+def operator(demo: Demo) -> None:
+    """On a real node the operator writes the indexer image it was built with and
+    reaches Services by their names; with the stand-in, each indexer on its own loopback
+    port."""
+    env = {"KUBECONFIG": str(demo.kubeconfig)}
+    if demo.real:
+        env["METIS_INDEXER_IMAGE"] = demo.node.indexer_image or ""
+    else:
+        env |= {"METIS_URL_TEMPLATE": LOOPBACK, "METIS_INDEXER_PORT": str(free_port())}
+    env |= {
         "METIS_POLL_SECONDS": "1",
         "METIS_LEADER_ELECTION": "false",
         "METIS_METRICS_PORT": str(free_port()),
         "METIS_HEALTH_PORT": str(free_port()),
     }
     shown = " ".join(f"{k}={v}" for k, v in env.items() if k != "KUBECONFIG")
-    say(f"$ KUBECONFIG={demo.kubeconfig} {shown} metis-operator")
-    op = demo.start(Process("metis-operator", [str(BIN / "metis-operator")],
+    dns = "   # resolving <svc>.<ns>.svc by the node's DNS" if demo.real else ""
+    say(f"$ KUBECONFIG={demo.kubeconfig} {shown} metis-operator{dns}")
+    op = demo.start(Process("metis-operator", demo.on_host([str(BIN / "metis-operator")]),
                             demo.work / "operator.log", env=env))  # fmt: skip
     health = f"http://127.0.0.1:{env['METIS_HEALTH_PORT']}/healthz"
     wait_for(lambda: httpx.get(health).status_code == 200, timeout=60,
@@ -234,12 +270,17 @@ def describe(demo: Demo) -> None:
 def ask(demo: Demo) -> None:
     address = demo.kubectl("get", "kb", BASE, "-n", NAMESPACE, "-o",
                            "jsonpath={.status.observed.address}", show=False)  # fmt: skip
-    url = f"http://127.0.0.1:{urlsplit(address).port}"
-    say(f"the base's address is {address}; here a Service is a loopback port: {url}")
+    if demo.real:
+        url = address
+        say(f"the base's address is {address}: its Service, by kube-proxy (asked from this "
+            "machine resolving by the node's DNS)")  # fmt: skip
+    else:
+        url = f"http://127.0.0.1:{urlsplit(address).port}"
+        say(f"the base's address is {address}; here a Service is a loopback port: {url}")
     for question, flags in QUESTIONS:
         say(f"$ metis search {question!r} --url {url} --top-k 2 {' '.join(flags)}".rstrip())
-        out = subprocess.run(metis("search", question, "--url", url, "--top-k", "2", *flags),
-                             capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+        argv = demo.on_host(metis("search", question, "--url", url, "--top-k", "2", *flags))
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
         say(indent(out.stdout))
 
 
@@ -250,9 +291,12 @@ def console(demo: Demo) -> str | None:
         return None
     port = free_port()
     args = ["console", "--kubeconfig", str(demo.kubeconfig), "--host", "127.0.0.1",
-            "--port", str(port), "--url-template", LOOPBACK]  # fmt: skip
+            "--port", str(port)]  # fmt: skip
+    if not demo.real:
+        args += ["--url-template", LOOPBACK]
     say(f"$ metis {' '.join(args)}")
-    proc = demo.start(Process("metis console", metis(*args), demo.work / "console.log"))
+    proc = demo.start(Process("metis console", demo.on_host(metis(*args)),
+                              demo.work / "console.log"))  # fmt: skip
     url = f"http://127.0.0.1:{port}/"
     try:
         wait_for(lambda: httpx.get(url).status_code == 200, timeout=60, what="the console",
@@ -278,18 +322,27 @@ def workdir() -> Iterator[Path]:
 
 def main() -> None:
     started = time.monotonic()
-    say("Metis' main job on a local Kubernetes cluster. Pods run as local processes: there "
-        "is no container runtime here.\n")  # fmt: skip
+    say("Metis' main job on a local Kubernetes cluster.\n")
+    # SIGTERM ends the demo as Ctrl-C does: everything it started is stopped (a real
+    # node's containers, bridge and iptables rules too).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with workdir() as work, contextlib.ExitStack() as stack:
         demo = Demo(work, stack)
-        cluster_up(demo)
+        cluster_up(demo, os.environ.get("DEMO_NODE", "auto"))
+        say()
+        if demo.real:
+            say(f"On a real node ({demo.node.name}): the indexer runs in a container from "
+                f"{demo.node.indexer_image}.\n")  # fmt: skip
+        else:
+            say("With the stand-in kubelet: pods run as local processes, there is no "
+                "container runtime here.\n")  # fmt: skip
         install(demo)
         demo.kubectl("create", "namespace", NAMESPACE)
-        demo.kubectl("label", "node", "metis-local", "pool=cpu",
+        demo.kubectl("label", "node", demo.node.name, "pool=cpu",
                      note="handbook.yaml places its indexer on pool=cpu")  # fmt: skip
         model_services(demo)
         drives(demo)
-        operator(demo, indexer_port=free_port())
+        operator(demo)
         applied = time.monotonic()
         demo.kubectl("apply", "-n", NAMESPACE, "-f", str(EXAMPLE))
         watch_states(demo)

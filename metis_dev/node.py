@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 from kubernetes import client, config
 
 from metis_dev import images
+from metis_dev.process import _die_with_parent as die_with_parent
 
 HERE = Path(__file__).resolve().parent
 NODE_MODULE = HERE / "go" / "node-bin"
@@ -52,6 +53,11 @@ ASSETS = Path(
     os.environ.get("METIS_KUBE_ASSETS", Path.home() / ".cache" / "metis" / "kube" / KUBE_VERSION)
 )
 BINARIES = ("kubelet", "kube-proxy", "pause")
+CONTAINERD_ROOT = Path(
+    os.environ.get("METIS_NODE_CACHE", Path.home() / ".cache" / "metis" / "node")
+) / "containerd"
+"""containerd's content and snapshots, kept between nodes: an imported image is unpacked
+once (1.1 GB, 23,000 files: deleting them with each work folder took 60 s here)."""
 
 NODE_NAME = "metis-node"
 BRIDGE = "metis0"
@@ -163,13 +169,14 @@ def _read(path: Path) -> str:
 # --------------------------------------------------------------------------- configuration
 
 
-def containerd_config(work: Path) -> str:
-    """containerd's configuration: every path under `work`; the CRI plugin with the
-    local pause image, the Debian CNI plugins and this node's CNI folder. OOM score
-    adjustments are only ever raised (root here lacks CAP_SYS_RESOURCE)."""
+def containerd_config(work: Path, root: Path) -> str:
+    """containerd's configuration: its persistent `root` (images) and every other path
+    under `work`; the CRI plugin with the local pause image, the Debian CNI plugins and
+    this node's CNI folder. OOM score adjustments are only ever raised (root here lacks
+    CAP_SYS_RESOURCE)."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
-root = "{work}/containerd/root"
+root = "{root}"
 state = "{work}/containerd/state"
 [grpc]
   address = "{work}/containerd.sock"
@@ -327,6 +334,41 @@ def node_rules(saved: str, network: str = "metis") -> tuple[list[list[str]], lis
     return rules, chains
 
 
+def model_service(namespace: str, name: str, port: int) -> list[dict[str, Any]]:
+    """Service `name` without a selector, port 80, and the EndpointSlice that names the
+    host's address on the pods' bridge at `port`: pods and the operator reach a model
+    server of the host (listening on GATEWAY) through it, as through any Service."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": port}]},
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"{name}-host",
+                "namespace": namespace,
+                "labels": {"kubernetes.io/service-name": name},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [GATEWAY], "conditions": {"ready": True}}],
+            "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        },
+    ]
+
+
+def host_command(resolv_conf: Path, argv: Sequence[str]) -> list[str]:
+    """`argv` run in its own mount namespace whose /etc/resolv.conf is `resolv_conf` (the
+    node's DNS): a process on the host (the operator) then reaches `<svc>.<ns>.svc` as
+    pods do, and the machine's own resolv.conf is left alone."""
+    script = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+            str(resolv_conf), *argv]  # fmt: skip
+
+
 def ready(node: dict[str, Any]) -> bool:
     conditions = node.get("status", {}).get("conditions", [])
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
@@ -357,6 +399,8 @@ class _Proc:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # A killed owner (a SIGKILLed `metis-dev`) takes its node processes along.
+                preexec_fn=die_with_parent,
             )
 
     def tail(self, chars: int = 4000) -> str:
@@ -466,11 +510,19 @@ class Node:
     `kubeconfig` names a user the API server lets register and run a node (the test
     cluster's admin). Images are handed to containerd by `load`."""
 
-    def __init__(self, kubeconfig: Path, work: Path, assets: Path = ASSETS) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        work: Path,
+        assets: Path = ASSETS,
+        containerd_root: Path = CONTAINERD_ROOT,
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.work = work
         self.assets = assets
+        self.containerd_root = containerd_root
         self.socket = work / "containerd.sock"
+        self.resolv_conf = work / "resolv.conf"
         self.procs: list[_Proc] = []
         self.keeper: _Keeper | None = None
         self.started_in = 0.0
@@ -503,9 +555,10 @@ class Node:
         w = self.work
         for sub in ("cni", "dns", "volumes", "pod-logs", "kubelet", "containerd"):
             (w / sub).mkdir(parents=True, exist_ok=True)
-        (w / "containerd.toml").write_text(containerd_config(w))
+        self.containerd_root.mkdir(parents=True, exist_ok=True)
+        (w / "containerd.toml").write_text(containerd_config(w, self.containerd_root))
         (w / "cni" / "10-metis.conflist").write_text(json.dumps(cni_config(w)))
-        (w / "resolv.conf").write_text(f"nameserver {GATEWAY}\n")
+        self.resolv_conf.write_text(f"nameserver {GATEWAY}\n")
         (w / "dns" / "services").write_text("")
         # The API server's own ServiceCIDR object says where ClusterIPs come from.
         api = config.new_client_from_config(config_file=str(self.kubeconfig))
@@ -605,21 +658,8 @@ class Node:
         return proc.stdout
 
     def host_command(self, argv: Sequence[str]) -> list[str]:
-        """`argv` run in its own mount namespace whose /etc/resolv.conf names the node's
-        DNS: a process on the host (the operator) then reaches `<svc>.<ns>.svc` as pods
-        do, and the machine's own resolv.conf is left alone."""
-        script = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
-        return [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            str(self.work / "resolv.conf"),
-            *argv,
-        ]
+        """`argv` resolving names by the node's DNS (`host_command`)."""
+        return host_command(self.resolv_conf, argv)
 
     def stop(self) -> None:
         """Stop the pods' containers, every process, and remove the bridge."""
@@ -644,7 +684,8 @@ class Node:
 
     def _remove_containers(self) -> None:
         """What the kubelet started lives in runc shims outside containerd's process
-        group: kill the tasks so none outlives the node."""
+        group: kill the tasks so none outlives the node; then remove the containers and
+        their snapshots from the root the next node reuses (its images stay)."""
         with contextlib.suppress(NodeError):
             for task in self.ctr("tasks", "ls", "-q").split():
                 with contextlib.suppress(NodeError):
@@ -652,6 +693,9 @@ class Node:
             for task in self.ctr("tasks", "ls", "-q").split():
                 with contextlib.suppress(NodeError):
                     self.ctr("tasks", "delete", "-f", task)
+            for container in self.ctr("containers", "ls", "-q").split():
+                with contextlib.suppress(NodeError):
+                    self.ctr("containers", "rm", container)
 
 
 def release_rules(tables: Sequence[str] = ("nat", "filter", "mangle")) -> None:

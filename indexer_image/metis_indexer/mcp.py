@@ -24,7 +24,7 @@ from mcp.types import ToolAnnotations
 from pydantic import ValidationError
 
 from metis_indexer import schema
-from metis_indexer.errors import ApiError
+from metis_indexer.errors import Refusal
 from metis_indexer.service import Indexer
 
 PATH = "/mcp"
@@ -80,7 +80,7 @@ def server(indexer: Indexer, observe: Observe) -> MCPServer:
             req = schema.check_search(schema.parse_body(schema.SearchRequest,
                                                         json.dumps(body).encode()))  # fmt: skip
             result = await indexer.search(req)
-        except ApiError as e:
+        except Refusal as e:
             indexer.metrics.searches.labels(mode=mode, outcome="error").inc()
             raise ToolError(f"{e.code}: {e.message}") from None
         observe(indexer, req, result)
@@ -109,7 +109,7 @@ def server(indexer: Indexer, observe: Observe) -> MCPServer:
             page_ = indexer.documents(query.page, query.page_size, query.state)
         except ValidationError as e:
             raise ToolError(schema.invalid(e).message) from None
-        except ApiError as e:
+        except Refusal as e:
             raise ToolError(f"{e.code}: {e.message}") from None
         return dict(schema.DocumentsPage.model_validate(page_).model_dump(mode="json"))
 

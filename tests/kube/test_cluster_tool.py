@@ -1,6 +1,7 @@
 """`metis-dev cluster up` as users run it: a process that announces a kubeconfig,
 answers kubectl, writes the audit log it was asked for, and on SIGINT stops every
-process it started."""
+process it started; and how it chooses its node. (The real node under `cluster up` is
+exercised by tests/kube/test_demo.py where the machine allows one.)"""
 
 from __future__ import annotations
 
@@ -10,8 +11,37 @@ import subprocess
 import sys
 from pathlib import Path
 
-from metis_dev.process import wait_for
+import pytest
+
+from metis_dev.cli import NodeInfo, choose_node
+from metis_dev.process import ControlPlaneError, wait_for
 from metis_dev.rest import run_kubectl
+
+NO_ROOT = "a real node needs root (containerd, network namespaces, iptables)"
+
+
+@pytest.mark.parametrize(
+    ("requested", "unusable", "kind", "says"),
+    [
+        ("auto", None, "real", "a real one"),
+        ("auto", NO_ROOT, "stand-in", f"the stand-in kubelet (no real node on this machine: "
+                                      f"{NO_ROOT})"),
+        ("stand-in", None, "stand-in", "asked for with --node stand-in"),
+        ("stand-in", NO_ROOT, "stand-in", "asked for with --node stand-in"),
+        ("real", None, "real", "a real one"),
+    ],
+)  # fmt: skip
+def test_the_node_is_real_where_the_machine_allows_and_the_choice_is_said(
+    requested: str, unusable: str | None, kind: str, says: str
+) -> None:
+    chosen, line = choose_node(requested, unusable)
+    assert chosen == kind
+    assert says in line
+
+
+def test_a_real_node_the_machine_cannot_run_is_refused_with_the_reason() -> None:
+    with pytest.raises(ControlPlaneError, match=r"--node real: .*needs root"):
+        choose_node("real", NO_ROOT)
 
 
 def descendants(pid: int) -> set[int]:
@@ -50,7 +80,7 @@ def test_cluster_up_serves_kubectl_and_stops_everything_on_sigint(
     log = (tmp_path / "cluster-up.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "metis_dev.cli", "cluster", "up", "--dir", str(work),
-         "--audit-log", str(audit)],
+         "--audit-log", str(audit), "--node", "stand-in"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
@@ -63,6 +93,8 @@ def test_cluster_up_serves_kubectl_and_stops_everything_on_sigint(
         output = (tmp_path / "cluster-up.log").read_text()
         assert f"export KUBECONFIG={work / 'kubeconfig'}" in output
         assert "Pods run as local processes: there is no container runtime here" in output
+        info = NodeInfo.model_validate_json((work / "node.json").read_text())
+        assert (info.kind, info.name) == ("stand-in", "metis-local")
 
         kubectl = kube_binaries / "kubectl"
         nodes = json.loads(run_kubectl(kubectl, work / "kubeconfig", "get", "nodes",

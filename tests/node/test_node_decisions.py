@@ -112,6 +112,27 @@ def test_the_kubelet_finds_pods_dns_at_the_bridge(tmp_path: Path) -> None:
     config = node.kubelet_config(tmp_path, 10250, 10248)
     assert config["clusterDNS"] == [node.GATEWAY]
     assert config["containerRuntimeEndpoint"] == f"unix://{tmp_path}/containerd.sock"
-    assert f'sandbox_image = "{node.PAUSE_IMAGE}"' in node.containerd_config(tmp_path)
+    containerd = node.containerd_config(tmp_path, tmp_path / "images")
+    assert f'sandbox_image = "{node.PAUSE_IMAGE}"' in containerd
+    assert f'root = "{tmp_path / "images"}"' in containerd  # images outlive the node
+    assert f'state = "{tmp_path}/containerd/state"' in containerd
     (plugin,) = node.cni_config(tmp_path)["plugins"]
     assert plugin["ipam"]["ranges"] == [[{"subnet": node.POD_CIDR, "gateway": node.GATEWAY}]]
+
+
+def test_a_model_service_points_at_the_host_on_the_bridge() -> None:
+    service, endpoints = node.model_service("demo", "bge-m3", 41234)
+    assert "selector" not in service["spec"]  # no pod backs it: the host does
+    [port] = service["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (80, 41234)
+    assert endpoints["metadata"]["labels"] == {"kubernetes.io/service-name": "bge-m3"}
+    assert endpoints["metadata"]["namespace"] == "demo"
+    assert endpoints["endpoints"] == [{"addresses": [node.GATEWAY], "conditions": {"ready": True}}]
+    assert endpoints["ports"] == [{"name": port["name"], "port": 41234, "protocol": "TCP"}]
+
+
+def test_a_host_process_resolves_by_the_nodes_dns(tmp_path: Path) -> None:
+    argv = node.host_command(tmp_path / "resolv.conf", ["metis-operator", "--x"])
+    assert argv[:2] == ["unshare", "--mount"]
+    assert argv[-3:] == [str(tmp_path / "resolv.conf"), "metis-operator", "--x"]
+    assert 'mount --bind "$0" /etc/resolv.conf' in argv[-4]

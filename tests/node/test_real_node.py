@@ -106,23 +106,8 @@ def _answers(url: str) -> bool:
 def model_service(kube: ControlPlane, ns: str, port: int) -> None:
     """Service `minilm` without a selector, its EndpointSlice naming the host's address
     on the pods' bridge: pods and the operator reach the host's model through it."""
-    api = kube.rest()
-    api.post(
-        f"/api/v1/namespaces/{ns}/services",
-        {
-            "metadata": {"name": "minilm"},
-            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": port}]},
-        },
-    )
-    api.post(
-        f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
-        {
-            "metadata": {"name": "minilm-host", "labels": {"kubernetes.io/service-name": "minilm"}},
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [node.GATEWAY], "conditions": {"ready": True}}],
-            "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-        },
-    )
+    objects = {"apiVersion": "v1", "kind": "List", "items": node.model_service(ns, "minilm", port)}
+    kube.kubectl("apply", "-f", "-", input=json.dumps(objects))
 
 
 @pytest.fixture(scope="module")

@@ -214,3 +214,16 @@ def test_a_paused_base_keeps_its_status_and_says_so() -> None:
     assert status_mod.paused(paused, "later") == paused  # nothing more to write
     resumed = compose(paused, now=T1)
     assert not status_mod.is_paused(resumed)
+
+
+def test_the_quality_condition_only_an_evaluation_sets_is_kept_as_it_was() -> None:
+    regressed = {
+        "type": "QualityRegressed", "status": "True", "reason": "Regressed",
+        "message": "recall@5 0.80 → 0.50", "observedGeneration": 2, "lastTransitionTime": T0,
+    }  # fmt: skip
+    before = compose({}, now=T0)
+    s = compose({**before, "conditions": [*before["conditions"], regressed]}, now=T1)
+    assert [c for c in s["conditions"] if c["type"] == "QualityRegressed"] == [regressed]
+    assert [c["type"] for c in s["conditions"]] == [
+        c["type"] for c in before["conditions"]
+    ] + ["QualityRegressed"]

@@ -270,3 +270,26 @@ def test_document_frequencies_count_each_document_once_per_term():
     files = np.array([5, 5, 5, 6, 0], np.int64)
     assert document_frequencies(terms, files, 4).tolist() == [2, 1, 1, 0]
     assert document_frequencies(np.zeros(0, np.int32), np.zeros(0, np.int64), 2).tolist() == [0, 0]
+
+
+def test_postings_and_scores_keep_their_compact_types(docs):
+    # The index's memory per chunk (README, "Performance") rests on these: 4-byte rows and
+    # terms, 2-byte term counts, 4-byte lengths, weights and scores. numpy's defaults (int64,
+    # float64) would answer the same and take twice the memory.
+    vocab, index = build(docs)
+    assert index.lengths.dtype == np.float32  # as grown by `add`
+    alive = np.ones(len(docs), dtype=bool)
+    index.merge(alive)
+    index.remap(np.arange(len(docs)), alive)
+    ids = vocab.lookup(words("python generator expressions"))
+    assert dense(index, ids, alive).dtype == np.float32  # weighed at query time
+    snap = index.snapshot(alive)
+    assert index.install(snap, snap.weigh(index))
+    assert index.scores(ids, alive).dtype == np.float32  # summed from cached weights
+    assert index.lengths.dtype == np.float32  # as renumbered by `remap`
+    assert index.files.dtype == np.int32
+    for seg in index.segments:
+        assert (seg.terms.dtype, seg.rows.dtype, seg.tfs.dtype, seg.indptr.dtype) == (
+            np.int32, np.int32, np.uint16, np.int64
+        )
+        assert seg.weights is not None and seg.weights.dtype == np.float32

@@ -88,7 +88,7 @@ def _merged(segments: Sequence[Segment], alive: npt.NDArray[np.bool_]) -> Segmen
 
 
 def document_frequencies(
-    terms: npt.NDArray[np.int32], files: npt.NDArray[np.int64], n_terms: int
+    terms: npt.NDArray[np.int32], files: npt.NDArray[np.integer], n_terms: int
 ) -> npt.NDArray[np.float64]:
     """How many distinct documents hold each term, from (term, file) pairs of live postings."""
     span = int(files.max()) + 1 if len(files) else 1
@@ -113,7 +113,7 @@ class Snapshot:
     lengths: npt.NDArray[np.float32]
     """The index's lengths array as it was: rows added later are written beyond the rows
     of these segments, and a renumbering replaces the array rather than change it."""
-    files: npt.NDArray[np.int64]
+    files: npt.NDArray[np.int32]
     """Each row's document, kept as `lengths` is."""
     live_files: int
     live_rows: int
@@ -129,7 +129,7 @@ class Snapshot:
             terms.append(np.repeat(seg.terms, np.diff(seg.indptr))[live])
             files.append(self.files[seg.rows[live]])
         df = document_frequencies(np.concatenate(terms or [np.zeros(0, np.int32)]),
-                                  np.concatenate(files or [np.zeros(0, np.int64)]), n_terms)
+                                  np.concatenate(files or [np.zeros(0, np.int32)]), n_terms)
         term_idf = idf(self.live_files, df)
         avgdl = self.live_length / self.live_rows if self.live_rows else 1.0
         return [
@@ -153,7 +153,7 @@ class KeywordIndex:
         self.b = b
         self.segments: list[Segment] = []
         self.lengths = np.zeros(0, dtype=np.float32)
-        self.files = np.zeros(0, dtype=np.int64)
+        self.files = np.zeros(0, dtype=np.int32)
         self._file_rows: collections.Counter[int] = collections.Counter()
         """Live rows of each document: a document counts in N while it has one."""
         self.live_rows = 0
@@ -167,7 +167,7 @@ class KeywordIndex:
             size = max(rows, 2 * len(self.lengths), 1024)
             grown = np.zeros(size, dtype=np.float32)
             grown[: len(self.lengths)] = self.lengths
-            files = np.zeros(size, dtype=np.int64)
+            files = np.zeros(size, dtype=np.int32)
             files[: len(self.files)] = self.files
             self.lengths, self.files = grown, files
 
@@ -177,7 +177,7 @@ class KeywordIndex:
         term_ids: npt.NDArray[np.int32],
         counts: npt.NDArray[np.integer],
         sizes: npt.NDArray[np.int64],
-        files: npt.NDArray[np.int64],
+        files: npt.NDArray[np.integer],
     ) -> None:
         """Add rows as one segment: `sizes[i]` (term id, count) pairs belong to `rows[i]`,
         in order, in the flat `term_ids` and `counts`; `files[i]` is its document."""
@@ -229,7 +229,7 @@ class KeywordIndex:
         lengths, files = self.lengths[: len(alive)][alive], self.files[: len(alive)][alive]
         self.lengths = np.zeros(max(len(lengths), 1024), dtype=np.float32)
         self.lengths[: len(lengths)] = lengths
-        self.files = np.zeros(len(self.lengths), dtype=np.int64)
+        self.files = np.zeros(len(self.lengths), dtype=np.int32)
         self.files[: len(files)] = files
         if self.segments:
             seg = self.segments[0]
