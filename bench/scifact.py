@@ -38,6 +38,7 @@ import httpx
 
 from metis_indexer.config import IndexerConfig
 from metis_indexer.index.memory import Index
+from metis_indexer.limits import VECTOR_KINDS, VectorKind
 from metis_indexer.schema import SearchAnswer, SearchRequest
 from metis_indexer.search import hybrid as search
 from metis_indexer.search.evaluation import ranked_documents
@@ -129,8 +130,8 @@ def model_server() -> Iterator[str]:
         proc.wait()
 
 
-async def run(split: str, workdir: Path, embedding: str) -> tuple[dict[str, dict[str, float]],
-                                                                  dict[str, float]]:
+async def run(split: str, workdir: Path, embedding: str, vectors: VectorKind = "float32"
+              ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     drive = workdir / "scifact"
     drive.mkdir(parents=True, exist_ok=True)
     docs = write_corpus(drive)
@@ -140,6 +141,7 @@ async def run(split: str, workdir: Path, embedding: str) -> tuple[dict[str, dict
         embedding={"url": embedding, "name": "all-MiniLM-L6-v2"},  # type: ignore[arg-type]
         index_dir=workdir / "index",
         rescan_seconds=0,
+        vectors=vectors,
     )
     indexer = Indexer(config)
     started = time.monotonic()
@@ -208,6 +210,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path,
                         help="keep the corpus and the index here (indexed once for both splits)")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--vectors", choices=VECTOR_KINDS, default="float32",
+                        help="how the index holds vectors in memory (issue 13)")
     args = parser.parse_args()
     out = args.out or Path(f"bench/results/scifact-{args.split}.md")
     with contextlib.ExitStack() as stack:
@@ -215,7 +219,7 @@ def main() -> None:
             stack.enter_context(tempfile.TemporaryDirectory(prefix="metis-scifact-"))
         )
         url = args.embedding or stack.enter_context(model_server())
-        figures, info = asyncio.run(run(args.split, workdir, url))
+        figures, info = asyncio.run(run(args.split, workdir, url, args.vectors))
     text = report(args.split, figures, info)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

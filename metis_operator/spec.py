@@ -138,6 +138,8 @@ class KnowledgeBaseSpec(_Model):
     chunking: Chunking = Chunking()
     placement: Placement = Placement()
     rescan_seconds: int = limits.RESCAN_DEFAULT
+    vectors: limits.VectorKind = limits.VECTORS_DEFAULT
+    """float32, or int8 (a quarter of the vectors' memory, answers rescored exactly)."""
 
     @field_validator("rescan_seconds")
     @classmethod
@@ -226,6 +228,7 @@ def to_indexer_config(
         },
         "chunking": {"size": spec.chunking.size, "overlap": spec.chunking.overlap},
         "rescan_seconds": spec.rescan_seconds,
+        "vectors": spec.vectors,
         "index_dir": INDEX_DIR,
         "host": "0.0.0.0",
         "port": port,

@@ -32,7 +32,7 @@ EMBEDDING_CONDITION = "EmbeddingModelAvailable"
 RERANKER_CONDITION = "RerankerAvailable"
 """True when the reranker's Service answers as a reranker; absent without one."""
 
-INDEX_TOTALS = ("documents", "chunks", "failed", "last_indexed_at", "dimensions")
+INDEX_TOTALS = ("documents", "chunks", "failed", "last_indexed_at", "dimensions", "vectors")
 """What survives a moment when the indexer does not answer (a replacement)."""
 
 _UNLISTED = re.compile(r"^source (?P<drive>\S+): cannot list ")
@@ -134,6 +134,7 @@ def _index(ix: StatusAnswer | None, previous: Mapping[str, Any]) -> dict[str, An
         "pass_done": ix.pass_done,
         "last_indexed_at": ix.last_indexed_at,
         "dimensions": ix.dimensions,
+        "vectors": ix.vectors,
     }
     return {k: v for k, v in index.items() if v is not None}
 

@@ -27,6 +27,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from metis_indexer import config as config_mod
+from metis_indexer import limits
 from metis_indexer.config import IndexerConfig
 
 DEFAULT_URL = "http://127.0.0.1:7700"
@@ -68,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=2)
     serve.add_argument("--embedding-batch", type=int, default=64,
                        help="passages per embeddings request, across documents (1-2048)")
+    serve.add_argument("--vectors", choices=limits.VECTOR_KINDS, default=limits.VECTORS_DEFAULT,
+                       help="vectors in memory: float32, or int8 rescored exactly from disk")
 
     def client(name: str, help_: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_)
@@ -118,6 +121,7 @@ def serve_config(args: argparse.Namespace) -> IndexerConfig:
         "port": args.port,
         "workers": args.workers,
         "embedding_batch": args.embedding_batch,
+        "vectors": args.vectors,
     }
     if args.embedding:
         raw["embedding"] = {"url": args.embedding, "name": args.embedding}

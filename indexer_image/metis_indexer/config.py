@@ -90,6 +90,9 @@ class IndexerConfig(_Model):
     embedding_batch: int = Field(default=64, ge=1, le=2048)
     """Passages per embeddings request, filled across documents: fewer for a server
     that limits its batches (TEI's --max-client-batch-size), more for a large GPU."""
+    vectors: limits.VectorKind = limits.VECTORS_DEFAULT
+    """How vectors are held in memory: float32, or int8 codes (a quarter of the memory)
+    scanned for candidates that are rescored exactly from float32 vectors on disk."""
     revisions: dict[str, str] = Field(default_factory=dict)
     generation: int | None = None
     """The base's metadata.generation this configuration was written for (by the operator):

@@ -4,6 +4,8 @@ and a test holds crds/knowledgebase.yaml to them."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 CHUNK_SIZE_MIN, CHUNK_SIZE_MAX, CHUNK_SIZE_DEFAULT = 200, 4000, 1200
 """Characters a chunk may have."""
 CHUNK_OVERLAP_DEFAULT = 200
@@ -14,6 +16,10 @@ SOURCES_MIN, SOURCES_MAX = 1, 16
 """Sources a base may have."""
 PATH_MAX = 512
 """Characters a source's path may have."""
+VectorKind = Literal["float32", "int8"]
+"""How an index holds its vectors in memory."""
+VECTOR_KINDS: tuple[VectorKind, ...] = ("float32", "int8")
+VECTORS_DEFAULT: VectorKind = "float32"
 
 
 def overlap_allowed(size: int, overlap: int) -> bool:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from metis_indexer.documents import Kind
 from metis_indexer.errors import BadRequest
+from metis_indexer.limits import VectorKind
 
 Mode = Literal["hybrid", "dense", "keyword"]
 _B = TypeVar("_B", bound=BaseModel)
@@ -141,6 +142,8 @@ class StatusAnswer(BaseModel):
     last_indexed_at: str | None
     passes: int
     dimensions: int | None
+    vectors: VectorKind = "float32"
+    """How the index holds its vectors in memory (float32, or int8 rescored exactly)."""
     embedding_model: str | None
     reranker: str | None
     skipped: dict[str, int]

@@ -64,7 +64,7 @@ class Indexer:
     def __init__(self, config: IndexerConfig, metrics: Metrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or Metrics.create()
-        self.index = Index(config.index_dir)
+        self.index = Index(config.index_dir, config.vectors)
         self.state = PassState()
         self.loaded = False
         self.embedder: EmbeddingClient | None = None
@@ -188,7 +188,7 @@ class Indexer:
             await asyncio.sleep(STANDBY_LOOK)
         log.error("the index is damaged (%s): moving it aside and rebuilding it", error)
         aside = await asyncio.to_thread(self.index.store.move_aside)
-        self.index = Index(self.config.index_dir)
+        self.index = Index(self.config.index_dir, self.config.vectors)
         await asyncio.to_thread(self.index.load)
         self.metrics.index_rebuilds.inc()
         self._rebuilding = (
@@ -247,6 +247,8 @@ class Indexer:
                 if client is not None:
                     await client.close()
             self._clients_for(config)
+        if config.vectors != old.vectors and self.loaded:
+            await asyncio.to_thread(self.index.hold_vectors, config.vectors)
         self.request_pass()
 
     # -- a pass ----------------------------------------------------------------------------
@@ -405,6 +407,7 @@ class Indexer:
             "last_indexed_at": s.last_indexed_at,
             "passes": s.completed,
             "dimensions": self.index.dimensions or None,
+            "vectors": self.index.vector_kind,
             "embedding_model": None if self.embedder is None else self.embedder.model,
             "reranker": None if self.reranker is None else self.reranker.name,
             "skipped": dict(sorted(s.skipped.items())),

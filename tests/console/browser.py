@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -35,8 +36,12 @@ def chrome(width: int = 1280, height: int = 900) -> webdriver.Chrome:
 
 def wait(driver: webdriver.Chrome, what: str, check: Callable[[Any], Any],
          timeout: float = WAIT_SECONDS) -> Any:
-    """Poll `check(driver)` until it is truthy (Selenium's own polling, with a deadline)."""
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(check, f"waiting for {what}")
+    """Poll `check(driver)` until it is truthy (Selenium's own polling, with a deadline).
+    A live page replaces rows as updates arrive: an element found a moment before may be
+    gone when it is read, which is another round, not a failure."""
+    return WebDriverWait(
+        driver, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(check, f"waiting for {what}")
 
 
 def screenshot(driver: webdriver.Chrome, name: str) -> None:

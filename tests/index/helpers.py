@@ -7,6 +7,7 @@ import numpy as np
 from metis_indexer.documents import Chunk
 from metis_indexer.index.memory import Index, Settings
 from metis_indexer.index.store import FileRecord
+from metis_indexer.limits import VectorKind
 
 DIM = 8
 
@@ -30,7 +31,7 @@ def axis(i: int, dim: int = DIM) -> np.ndarray:
     return v
 
 
-def new_index(folder, dim: int = DIM) -> Index:
-    index = Index(folder)
+def new_index(folder, dim: int = DIM, vectors: VectorKind = "float32") -> Index:
+    index = Index(folder, vectors)
     index.adopt(Settings("test-model", dim, 1200, 200))
     return index

@@ -37,7 +37,8 @@ def test_a_document_round_trips_through_disk(tmp_path):
     assert again.chunk_count == 2
     assert [again.headings[h] for h in again.row_headings[:2]] == [("Leave",), ("Leave", "Sick")]
     assert again.row_line[0] == 3
-    assert np.allclose(again.vectors[1], axis(1)), "vectors are kept as unit vectors"
+    kept = again.vectors.exact(np.array([1]))[0]
+    assert np.allclose(kept, axis(1)), "vectors are kept as unit vectors"
     assert keyword_rows(again, "sick") == [1]
     assert keyword_rows(again, "handbook") == [0, 1], "the title is searchable"
     first = int(again.row_chunk[0])
@@ -72,6 +73,29 @@ def test_compaction_keeps_every_live_chunk_findable(tmp_path):
     entry = index.files[int(index.row_file[rows[0]])]
     assert entry.record.path == "f2399.md"
     assert len(keyword_rows(index, "common")) == 1200
+
+
+def test_int8_answers_match_float32_answers_through_writes_compaction_and_load(tmp_path):
+    rng = np.random.default_rng(5)
+    dim = 32
+    held = {kind: new_index(tmp_path / kind, dim, kind) for kind in ("float32", "int8")}
+    for i in range(2400):
+        v = rng.standard_normal((2, dim), dtype=np.float32)
+        for index in held.values():
+            index.put_document(record(f"f{i}.md"), [chunk("a"), chunk("b")], v)
+    for index in held.values():
+        index.drop_files([("docs", f"f{i}.md") for i in range(0, 2400, 2)])
+        assert index.dead == 0, "dead rows were reclaimed"
+    again = Index(tmp_path / "int8", "int8")
+    again.load()
+    for q in rng.standard_normal((20, dim), dtype=np.float32):
+        q /= np.linalg.norm(q)
+        allowed = held["float32"].allowed(None)
+        want = held["float32"].dense(q, allowed, 10)
+        for got in (held["int8"].dense(q, allowed, 10), again.dense(q, allowed, 10)):
+            assert [r for r, _ in got] == [r for r, _ in want]
+            assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-6)
+        assert again.vectors.resident_bytes() < held["float32"].vectors.resident_bytes() / 3
 
 
 def test_a_failed_write_leaves_memory_and_disk_as_they_were(tmp_path):
@@ -113,7 +137,7 @@ def test_documents_written_together_fail_alone(tmp_path):
     assert keyword_rows(again, "former") == []
     for mem in (index, again):
         assert mem.chunk_count == 2
-        assert np.allclose(mem.vectors[keyword_rows(mem, "latter")[0]], axis(2))
+        assert np.allclose(mem.vectors.exact(np.array(keyword_rows(mem, "latter")))[0], axis(2))
 
 
 WRITER = textwrap.dedent(
@@ -192,6 +216,6 @@ def test_new_chunking_keeps_the_index_and_a_new_model_keeps_its_chunks(tmp_path)
     again = Index(tmp_path)
     again.load()
     assert again.settings() == Settings("other-model", 4, 400, 100)
-    assert again.vectors.shape[1] == 4 and again.has_vector[: again.n_rows].tolist() == [
+    assert again.vectors.dimensions == 4 and again.has_vector[: again.n_rows].tolist() == [
         False, True,
     ]

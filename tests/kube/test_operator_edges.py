@@ -108,7 +108,15 @@ def test_a_base_gets_a_network_policy_and_a_token_made_once(
         lambda: api.get(f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies")["items"],
         timeout=60, what="the base's NetworkPolicy", alive=operator.check_alive,
     )[0]  # fmt: skip
-    deployment = api.get(f"/apis/apps/v1/namespaces/{ns}/deployments/metis-handbook")
+    # The children are applied one after another: the policy may come before the rest.
+    deployment = wait_for(
+        lambda: api.get(f"/apis/apps/v1/namespaces/{ns}/deployments/metis-handbook"),
+        timeout=60, what="the base's Deployment", alive=operator.check_alive,
+    )  # fmt: skip
+    secret = wait_for(
+        lambda: api.get(f"/api/v1/namespaces/{ns}/secrets/metis-handbook"),
+        timeout=60, what="the base's token Secret", alive=operator.check_alive,
+    )  # fmt: skip
     assert policy["metadata"]["name"] == "metis-handbook"
     assert policy["metadata"]["ownerReferences"][0]["uid"] == base["metadata"]["uid"]
     spec = policy["spec"]
@@ -122,7 +130,6 @@ def test_a_base_gets_a_network_policy_and_a_token_made_once(
         "ports": [{"protocol": "TCP", "port": operator.indexer_port}],
     }]  # fmt: skip
 
-    secret = api.get(f"/api/v1/namespaces/{ns}/secrets/metis-handbook")
     assert secret["type"] == "Opaque"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == base["metadata"]["uid"]
     token = base64.b64decode(secret["data"]["token"]).decode()

@@ -47,6 +47,9 @@ def test_numeric_limits_and_defaults_match(schema: dict[str, Any]) -> None:
     sources = schema["sources"]
     assert (sources["minItems"], sources["maxItems"]) == (
         limits.SOURCES_MIN, limits.SOURCES_MAX)  # fmt: skip
+    vectors = schema["vectors"]
+    assert (tuple(vectors["enum"]), vectors["default"]) == (
+        limits.VECTOR_KINDS, limits.VECTORS_DEFAULT)  # fmt: skip
 
 
 def test_names_and_lengths_match(schema: dict[str, Any]) -> None:

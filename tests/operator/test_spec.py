@@ -24,6 +24,7 @@ def test_defaults_are_the_specs() -> None:
     s = spec_mod.parse("handbook", GOOD)
     assert (s.chunking.size, s.chunking.overlap, s.rescan_seconds) == (1200, 200, 60)
     assert (s.placement.cpu_cores, s.placement.memory_gb) == (1, 2)
+    assert s.vectors == "float32"
     assert s.reranker is None and s.drives == ["docs", "runbooks"]
 
 
@@ -54,7 +55,7 @@ def test_the_configuration_mounts_drives_and_reaches_models_by_url() -> None:
     s = spec_mod.parse("handbook", spec(
         reranker={"deployment": "rr", "query_prefix": "q: "},
         embedding={"deployment": "bge-m3", "document_prefix": ""},
-        placement={"cpu_cores": 8},
+        placement={"cpu_cores": 8}, vectors="int8",
     ))  # fmt: skip
     config = spec_mod.to_indexer_config(
         "handbook", s, port=7700, embedding_url="http://bge-m3.ns.svc:80",
@@ -72,6 +73,7 @@ def test_the_configuration_mounts_drives_and_reaches_models_by_url() -> None:
     assert config.embedding.name == "bge-m3"
     assert config.reranker is not None and config.reranker.query_prefix == "q: "
     assert config.revisions == {"docs": "r1"}  # only the base's own drives
+    assert config.vectors == "int8"
 
 
 def test_one_core_still_gets_two_reader_workers() -> None:

@@ -23,7 +23,7 @@ T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 EMBEDDING = ModelCheck("embedding model", "bge-m3", Model.AVAILABLE, "serves BAAI/bge-m3 (1024)")
 STATUS = indexer_status(
     phase="ready", documents=40, chunks=120, failed=1, passes=2,
-    last_indexed_at=T0, dimensions=1024, indexed_revisions={"docs": "r1"},
+    last_indexed_at=T0, dimensions=1024, vectors="int8", indexed_revisions={"docs": "r1"},
 )  # fmt: skip
 READY = Verdict(State.READY, "everything is indexed; watching its sources")
 OBSERVED = Observation(
@@ -45,7 +45,8 @@ def test_a_ready_base() -> None:
     assert s["state"] == "Ready" and s["observedGeneration"] == 3
     assert s["observed"] == {
         "index": {"phase": "ready", "documents": 40, "chunks": 120, "failed": 1,
-                  "pass_total": 0, "pass_done": 0, "last_indexed_at": T0, "dimensions": 1024},
+                  "pass_total": 0, "pass_done": 0, "last_indexed_at": T0, "dimensions": 1024,
+                  "vectors": "int8"},
         "machine": "node-a",
         "address": "http://metis-hb.ns.svc:7700",
         "revisions": {"docs": "r1"},
@@ -121,6 +122,7 @@ def test_totals_survive_a_moment_without_the_indexer_but_its_phase_does_not() ->
         "failed": 1,
         "last_indexed_at": T0,
         "dimensions": 1024,
+        "vectors": "int8",
     }
     assert s["observed"]["indexed_revisions"] == {"docs": "r1"}
     assert "machine" not in s["observed"]

@@ -312,3 +312,45 @@ def test_a_second_indexer_on_one_index_stands_by_then_takes_over(models, tmp_pat
             first.stop()
             took_over = wait_ready(second)
             assert took_over["documents"] == 6 and took_over["last_pass"]["read"] == 0
+
+
+def test_int8_vectors_answer_as_float32_does_and_status_says_which(models, tmp_path):
+    """The handbook searched with vectors held as float32, then with the setting changed
+    to int8 while running: the same results with the same scores."""
+    config = tmp_path / "config.json"
+    port = free_port()
+
+    def write(vectors: str) -> None:
+        config.write_text(json.dumps({
+            "name": "handbook", "index_dir": str(tmp_path / "index"), "port": port,
+            "sources": [{"drive": "handbook", "root": str(HANDBOOK)}],
+            "embedding": {"url": models.base_url, "name": "minilm"},
+            "rescan_seconds": 0, "vectors": vectors,
+        }))
+
+    questions = ["how many vacation days", "sick leave", "expenses and travel", "laptop"]
+
+    def answers() -> list[list[tuple[str, int | None, float | None]]]:
+        out = []
+        for q in questions:
+            for mode in ("dense", "hybrid"):
+                body = {"query": q, "mode": mode, "top_k": 10, "rerank": False}
+                results = p.post("/v1/search", body).json()["results"]
+                out.append([(r["citation"]["document"], r["citation"].get("line"),
+                             r["scores"].get("dense")) for r in results])
+        return out
+
+    write("float32")
+    p = Process(f"http://127.0.0.1:{port}", metis("serve", "--config", str(config)),
+                tmp_path / "indexer.log")
+    with running(p):
+        assert wait_ready(p)["vectors"] == "float32"
+        before = answers()
+        write("int8")
+        p.wait_status("vectors held as int8", lambda s: s["vectors"] == "int8")
+        wait_ready(p)
+        after = answers()
+    assert all(before), "every question found something"
+    for b, a in zip(before, after, strict=True):
+        assert [(d, line) for d, line, _ in a] == [(d, line) for d, line, _ in b]
+        assert [s or 0.0 for *_, s in a] == pytest.approx([s or 0.0 for *_, s in b], abs=1e-5)

@@ -281,11 +281,15 @@ def test_postings_and_scores_keep_their_compact_types(docs):
     alive = np.ones(len(docs), dtype=bool)
     index.merge(alive)
     index.remap(np.arange(len(docs)), alive)
-    ids = vocab.lookup(words("python generator expressions"))
-    assert dense(index, ids, alive).dtype == np.float32  # weighed at query time
+    # The first document's words hold term 0, the edge of the per-term counts.
+    ids = vocab.lookup([*docs[0][:30], *words("python generator expressions")])
+    at_query_time = dense(index, ids, alive)
+    assert at_query_time.dtype == np.float32
     snap = index.snapshot(alive)
     assert index.install(snap, snap.weigh(index))
-    assert index.scores(ids, alive).dtype == np.float32  # summed from cached weights
+    cached = index.scores(ids, alive)
+    assert cached.dtype == np.float32  # summed from cached weights
+    np.testing.assert_allclose(cached[: len(alive)], at_query_time, rtol=1e-6)
     assert index.lengths.dtype == np.float32  # as renumbered by `remap`
     assert index.files.dtype == np.int32
     for seg in index.segments:
@@ -293,3 +297,30 @@ def test_postings_and_scores_keep_their_compact_types(docs):
             np.int32, np.int32, np.uint16, np.int64
         )
         assert seg.weights is not None and seg.weights.dtype == np.float32
+
+
+def test_weights_of_rows_that_moved_meanwhile_are_not_installed(docs):
+    # Weighing runs outside the index's lock; what it weighed is kept only if nothing moved.
+    _, index = build(docs[:40], batches=1)
+    alive = np.ones(40, dtype=bool)
+    snap = index.snapshot(alive)
+    weights = snap.weigh(index)
+    index.drop(np.array([3]))  # the statistics moved, the segments did not
+    assert not index.install(snap, weights) and not index.weighed
+
+    _, index = build(docs[:40], batches=1)
+    snap = index.snapshot(alive)
+    weights = snap.weigh(index)
+    index.merge(alive)  # as many segments, but not the same ones
+    assert not index.install(snap, weights) and not index.weighed
+
+    snap = index.snapshot(alive)
+    assert index.install(snap, snap.weigh(index)) and index.weighed
+
+
+def test_a_term_no_row_holds_scores_nothing_from_cached_weights(docs):
+    vocab, index = build(docs[:20], batches=1)
+    alive = np.ones(20, dtype=bool)
+    snap = index.snapshot(alive)
+    assert index.install(snap, snap.weigh(index))
+    assert index.scores(np.array([len(vocab) + 5], dtype=np.int32), alive) is None

@@ -53,16 +53,12 @@ class Segment:
         terms: npt.NDArray[np.int32],
         tfs: npt.NDArray[np.integer],
     ) -> Segment:
-        """Group (row, term, tf) triples by term, rows ascending within a term.
-
-        The triples usually come with each term's rows already ascending (a batch of
-        new rows, or segments merged oldest first), so a stable sort by term alone
-        orders them, in about linear time on such runs; a full sort is the fallback."""
+        """Group (row, term, tf) triples by term. A stable sort keeps each term's rows in
+        the order they came, ascending in practice (a batch of new rows, segments merged
+        oldest first, a renumbering that keeps order); nothing depends on that order, as a
+        term holds a row once and scores are summed per row."""
         order = np.argsort(terms, kind="stable")
         terms, rows, tfs = terms[order], rows[order], tfs[order]
-        if np.any((terms[1:] == terms[:-1]) & (rows[1:] < rows[:-1])):
-            order = np.lexsort((rows, terms))
-            terms, rows, tfs = terms[order], rows[order], tfs[order]
         unique, starts = np.unique(terms, return_index=True)
         indptr = np.append(starts, len(terms)).astype(np.int64)
         return cls(unique.astype(np.int32), indptr, rows.astype(np.int32), tfs.astype(np.uint16))

@@ -1,8 +1,9 @@
 """The index held in memory for search, kept in step with the store on disk.
 
-Rows are chunks: a float32 matrix of unit vectors (grown by doubling, viewed as
-`[:n_rows]`), BM25 postings, and per-row citation fields as small arrays. Text
-stays on disk and is read only for the few chunks a search returns or reranks.
+Rows are chunks: their unit vectors (`vectors.py`: float32 in memory, or int8 codes
+with float32 on disk; grown by doubling, viewed as `[:n_rows]`), BM25 postings, and
+per-row citation fields as small arrays. Text stays on disk and is read only for the
+few chunks a search returns or reranks.
 A replaced or dropped document's rows are marked dead and reclaimed by
 `compact` once they are many.
 """
@@ -25,7 +26,9 @@ import numpy.typing as npt
 from metis_indexer import texts
 from metis_indexer.documents import Chunk
 from metis_indexer.index import keyword, tokens
+from metis_indexer.index import vectors as held
 from metis_indexer.index.store import ChunkBatch, FileRecord, Store, StoredChunk, Written
+from metis_indexer.index.vectors import Leg
 
 
 @dataclasses.dataclass(slots=True)
@@ -91,10 +94,6 @@ class Cited:
     headings: tuple[str, ...]
 
 
-Leg = list[tuple[int, float]]
-"""Rows of one leg with their scores, best first."""
-
-
 Document = tuple[FileRecord, Sequence[Chunk], npt.NDArray[np.float32] | None]
 """A file's record, its chunks and their vectors (None: the embedding model did not answer)."""
 
@@ -112,15 +111,17 @@ class Index:
         ("row_headings", np.int32),
     )
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, vector_kind: held.Kind = "float32") -> None:
         self.store = Store(folder)
+        self.folder = folder
+        self.vector_kind: held.Kind = vector_kind
         self.lock = threading.RLock()
         self.dimensions = 0
         self._clear_memory()
 
     def _clear_memory(self) -> None:
         self.keyword = keyword.KeywordIndex()
-        self.vectors = np.zeros((0, self.dimensions), dtype=np.float32)
+        self.vectors = held.make(self.vector_kind, self.dimensions, self.folder)
         self.n_rows = 0
         self.alive = np.zeros(0, dtype=bool)
         self.has_vector = np.zeros(0, dtype=bool)
@@ -156,6 +157,14 @@ class Index:
             self.keyword.merge(self.alive)
         _release_freed_memory()
 
+    def hold_vectors(self, kind: held.Kind) -> None:
+        """Hold vectors the other way (float32 or int8): the index is loaded again."""
+        with self.lock:
+            if kind == self.vector_kind:
+                return
+            self.vector_kind = kind
+            self.load()
+
     def adopt(self, settings: Settings) -> None:
         """Take new settings and keep what is indexed: its files are read again one by one
         (their records say what they were built with), and until then their chunks are
@@ -170,7 +179,8 @@ class Index:
             self.store.drop_vectors()
             self.dimensions = settings.dimensions
             self.has_vector[:] = False
-            self.vectors = np.zeros((len(self.alive), self.dimensions), dtype=np.float32)
+            self.vectors = held.make(self.vector_kind, self.dimensions, self.folder)
+            self.vectors.ensure_capacity(len(self.alive), 0)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -269,7 +279,8 @@ class Index:
                 grown = np.zeros(max(n, 1024), dtype=dtype)
                 grown[:n] = getattr(self, name)[: self.n_rows][keep]
                 setattr(self, name, grown)
-            self.vectors = np.ascontiguousarray(self.vectors[: self.n_rows][keep])
+            self.vectors.keep(keep, self.n_rows)
+            self.vectors.ensure_capacity(max(n, 1024), n)
             self.n_rows = n
             self.dead = 0
 
@@ -301,7 +312,7 @@ class Index:
         self.row_headings[start:end] = [self._heading_id(h) for h in batch.headings]
         self.has_vector[start:end] = batch.has_vector
         if self.dimensions:
-            self.vectors[start:end] = batch.vectors
+            self.vectors.put(start, batch.vectors)
         self.alive[start:end] = True
         self.n_rows = end
         self.keyword.add(
@@ -317,17 +328,14 @@ class Index:
 
     def _ensure_capacity(self, rows: int) -> None:
         capacity = len(self.alive)
-        if rows <= capacity and self.vectors.shape[1] == self.dimensions:
+        if rows <= capacity:
             return
-        new = max(rows, 2 * capacity, 1024) if rows > capacity else capacity
+        new = max(rows, 2 * capacity, 1024)
         for name, dtype in self.ROW_FIELDS:
             grown = np.zeros(new, dtype=dtype)
             grown[: self.n_rows] = getattr(self, name)[: self.n_rows]
             setattr(self, name, grown)
-        vectors = np.zeros((new, self.dimensions), dtype=np.float32)
-        if self.vectors.shape[1] == self.dimensions:
-            vectors[: self.n_rows] = self.vectors[: self.n_rows]
-        self.vectors = vectors
+        self.vectors.ensure_capacity(new, self.n_rows)
         self.keyword.ensure_capacity(new)
 
     # -- reading ---------------------------------------------------------------------------
@@ -371,12 +379,10 @@ class Index:
             return mask & file_ok[self.row_file[:n]]
 
     def dense(self, vector: npt.NDArray[np.float32], allowed: npt.NDArray[np.bool_], k: int) -> Leg:
-        """The k allowed rows nearest a unit vector (cosine), best first."""
+        """The k allowed rows nearest a unit vector (cosine), best first; exact float32
+        scores either way the vectors are held."""
         with self.lock:
-            n = self.n_rows
-            scores = self.vectors[:n] @ vector
-            rows = top(scores, allowed & self.has_vector[:n], k)
-            return [(r, float(scores[r])) for r in rows]
+            return self.vectors.nearest(vector, allowed & self.has_vector[: self.n_rows], k)
 
     def by_words(self, words: Sequence[str], allowed: npt.NDArray[np.bool_] | None, k: int) -> Leg:
         """The k rows of best BM25 score above 0 for `words`, best first; `allowed`:
@@ -410,14 +416,6 @@ class Index:
             ids = {int(self.row_chunk[r]): r for r in rows}
         by_id = self.store.texts(list(ids))
         return {ids[cid]: text for cid, text in by_id.items()}
-
-
-def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> list[int]:
-    """Rows of the k best scores among `mask`, best first (ties: lower row first)."""
-    rows = np.flatnonzero(mask)
-    if len(rows) > k:
-        rows = rows[np.argpartition(-scores[rows], k - 1)[:k]]
-    return rows[np.lexsort((rows, -scores[rows]))].tolist()
 
 
 def top_positive(scores: npt.NDArray[np.float32], k: int) -> list[int]:

@@ -1,0 +1,83 @@
+"""The int8 form of the vectors against the exact float32 product: same rows, same scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from metis_indexer.index.vectors import FloatVectors, Int8Vectors, calibrate, encode
+
+
+def units(rows: np.ndarray) -> np.ndarray:
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+def both(tmp_path, rows: np.ndarray) -> tuple[FloatVectors, Int8Vectors]:
+    exact, int8 = FloatVectors(rows.shape[1]), Int8Vectors(rows.shape[1], tmp_path)
+    for held in (exact, int8):
+        held.ensure_capacity(len(rows), 0)
+        for start in range(0, len(rows), 1000):  # as documents arrive, calibrated by the first
+            held.put(start, rows[start : start + 1000])
+    return exact, int8
+
+
+def recall(exact: FloatVectors, int8: Int8Vectors, queries: np.ndarray, mask, k: int) -> float:
+    hits = 0
+    for q in queries:
+        want, got = exact.nearest(q, mask, k), int8.nearest(q, mask, k)
+        hits += len({r for r, _ in want} & {r for r, _ in got})
+        found = dict(want)
+        assert all(s == pytest.approx(found[r], abs=1e-6) for r, s in got if r in found)
+    return hits / (k * len(queries))
+
+
+def test_codes_give_each_row_back_within_half_a_step():
+    rng = np.random.default_rng(1)
+    rows = units(rng.standard_normal((50, 64)))
+    scale = calibrate(rows)
+    codes, back = encode(rows, scale)
+    decoded = codes * back[:, None] * scale
+    step = np.abs(rows / scale).max(axis=1) / 127
+    assert np.all(np.abs(decoded - rows) <= (0.5 * step * scale.max())[:, None] + 1e-7)
+
+
+def test_a_zero_row_has_a_zero_code_and_nothing_is_calibrated_from_zeros():
+    assert calibrate(np.zeros((3, 4), np.float32)) is None
+    codes, back = encode(np.zeros((1, 4), np.float32), np.ones(4, np.float32))
+    assert not codes.any() and back[0] == 0
+
+
+@pytest.mark.parametrize("loud", [1.0, 8.0])
+def test_int8_finds_the_exact_top_50_on_random_and_lopsided_vectors(tmp_path, loud):
+    """`loud`: a few dimensions far larger than the rest, as real embeddings have."""
+    rng = np.random.default_rng(2)
+    raw = rng.standard_normal((6000, 128)).astype(np.float32)
+    raw[:, :4] *= loud
+    rows = units(raw)
+    exact, int8 = both(tmp_path, rows)
+    queries = units(rng.standard_normal((30, 128)) + rows[rng.integers(0, 6000, 30)] * 3)
+    assert recall(exact, int8, queries, np.ones(len(rows), bool), 50) >= 0.99
+
+
+def test_only_allowed_rows_are_answered_and_compaction_keeps_rows_in_step(tmp_path):
+    rng = np.random.default_rng(3)
+    rows = units(rng.standard_normal((3000, 64)))
+    exact, int8 = both(tmp_path, rows)
+    mask = rng.random(3000) < 0.1
+    q = rows[int(np.flatnonzero(~mask)[0])]
+    got, want = int8.nearest(q, mask, 20), exact.nearest(q, mask, 20)
+    assert all(mask[r] for r, _ in got)
+    assert [r for r, _ in got] == [r for r, _ in want], "fewer allowed rows than are rescored"
+    keep = rng.random(3000) < 0.5
+    for held in (exact, int8):
+        held.keep(keep, 3000)
+    assert np.array_equal(int8.exact(np.arange(int(keep.sum()))), rows[keep])
+    assert recall(exact, int8, rows[:10], np.ones(int(keep.sum()), bool), 10) == 1.0
+
+
+def test_nothing_is_answered_before_a_vector_arrives(tmp_path):
+    int8 = Int8Vectors(8, tmp_path)
+    int8.ensure_capacity(4, 0)
+    int8.put(0, np.zeros((4, 8), np.float32))
+    assert int8.nearest(np.ones(8, np.float32) / np.sqrt(8), np.ones(4, bool), 3) == []
+    assert list(tmp_path.iterdir()) == [], "the float32 file is unlinked while in use"
