@@ -4,9 +4,11 @@ three stay in step (spec 002). The model's own prefixes are added by its client
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from metis_indexer.documents import Chunk
+from metis_indexer.index import tokens
 
 
 def context(title: str | None, headings: Sequence[str]) -> tuple[str, ...]:
@@ -34,6 +36,18 @@ def searched(title: str | None, headings: Sequence[str], text: str) -> str:
     """What BM25 indexes of a chunk: the title `TITLE_WEIGHT` times, headings, text."""
     titles = (title,) * TITLE_WEIGHT if title else ()
     return "\n".join(p for p in (*titles, *headings, text) if p)
+
+
+WORDS_VERSION = "2"
+"""The version of a chunk's words as BM25 counts them (`counted`: `searched`, then
+`tokens.words`). Change it with either: an index whose words are of another version has
+them counted again from its stored texts, without reading its documents again
+(`Index.adopt`). 1: the title once; 2: the title `TITLE_WEIGHT` times."""
+
+
+def counted(title: str | None, headings: Sequence[str], text: str) -> Counter[str]:
+    """A chunk's words and how often each occurs: what the keyword index stores of it."""
+    return Counter(tokens.words(searched(title, headings, text)))
 
 
 def reranked(title: str | None, headings: Sequence[str], text: str) -> str:
