@@ -30,6 +30,7 @@ import scipy.sparse as sp
 from scifact import load_split, model_server, mrr_at, ndcg_at
 
 from metis_indexer.index import tokens
+from metis_indexer.search import fusion
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,9 @@ class Variant:
     by BM25 as words are (sequential dependence, as Indri and Anserini weigh it)."""
     per_document: bool = False
     """Each leg's candidates its best chunk per document."""
+    ties: str = "first met"
+    """Equal fused scores: as met (the dense leg's first, as `fusion.py`), by row, the
+    keyword leg's first, or by the better of the two ranks."""
     delta: float = 0.0
     """BM25+'s lower bound of a word's term score, in units of its idf (Lv and Zhai 2011)."""
 
@@ -131,6 +135,7 @@ VARIANTS = (
         ("the same + Greek letters", {"words": "names+greek"}),
         ("adjacent pairs 0.05", {"bigrams": 0.05}),
         *((f"BM25+ delta {d}", {"delta": d}) for d in (0.25, 0.5, 1.0)),
+        *((f"fused ties {t}", {"ties": t}) for t in ("row", "keyword first met", "best rank")),
         *((f"k1 {k1}, b {b}", {"k1": k1, "b": b})
           for k1 in (0.9, 1.2, 1.5, 2.0) for b in (0.6, 0.75, 0.9) if (k1, b) != (1.2, 0.75)),
     )),
@@ -237,12 +242,19 @@ def top(scores: npt.NDArray[np.floating], k: int, positive: bool,
     return rows[np.lexsort((rows, -scores[rows]))].tolist()
 
 
-def fused(rankings: list[list[int]], k: int = 60) -> list[int]:
-    score: dict[int, float] = {}
-    for ranking in rankings:
+def fused(rankings: list[list[int]], ties: str) -> list[int]:
+    """RRF k = 60 as `fusion.py`; equal fused scores in the order `ties` says."""
+    if ties == "first met":
+        return [r for r, _ in fusion.reciprocal_rank(rankings)]
+    score = dict(fusion.reciprocal_rank(rankings))
+    best = {}
+    for ranking in reversed(rankings):
         for i, r in enumerate(ranking, start=1):
-            score[r] = score.get(r, 0.0) + 1.0 / (k + i)
-    return [r for r, _ in sorted(score.items(), key=lambda x: (-x[1], x[0]))]
+            best[r] = min(best.get(r, i), i)
+    key = {"row": lambda r: r, "keyword first met": None, "best rank": lambda r: best[r]}[ties]
+    if key is None:
+        return [r for r, _ in fusion.reciprocal_rank(rankings[::-1])]
+    return sorted(score, key=lambda r: (-score[r], key(r)))
 
 
 def question_vectors(queries: dict[str, str], kept: Path) -> npt.NDArray[np.float32]:
@@ -279,7 +291,7 @@ def evaluate(corpus: Corpus, v: Variant, split: str,
         keyword = top(scores, v.legs, positive=True, doc_of=doc_of)
         dense = top(corpus.vectors @ vector, v.legs, positive=False, doc_of=doc_of)
         for mode, rows in (("keyword", keyword), ("dense", dense),
-                           ("hybrid", fused([dense, keyword]))):
+                           ("hybrid", fused([dense, keyword], v.ties))):
             ranked = list(dict.fromkeys(corpus.doc[rows[:10]].tolist()))
             totals[mode] += [ndcg_at(ranked, qrels[qid]), mrr_at(ranked, qrels[qid])]
     return {m: (t[0] / len(queries), t[1] / len(queries)) for m, t in totals.items()}
