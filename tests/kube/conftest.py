@@ -194,6 +194,7 @@ def pod_operator(pods: Pods, tmp_path: Path) -> Iterator[Operator]:
     op = pods.operator(workdir).start()
     yield op
     op.stop()
+    print(f"operator log: {op.log_path}; pods on {pods.kind}")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
