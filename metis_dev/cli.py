@@ -155,7 +155,7 @@ def cluster_up(workdir: Path, audit_log: Path | None, requested: str = "auto") -
 
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
-    kind, why = choose_node(requested, node.unusable())
+    kind, why = choose_node(requested, node.unusable() or node.in_use())
     say(why)
     bin_dir = _binaries()
     parts = _node_parts() if kind == "real" else None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -34,7 +35,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,6 +59,9 @@ CONTAINERD_ROOT = Path(
 ) / "containerd"
 """containerd's content and snapshots, kept between nodes: an imported image is unpacked
 once (1.1 GB, 23,000 files: deleting them with each work folder took 60 s here)."""
+LOCK = CONTAINERD_ROOT.parent / "node.lock"
+"""Held by the running node: one bridge, one set of kube-proxy chains and one containerd
+root per machine, so a second node waits its turn or runs elsewhere."""
 
 NODE_NAME = "metis-node"
 BRIDGE = "metis0"
@@ -98,6 +102,30 @@ def unusable() -> str | None:
     if missing:
         return f"missing {', '.join(missing)}: `make node-packages` installs them"
     return None
+
+
+def in_use(lock: Path = LOCK) -> str | None:
+    """Why the machine's one real node cannot start now (another process runs it), or
+    None when it is free."""
+    try:
+        held = _take(lock)
+    except BlockingIOError:
+        holder = _read(lock).strip() or "?"
+        return f"its one real node is in use by process {holder} (a test run or a cluster up)"
+    os.close(held)
+    return None
+
+
+def _take(lock: Path) -> int:
+    """The lock's descriptor, locked; BlockingIOError when another process holds it."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise
+    return fd
 
 
 # --------------------------------------------------------------------------- binaries
@@ -526,6 +554,7 @@ class Node:
         self.procs: list[_Proc] = []
         self.keeper: _Keeper | None = None
         self.started_in = 0.0
+        self._lock: int | None = None
 
     def __enter__(self) -> Node:
         try:
@@ -552,6 +581,12 @@ class Node:
 
     def start(self) -> Node:
         t0 = time.monotonic()
+        try:
+            self._lock = _take(LOCK)
+        except BlockingIOError:
+            raise NodeError(in_use() or "the machine's one real node is in use") from None
+        os.ftruncate(self._lock, 0)
+        os.write(self._lock, f"{os.getpid()}\n".encode())
         w = self.work
         for sub in ("cni", "dns", "volumes", "pod-logs", "kubelet", "containerd"):
             (w / sub).mkdir(parents=True, exist_ok=True)
@@ -661,18 +696,38 @@ class Node:
         """`argv` resolving names by the node's DNS (`host_command`)."""
         return host_command(self.resolv_conf, argv)
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The kubelet stopped (SIGSTOP) for a while: a pod bound meanwhile does not
+        start, a changed ConfigMap does not reach its pod; running containers go on.
+        A node's kubelet that stalls, as a busy or swapping machine's does."""
+        (kubelet,) = (p for p in self.procs if p.name == "kubelet")
+        assert kubelet.proc is not None
+        kubelet.proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            kubelet.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
-        """Stop the pods' containers, every process, and remove the bridge."""
+        """Stop the pods' containers, every process, remove the bridge and the Node
+        object (the scheduler would otherwise still place pods on it)."""
         if self.keeper is not None:
             self.keeper.stopping.set()
         for p in reversed(self.procs):
             if p.name == "containerd":
                 self._remove_containers()
             p.stop()
+        if self.keeper is not None:
+            with contextlib.suppress(client.ApiException, OSError):
+                self.keeper.api.delete_node(NODE_NAME)
         self._unmount()
         with contextlib.suppress(NodeError):
             _sh("ip", "link", "del", BRIDGE)
         release_rules()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def _unmount(self) -> None:
         """The kubelet's and containerd's mounts under the work dir (volumes, shm,

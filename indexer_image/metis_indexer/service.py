@@ -262,7 +262,9 @@ class Indexer:
         current = self.index.settings()
         if current != settings:
             if current is not None and self.index.chunk_count:
-                log.info("index built with %s; now %s: reading everything again", current, settings)
+                again = ("reading everything again" if current.key != settings.key
+                         else "counting words again from the stored texts")
+                log.info("index built with %s; now %s: %s", current, settings, again)
             await asyncio.to_thread(self.index.adopt, settings)
         listing = await asyncio.to_thread(plan.scan, self.config.sources)
         self.state.skipped = dict(listing.skipped)

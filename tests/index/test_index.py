@@ -8,6 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from metis_indexer import texts
 from metis_indexer.index.memory import Index, Settings
 
 from .helpers import axis, chunk, new_index, record
@@ -219,3 +220,71 @@ def test_new_chunking_keeps_the_index_and_a_new_model_keeps_its_chunks(tmp_path)
     assert again.vectors.dimensions == 4 and again.has_vector[: again.n_rows].tolist() == [
         False, True,
     ]
+
+
+def tfs_of(index: Index, word: str) -> list[int]:
+    """The counts of `word` in the live rows holding it, in row order."""
+    [term] = index.store.word_ids([word]).tolist()
+    found = []
+    for seg in index.keyword.segments:
+        for span in seg.spans(np.array([term], np.int32)):
+            if span is not None:
+                pairs = zip(seg.rows[span], seg.tfs[span], strict=True)
+                found += [(int(r), int(t)) for r, t in pairs if index.alive[r]]
+    return [t for _, t in sorted(found)]
+
+
+def test_words_of_an_older_version_are_counted_again_from_the_stored_texts(
+    tmp_path, monkeypatch
+):
+    """An index written when BM25 counted the title once (words version 1) and loaded by
+    this version: adopting this version's settings (a pass's first step) counts its words
+    again without reading its documents; a load alone keeps what is stored."""
+    monkeypatch.setattr(texts, "TITLE_WEIGHT", 1)
+    old = Index(tmp_path)
+    old.adopt(Settings("test-model", 8, 1200, 200, words="1"))
+    old.put_document(record("a.md", title="Handbook", chunks=2),
+                     [chunk("vacation days handbook", title="Handbook"),
+                      chunk("sick leave", title="Handbook")],
+                     np.stack([axis(0), axis(1)]))
+    old.store.close()
+    monkeypatch.undo()
+    assert texts.TITLE_WEIGHT == 2 and texts.WORDS_VERSION == "2"
+
+    index = Index(tmp_path)
+    index.load()
+    assert index.settings().words == "1"
+    assert tfs_of(index, "handbook") == [2, 1], "loading alone keeps the stored counts"
+    chunk_ids = index.row_chunk[: index.n_rows].tolist()
+    index.adopt(Settings("test-model", 8, 1200, 200))
+    assert tfs_of(index, "handbook") == [3, 2]
+    assert index.settings() == Settings("test-model", 8, 1200, 200, words="2")
+    assert index.has_vector[: index.n_rows].all(), "the same model: vectors stay"
+    assert index.row_chunk[: index.n_rows].tolist() == chunk_ids, "no chunk was written again"
+    [entry] = index.files.values()
+    assert entry.record.built_with == "", "the document's record is as it was: not read again"
+
+    again = Index(tmp_path)
+    again.load()
+    assert tfs_of(again, "handbook") == [3, 2] and keyword_rows(again, "sick") == [1]
+
+
+def test_words_counted_again_may_be_words_no_chunk_had(tmp_path, monkeypatch):
+    monkeypatch.setattr(texts, "searched", lambda title, headings, text: text)
+    old = new_index(tmp_path)
+    old.adopt(Settings("test-model", 8, 1200, 200, words="0"))
+    old.put_document(record("a.md", title="Handbook"), [chunk("vacation", title="Handbook")],
+                     None)
+    monkeypatch.undo()
+    assert keyword_rows(old, "handbook") == []
+    old.adopt(Settings("test-model", 8, 1200, 200))
+    assert keyword_rows(old, "handbook") == [0], "a question finds the word new to the index"
+    assert keyword_rows(old, "vacation") == [0]
+
+
+def test_an_index_that_never_recorded_its_words_has_them_counted_again():
+    meta = Settings("m", 8, 1200, 200).as_meta()
+    del meta["words"]
+    before = Settings.from_meta(meta)
+    assert before is not None and before.words == "" and before != Settings("m", 8, 1200, 200)
+    assert before.key == Settings("m", 8, 1200, 200).key, "documents are not read again"

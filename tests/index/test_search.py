@@ -183,17 +183,17 @@ def legs(tmp_path):
     """Four chunks whose ranks in each leg are known by construction.
 
     Inserted in this order (rows 0 to 3):
-    - b.md, no vector, "vacation days paid": keyword #1 (all three words), not in the dense leg;
     - a.md, vector along axis 0, "zebra crossing": dense #1, no word of the question;
+    - b.md, no vector, "vacation days paid": keyword #1 (all three words), not in the dense leg;
     - c.md, axis 1, "vacation days": dense #2 (cosine 0.447), keyword #2;
     - d.md, axis 2, "vacation": dense #3 (cosine 0), keyword #3.
-    b.md comes first so that its row is lower than a.md's: a tie broken by row would put it
-    first, a tie kept in the order met (dense leg first) does not.
+    a.md comes first so that its row is lower than b.md's: a tie broken by row would put it
+    first, a tie kept in the order met (keyword leg first) does not.
     """
     index = new_index(tmp_path)
     for path, text, vector in [
-        ("b.md", "vacation days paid", None),
         ("a.md", "zebra crossing", axis(0)),
+        ("b.md", "vacation days paid", None),
         ("c.md", "vacation days", axis(1)),
         ("d.md", "vacation", axis(2)),
     ]:
@@ -205,24 +205,24 @@ def legs(tmp_path):
 
 def test_hybrid_fuses_both_legs_to_the_hand_worked_order_and_scores(legs):
     """RRF with k = 60: c.md 1/62 + 1/62, d.md 1/63 + 1/63, then a.md and b.md tie at 1/61;
-    the dense leg's first comes before the keyword leg's first."""
+    the keyword leg's first comes before the dense leg's first."""
     q = axis(0) + 0.5 * axis(1)
     a = ask(legs, Models(embed=embed_as(q)), query="vacation days paid", top_k=4)
     assert a.mode == "hybrid" and not a.reranked
-    assert paths(a) == ["c.md", "d.md", "a.md", "b.md"]
+    assert paths(a) == ["c.md", "d.md", "b.md", "a.md"]
     ranks = [(r.scores.dense_rank, r.scores.keyword_rank) for r in a.results]
-    assert ranks == [(2, 2), (3, 3), (1, None), (None, 1)]
+    assert ranks == [(2, 2), (3, 3), (None, 1), (1, None)]
     expected = [2 / 62, 2 / 63, 1 / 61, 1 / 61]
     assert [r.scores.fused for r in a.results] == [pytest.approx(f, abs=1e-6) for f in expected]
     assert [r.score for r in a.results] == [r.scores.fused for r in a.results]
-    assert a.results[2].scores.dense == pytest.approx(1 / np.sqrt(1.25), rel=1e-5)
-    assert a.results[3].scores.dense is None and a.results[3].scores.keyword > 0
+    assert a.results[3].scores.dense == pytest.approx(1 / np.sqrt(1.25), rel=1e-5)
+    assert a.results[2].scores.dense is None and a.results[2].scores.keyword > 0
 
 
 def test_hybrid_top_k_cuts_the_fused_order(legs):
     q = axis(0) + 0.5 * axis(1)
     a = ask(legs, Models(embed=embed_as(q)), query="vacation days paid", top_k=3)
-    assert paths(a) == ["c.md", "d.md", "a.md"]
+    assert paths(a) == ["c.md", "d.md", "b.md"]
 
 
 @pytest.fixture

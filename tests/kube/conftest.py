@@ -24,11 +24,24 @@ from pathlib import Path
 
 import pytest
 
+from metis_dev import node
 from metis_dev.build import ensure_binaries
+from metis_dev.kubelet import Kubelet
 from metis_dev.plane import ControlPlane
 from metis_dev.process import free_port, wait_for
 from tests.kube.operator_support import Operator, install, running_operator
+from tests.kube.pods import (
+    Pods,
+    RealPods,
+    StandInPods,
+    real_node,
+    scale_operator_to_zero,
+    why_stand_in,
+)
 from tests.support.model_server import ModelServer, start_model_server
+
+STAND_IN: list[str] = []
+"""Modules whose indexer pods ran on the stand-in kubelet, and why: said at the end."""
 
 
 def _wants_kube(item: pytest.Item) -> bool:
@@ -131,3 +144,59 @@ def operator(kube: ControlPlane, installed: None, tmp_path: Path) -> Iterator[Op
     workdir.mkdir()
     with running_operator(kube, workdir, free_port()) as op:
         yield op
+
+
+@pytest.fixture(scope="module")
+def pods_node(
+    kube: ControlPlane, installed: None, request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[node.Node, str] | None]:
+    """The real node for this module's indexer pods (and the indexer image's name), or
+    None where the machine cannot run it now (the reason is kept for the summary).
+    Module-scoped: the node leaves the cluster with the module, so no other test's pod
+    is ever placed on it."""
+    why = why_stand_in()
+    if why:
+        STAND_IN.append(f"{request.module.__name__}: {why}")
+        yield None
+        return
+    # The manifests' operator replicas would land on the node (an image it cannot pull).
+    scale_operator_to_zero(kube)
+    with real_node(kube, Path(tmp_path_factory.mktemp("node"))) as found:
+        yield found
+
+
+@pytest.fixture
+def pods(
+    kube: ControlPlane, pods_node: tuple[node.Node, str] | None, namespace: str, tmp_path: Path
+) -> Iterator[Pods]:
+    """Where this test's indexer pods run: the real node, or the stand-in kubelet."""
+    if pods_node is None:
+        with Kubelet(kube, namespace, tmp_path / "kubelet") as kubelet:
+            yield StandInPods(kube, namespace, kubelet)
+    else:
+        yield RealPods(kube, namespace, *pods_node)
+
+
+@pytest.fixture
+def pod_models(pods: Pods) -> Iterator[ModelServer]:
+    """`metis models` where `pods`' indexers and the operator reach it."""
+    server = pods.models()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pod_operator(pods: Pods, tmp_path: Path) -> Iterator[Operator]:
+    """The operator as a local process, reaching `pods`' indexers."""
+    workdir = tmp_path / "operator"
+    workdir.mkdir()
+    op = pods.operator(workdir).start()
+    yield op
+    op.stop()
+    print(f"operator log: {op.log_path}; pods on {pods.kind}")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in STAND_IN:
+        terminalreporter.write_line(f"indexer pods ran on the stand-in kubelet in {line}")

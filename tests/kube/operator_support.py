@@ -91,7 +91,7 @@ class StallingProxy:
     """A model server's front: forwards every request, and holds the next `stall`
     `GET /v1/models` calls (a prober's cheap call) for `seconds` before answering."""
 
-    def __init__(self, target: str, seconds: float = 5.0) -> None:
+    def __init__(self, target: str, seconds: float = 5.0, host: str = "127.0.0.1") -> None:
         self.target, self.seconds = target, seconds
         self.stall = 0
         self.models_calls: list[str] = []
@@ -127,7 +127,7 @@ class StallingProxy:
             do_GET = do_POST = _forward
 
         self.port = free_port()
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server = http.server.ThreadingHTTPServer((host, self.port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
@@ -150,6 +150,11 @@ class Operator:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     """Settings over the tests' defaults (leader election off, fast probes)."""
     identity: str = "metis-operator-0"
+    url_template: str | None = "http://127.0.0.1:{port}"
+    """How it reaches Services: loopback ports for the stand-in kubelet's indexers;
+    None, the in-cluster names (a real node's DNS, through `wrap`)."""
+    wrap: Callable[[list[str]], list[str]] = lambda argv: argv
+    """The command line it runs under (a real node's `host_command`)."""
     metrics_port: int = dataclasses.field(default_factory=free_port)
     health_port: int = dataclasses.field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
@@ -168,7 +173,6 @@ class Operator:
         env = {
             **os.environ,
             "KUBECONFIG": str(kubeconfig),
-            "METIS_URL_TEMPLATE": "http://127.0.0.1:{port}",
             "METIS_INDEXER_PORT": str(self.indexer_port),
             "METIS_POLL_SECONDS": str(self.poll_seconds),
             "METIS_HTTP_TIMEOUT_SECONDS": "2",
@@ -182,11 +186,15 @@ class Operator:
             "POD_NAME": self.identity,
             **self.env,
         }
+        if self.url_template is not None:
+            env["METIS_URL_TEMPLATE"] = self.url_template
+        else:
+            env.pop("METIS_URL_TEMPLATE", None)
         with self.log_path.open("ab") as log:
             log.write(f"--- start {self.starts + 1}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [str(Path(sys.executable).parent / "metis-operator")],
+                self.wrap([str(Path(sys.executable).parent / "metis-operator")]),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
         self.starts += 1

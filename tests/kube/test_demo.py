@@ -34,18 +34,16 @@ def running_with(marker: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def real() -> bool:
-    """Whether the demo runs a real node here; its binaries and images built first (a
-    cold build is many minutes: not the demo's)."""
-    if node.unusable() is not None:
-        return False
-    node.ensure_binaries()
-    images.build()
-    return True
+def node_built() -> None:
+    """Where the machine can run a real node, its binaries and images are built first
+    (a cold build is many minutes: not the demo's)."""
+    if node.unusable() is None:
+        node.ensure_binaries()
+        images.build()
 
 
 def test_make_demo_shows_the_main_job_and_stops_everything(
-    kube_binaries: Path, real: bool
+    kube_binaries: Path, node_built: None
 ) -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "cluster_demo.py")],
@@ -53,6 +51,11 @@ def test_make_demo_shows_the_main_job_and_stops_everything(
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     text = out.stdout
+    # The demo says which node it ran: the real one wherever the machine allows and no
+    # other run holds it.
+    real = "node: a real one" in text
+    if node.unusable() is None and not real:
+        assert "its one real node is in use by process" in text, text[:2000]
     if real:
         assert f"On a real node ({node.NODE_NAME}): the indexer runs in a container from " \
             "localhost/metis-indexer:" in text  # fmt: skip

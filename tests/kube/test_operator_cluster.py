@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import pytest
 
-from metis_dev.kubelet import Kubelet
 from metis_dev.plane import ControlPlane, gone
 from metis_dev.process import free_port, wait_for
 from tests.kube.operator_support import (
@@ -35,6 +34,7 @@ from tests.kube.operator_support import (
     state_events,
     wait_state,
 )
+from tests.kube.pods import Pods, port_of
 from tests.kube.test_operator_lifecycle import write_documents
 from tests.support.model_server import ModelServer
 
@@ -43,11 +43,19 @@ LEASE = "/apis/coordination.k8s.io/v1/namespaces/metis-system/leases/metis-opera
 
 @pytest.fixture
 def node(kube: ControlPlane) -> Iterator[str]:
-    """A node with a pool label of this test's own; the pool's name."""
+    """A node object with a pool label of this test's own; the pool's name."""
     pool = f"cpu-{secrets.token_hex(3)}"
     kube.add_node(pool, {"pool": pool})
     yield pool
     kube.kubectl("delete", "node", pool, "--ignore-not-found", "--wait=false", check=False)
+
+
+@pytest.fixture
+def machine(pods: Pods) -> Iterator[str]:
+    """A machine of `pods` with a pool label of this test's own; the pool's name."""
+    pool = f"cpu-{secrets.token_hex(3)}"
+    with pods.machine({"pool": pool}):
+        yield pool
 
 
 def apply_kb(kube: ControlPlane, namespace: str, body: dict[str, Any]) -> None:
@@ -79,7 +87,7 @@ def setup(kube: ControlPlane, ns: str, models: ModelServer, tmp_path: Path) -> N
     docs.mkdir()
     write_documents(docs, 6)
     make_drive(kube, ns, "docs", docs)
-    model_service(kube, ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
+    model_service(kube, ns, "minilm", port_of(models))
 
 
 def acting(op: Operator) -> bool:
@@ -92,96 +100,98 @@ def acting(op: Operator) -> bool:
 
 
 def test_two_replicas_act_once_and_the_standby_takes_over(
-    kube: ControlPlane, namespace: str, node: str, models: ModelServer, tmp_path: Path
+    kube: ControlPlane, pods: Pods, machine: str, pod_models: ModelServer, tmp_path: Path
 ) -> None:
-    install(kube)
-    ns = namespace
-    setup(kube, ns, models, tmp_path)
-    port = free_port()
+    pods.install()
+    ns, node = pods.namespace, machine
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    write_documents(docs, 6)
+    pods.drive("docs", docs)
+    pods.model_service("minilm", port_of(pod_models))
     election = {"METIS_LEADER_ELECTION": "true"}
     ops = [
-        Operator(kube, tmp_path / name, port, env=election, identity=name)
+        pods.operator(tmp_path / name, env=election, identity=name)
         for name in ("replica-a", "replica-b")
     ]
     for op in ops:
         op.workdir.mkdir()
     first, second = ops
-    with Kubelet(kube, ns, tmp_path / "kubelet") as kubelet:
-        try:
-            first.start().wait_healthy()
-            second.start()
-            wait_for(lambda: kube.rest().get(LEASE)["spec"]["holderIdentity"] == "replica-a",
-                     timeout=30, what="replica-a to lead")  # fmt: skip
-            apply_kb(kube, ns, kb("handbook", spec_for(node)))
-            wait_state(kube, ns, "handbook", "Ready", timeout=120, alive=first.check_alive)
-            assert second._healthy() and not acting(second)  # alive, standing by
+    try:
+        first.start().wait_healthy()
+        second.start()
+        wait_for(lambda: kube.rest().get(LEASE)["spec"]["holderIdentity"] == "replica-a",
+                 timeout=30, what="replica-a to lead")  # fmt: skip
+        apply_kb(kube, ns, kb("handbook", spec_for(node)))
+        wait_state(kube, ns, "handbook", "Ready", timeout=120, alive=first.check_alive)
+        assert second._healthy() and not acting(second)  # alive, standing by
 
-            passes = kubelet.indexer().status()["passes"]
-            kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/reindex=1")
-            wait_for(lambda: kubelet.indexer().status()["passes"] == passes + 1, timeout=30,
-                     what="the pass the annotation asked for")  # fmt: skip
-            wait_state(kube, ns, "handbook", "Ready", alive=first.check_alive)
-            looked_again(first)
-            assert kubelet.indexer().status()["passes"] == passes + 1
-            reindexed = [e for e in state_events(kube, ns, "handbook") if e[0] == "Reindex"]
-            assert len(reindexed) == 1, reindexed
+        indexer = pods.indexer("handbook")
+        passes = indexer.status()["passes"]
+        kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/reindex=1")
+        wait_for(lambda: indexer.status()["passes"] == passes + 1, timeout=30,
+                 what="the pass the annotation asked for")  # fmt: skip
+        wait_state(kube, ns, "handbook", "Ready", alive=first.check_alive)
+        looked_again(first)
+        assert indexer.status()["passes"] == passes + 1
+        reindexed = [e for e in state_events(kube, ns, "handbook") if e[0] == "Reindex"]
+        assert len(reindexed) == 1, reindexed
 
-            # The leader dies: the standby takes the Lease once it has not been renewed
-            # for its duration (15 s) and acts on the next request.
-            first.stop(signal.SIGKILL)
-            wait_for(lambda: kube.rest().get(LEASE)["spec"]["holderIdentity"] == "replica-b",
-                     timeout=15 + 2 + 5, interval=0.5, what="replica-b to take over")  # fmt: skip
-            wait_for(lambda: acting(second), timeout=30, what="replica-b to act",
-                     alive=second.check_alive)  # fmt: skip
-            kube.kubectl("annotate", "kb", "handbook", "-n", ns, "--overwrite",
-                         "metis.astraeus.io/reindex=2")  # fmt: skip
-            wait_for(lambda: kubelet.indexer().status()["passes"] == passes + 2, timeout=60,
-                     what="a pass asked of the new leader", alive=second.check_alive)  # fmt: skip
-            wait_for(lambda: len([e for e in state_events(kube, ns, "handbook")
-                                  if e[0] == "Reindex"]) == 2, timeout=30,
-                     what="the new leader's Event")  # fmt: skip
-            events = kube.rest().get(
-                f"/api/v1/namespaces/{ns}/events?fieldSelector=involvedObject.name=handbook"
-            )["items"]
-            assert {e["source"].get("component") for e in events} == {"metis-operator"}
-            assert {e.get("reportingInstance") for e in events if e["reason"] == "Reindex"} == {
-                "replica-a", "replica-b"
-            }
-        finally:
-            for op in ops:
-                op.stop()
+        # The leader dies: the standby takes the Lease once it has not been renewed
+        # for its duration (15 s) and acts on the next request.
+        first.stop(signal.SIGKILL)
+        wait_for(lambda: kube.rest().get(LEASE)["spec"]["holderIdentity"] == "replica-b",
+                 timeout=15 + 2 + 5, interval=0.5, what="replica-b to take over")  # fmt: skip
+        wait_for(lambda: acting(second), timeout=30, what="replica-b to act",
+                 alive=second.check_alive)  # fmt: skip
+        kube.kubectl("annotate", "kb", "handbook", "-n", ns, "--overwrite",
+                     "metis.astraeus.io/reindex=2")  # fmt: skip
+        wait_for(lambda: indexer.status()["passes"] == passes + 2, timeout=60,
+                 what="a pass asked of the new leader", alive=second.check_alive)  # fmt: skip
+        wait_for(lambda: len([e for e in state_events(kube, ns, "handbook")
+                              if e[0] == "Reindex"]) == 2, timeout=30,
+                 what="the new leader's Event")  # fmt: skip
+        events = kube.rest().get(
+            f"/api/v1/namespaces/{ns}/events?fieldSelector=involvedObject.name=handbook"
+        )["items"]
+        assert {e["source"].get("component") for e in events} == {"metis-operator"}
+        assert {e.get("reportingInstance") for e in events if e["reason"] == "Reindex"} == {
+            "replica-a", "replica-b"
+        }
+    finally:
+        for op in ops:
+            op.stop()
 
 
 def test_a_slow_probe_does_not_flip_the_state(
-    kube: ControlPlane, namespace: str, node: str, models: ModelServer, tmp_path: Path
+    kube: ControlPlane, pods: Pods, machine: str, pod_models: ModelServer, tmp_path: Path
 ) -> None:
-    install(kube)
-    ns = namespace
-    proxy = StallingProxy(models.base_url, seconds=5)  # the operator gives up after 2 s
+    pods.install()
+    ns, node = pods.namespace, machine
+    # the operator gives up after 2 s
+    proxy = StallingProxy(pod_models.base_url, seconds=5, host=pods.host)
     docs = tmp_path / "docs"
     docs.mkdir()
     write_documents(docs, 6)
-    make_drive(kube, ns, "docs", docs)
-    model_service(kube, ns, "minilm", proxy.port)
+    pods.drive("docs", docs)
+    pods.model_service("minilm", proxy.port)
     (tmp_path / "op").mkdir()
-    op = Operator(kube, tmp_path / "op", free_port(),
-                  env={"METIS_MODEL_GRACE_SECONDS": "20"}).start()  # fmt: skip
+    op = pods.operator(tmp_path / "op", env={"METIS_MODEL_GRACE_SECONDS": "20"}).start()
     try:
-        with Kubelet(kube, ns, tmp_path / "kubelet"):
-            apply_kb(kube, ns, kb("handbook", spec_for(node)))
-            s = wait_state(kube, ns, "handbook", "Ready", timeout=120, alive=op.check_alive)
-            ready_since = next(c for c in s["conditions"] if c["type"] == "Ready")
-            events = state_events(kube, ns, "handbook")
-            proxy.stall = 1
-            # The slow call, then three answered cheap calls: the prober has recovered.
-            wait_for(lambda: proxy.models_calls[-3:] == ["answered"] * 3
-                     and "stalled" in proxy.models_calls, timeout=60,
-                     what="a stalled probe, then three answered", alive=op.check_alive)  # fmt: skip
-            looked_again(op)
-            s = get_kb(kube, ns, "handbook")["status"]
-            assert s["state"] == "Ready", s
-            assert next(c for c in s["conditions"] if c["type"] == "Ready") == ready_since
-            assert state_events(kube, ns, "handbook") == events
+        apply_kb(kube, ns, kb("handbook", spec_for(node)))
+        s = wait_state(kube, ns, "handbook", "Ready", timeout=120, alive=op.check_alive)
+        ready_since = next(c for c in s["conditions"] if c["type"] == "Ready")
+        events = state_events(kube, ns, "handbook")
+        proxy.stall = 1
+        # The slow call, then three answered cheap calls: the prober has recovered.
+        wait_for(lambda: proxy.models_calls[-3:] == ["answered"] * 3
+                 and "stalled" in proxy.models_calls, timeout=60,
+                 what="a stalled probe, then three answered", alive=op.check_alive)  # fmt: skip
+        looked_again(op)
+        s = get_kb(kube, ns, "handbook")["status"]
+        assert s["state"] == "Ready", s
+        assert next(c for c in s["conditions"] if c["type"] == "Ready") == ready_since
+        assert state_events(kube, ns, "handbook") == events
     finally:
         op.stop()
         proxy.close()

@@ -3,9 +3,10 @@ server as local processes: `kubectl apply` a base, watch it go from Pending to
 Ready, ask it to reindex and evaluate, change it, break its model, restart the
 operator, delete it.
 
-The operator runs as `metis-operator` with its service account's RBAC and reaches
-Services through `http://127.0.0.1:{port}`; tests/kube/operator_support.py plays
-the kubelet for the indexer pods.
+The operator runs as `metis-operator` with its service account's RBAC. The indexer
+pods run on the machine's real node where it allows (the project's image, reached
+through Services by their cluster names), else on the stand-in kubelet (local
+processes on loopback ports), which the run's summary then names: tests/kube/pods.py.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from tests.kube.operator_support import (
     state_events,
     wait_state,
 )
-from tests.support.model_server import ModelServer, start_model_server
+from tests.kube.pods import Pods, port_of
+from tests.support.model_server import ModelServer
 from tests.support.processes import Process
 
 TOPICS = ("vacation", "expenses", "onboarding", "security", "travel", "payroll")
@@ -73,18 +75,27 @@ def restricted(kube: ControlPlane, namespace: str) -> str:
 
 @pytest.fixture
 def kubelet(kube: ControlPlane, restricted: str, tmp_path: Path) -> Iterator[Kubelet]:
+    """The stand-in, for the checks that need no indexer to run (and a web server on
+    loopback behind a Service)."""
     with Kubelet(kube, restricted, tmp_path / "kubelet") as k:
         yield k
 
 
 @pytest.fixture
-def node(kube: ControlPlane) -> Iterator[tuple[str, str]]:
-    """A node with a pool label of this test's own: (node name, pool)."""
-    tag = secrets.token_hex(3)
-    name, pool = f"cpu-{tag}", f"cpu-{tag}"
-    kube.add_node(name, {"pool": pool})
-    yield name, pool
+def loose_node(kube: ControlPlane) -> Iterator[str]:
+    """A node object that matches no placement of the test's."""
+    name = f"cpu-{secrets.token_hex(3)}"
+    kube.add_node(name, {"pool": name})
+    yield name
     kube.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+@pytest.fixture
+def node(pods: Pods, restricted: str) -> Iterator[tuple[str, str]]:
+    """A machine with a pool label of this test's own: (node name, pool)."""
+    pool = f"cpu-{secrets.token_hex(3)}"
+    with pods.machine({"pool": pool}) as name:
+        yield name, pool
 
 
 def apply_kb(kube: ControlPlane, namespace: str, body: dict[str, Any]) -> None:
@@ -110,7 +121,7 @@ def test_what_only_the_operator_can_check(
     kube: ControlPlane,
     operator: Operator,
     kubelet: Kubelet,
-    node: tuple[str, str],
+    loose_node: str,
     restricted: str,
     models: ModelServer,
     tmp_path: Path,
@@ -195,26 +206,26 @@ def test_what_only_the_operator_can_check(
         web.stop()
 
 
-def indexer_totals(kubelet: Kubelet) -> dict[str, Any]:
-    return kubelet.indexer().status()
+def indexer_totals(pods: Pods) -> dict[str, Any]:
+    return pods.indexer("handbook").status()
 
 
 def test_a_base_indexes_answers_and_follows_changes(
     kube: ControlPlane,
-    operator: Operator,
-    kubelet: Kubelet,
+    pods: Pods,
     node: tuple[str, str],
-    models: ModelServer,
+    pod_operator: Operator,
+    pod_models: ModelServer,
     tmp_path: Path,
 ) -> None:
-    ns, (machine, pool) = kubelet.namespace, node
+    ns, (machine, pool), operator, models = pods.namespace, node, pod_operator, pod_models
     alive = operator.check_alive
     docs = tmp_path / "docs"
     docs.mkdir()
     names = write_documents(docs, 100)  # enough for a pass to be seen Indexing
-    make_drive(kube, ns, "docs", docs)
+    pods.drive("docs", docs)
     model_port = int(models.base_url.rsplit(":", 1)[1])
-    model_service(kube, ns, "minilm", model_port, selector={"app": "minilm"})
+    pods.model_service("minilm", model_port, selector=True)
     kube.rest().post(f"/apis/apps/v1/namespaces/{ns}/deployments", {
         "metadata": {"name": "minilm"},
         "spec": {
@@ -255,16 +266,15 @@ def test_a_base_indexes_answers_and_follows_changes(
     }
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
 
-    # A machine matches: the pod is placed and starts (the kubelet holds it a moment).
-    kubelet.hold = True
-    spec["placement"] = {"labels": {"pool": pool}}
-    apply_kb(kube, ns, kb("handbook", spec))
-    s = wait_state(kube, ns, "handbook", "Starting", alive=alive)
-    assert s["reason"] == f"its indexer is starting on machine {machine}"
-    kubelet.hold = False
-    s = wait_state(kube, ns, "handbook", "Ready", alive=alive, timeout=120)
-    kubelet.check()
-    totals = indexer_totals(kubelet)
+    # A machine matches: the pod is placed and starts (the kubelet held a moment).
+    with pods.held():
+        spec["placement"] = {"labels": {"pool": pool}}
+        apply_kb(kube, ns, kb("handbook", spec))
+        s = wait_state(kube, ns, "handbook", "Starting", alive=alive)
+        assert s["reason"] == f"its indexer is starting on machine {machine}"
+    s = wait_state(kube, ns, "handbook", "Ready", alive=alive, timeout=180)
+    pods.check()
+    totals = indexer_totals(pods)
     index = s["observed"]["index"]
     assert {k: index[k] for k in ("documents", "chunks", "failed")} == {
         k: totals[k] for k in ("documents", "chunks", "failed")
@@ -291,15 +301,15 @@ def test_a_base_indexes_answers_and_follows_changes(
     # Reindex and evaluate by annotation; each runs again only when its value changes.
     passes = totals["passes"]
     kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/reindex=1")
-    wait_for(lambda: indexer_totals(kubelet)["passes"] == passes + 1, timeout=30,
+    wait_for(lambda: indexer_totals(pods)["passes"] == passes + 1, timeout=30,
              what="a pass after the reindex annotation")  # fmt: skip
     kube.kubectl("annotate", "kb", "handbook", "-n", ns, "--overwrite",
                  "metis.astraeus.io/reindex=full-2")  # fmt: skip
-    wait_for(lambda: indexer_totals(kubelet)["passes"] == passes + 2, timeout=30,
+    wait_for(lambda: indexer_totals(pods)["passes"] == passes + 2, timeout=60,
              what="a full pass")  # fmt: skip
-    assert indexer_totals(kubelet)["last_pass"]["read"] == len(names)
+    assert indexer_totals(pods)["last_pass"]["read"] == len(names)
     # Those passes were the operator's, sent with the base's token; without it, none.
-    refused = kubelet.indexer().post("/v1/reindex", {"full": True})
+    refused = pods.indexer("handbook").post("/v1/reindex", {"full": True})
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "UNAUTHORIZED"
     kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/evaluate=k=5")
     s = wait_state(kube, ns, "handbook", "Ready", check=lambda s: "evaluation" in s)
@@ -328,48 +338,48 @@ def test_a_base_indexes_answers_and_follows_changes(
     s = wait_state(kube, ns, "handbook", "Waiting", alive=alive)
     assert s["reason"] == "waiting for embedding model minilm: connection refused"
     assert condition(s, "EmbeddingModelAvailable")["reason"] == "NotAnswering"
-    restarted = start_model_server(port=model_port)
+    restarted = pods.models(port=model_port)
     try:
         s = wait_state(kube, ns, "handbook", "Ready", alive=alive)
         assert kstatus(kube, get_kb(kube, ns, "handbook"))["status"] == "Current"
         # Chunking changes: every document is read again, by the running indexer. The
-        # ConfigMap reaches the pod late (as on a real kubelet): until the indexer runs
-        # generation 3 and has indexed it, kstatus (Flux) reads the base as InProgress.
-        kubelet.late_config = True
-        spec["chunking"] = {"size": 400, "overlap": 50}
-        apply_kb(kube, ns, kb("handbook", spec))
-        s = wait_state(kube, ns, "handbook", "Starting", alive=alive,
-                       check=lambda s: s["observedGeneration"] == 3)  # fmt: skip
-        assert s["reason"] == "applying generation 3: the indexer still runs generation 2"
-        assert condition(s, "Ready")["status"] == "False"
-        assert condition(s, "Reconciling")["status"] == "True"
-        seen = kstatus(kube, get_kb(kube, ns, "handbook"))
-        assert seen["status"] == "InProgress", seen
-        wait = kube.kubectl("wait", "--for=condition=Ready", "kb/handbook", "-n", ns,
-                            "--timeout=2s", check=False)  # fmt: skip
-        assert wait.returncode != 0
-        kubelet.late_config = False
+        # ConfigMap reaches the pod late (held here; a real kubelet takes up to a
+        # minute): until the indexer runs generation 3 and has indexed it, kstatus
+        # (Flux) reads the base as InProgress.
+        with pods.held():
+            spec["chunking"] = {"size": 400, "overlap": 50}
+            apply_kb(kube, ns, kb("handbook", spec))
+            s = wait_state(kube, ns, "handbook", "Starting", alive=alive,
+                           check=lambda s: s["observedGeneration"] == 3)  # fmt: skip
+            assert s["reason"] == "applying generation 3: the indexer still runs generation 2"
+            assert condition(s, "Ready")["status"] == "False"
+            assert condition(s, "Reconciling")["status"] == "True"
+            seen = kstatus(kube, get_kb(kube, ns, "handbook"))
+            assert seen["status"] == "InProgress", seen
+            wait = kube.kubectl("wait", "--for=condition=Ready", "kb/handbook", "-n", ns,
+                                "--timeout=2s", check=False)  # fmt: skip
+            assert wait.returncode != 0
 
         def current() -> dict[str, Any] | None:
             obj = get_kb(kube, ns, "handbook")
             if kstatus(kube, obj)["status"] != "Current":
                 return None
             # Current only once the indexer's totals reflect the new chunking.
-            totals = indexer_totals(kubelet)
+            totals = indexer_totals(pods)
             assert totals["indexed_generation"] == 3, totals
             assert obj["status"]["observed"]["index"]["chunks"] == totals["chunks"]
             return obj
 
-        obj = wait_for(current, timeout=120, what="kstatus Current", alive=alive)
+        obj = wait_for(current, timeout=240, what="kstatus Current", alive=alive)
         assert obj["status"]["observed"]["index"]["chunks"] > index["chunks"]
         assert obj["status"]["state"] == "Ready" and obj["status"]["observedGeneration"] == 3
-        assert indexer_totals(kubelet)["last_pass"]["read"] == len(names)
+        assert indexer_totals(pods)["last_pass"]["read"] == len(names)
 
         # A new source changes the mounts: a replacement takes over, then Ready.
         more = tmp_path / "runbooks"
         more.mkdir()
         (more / "restart-guide.md").write_text("# Restarting\n\nHow to restart the service.\n")
-        make_drive(kube, ns, "runbooks", more)
+        pods.drive("runbooks", more)
         before = len(state_events(kube, ns, "handbook"))
         spec["sources"].append({"drive": "runbooks"})
         apply_kb(kube, ns, kb("handbook", spec))
@@ -379,7 +389,7 @@ def test_a_base_indexes_answers_and_follows_changes(
             "handbook",
             "Ready",
             alive=alive,
-            timeout=120,
+            timeout=180,
             check=lambda s: s["observed"]["index"]["documents"] == len(names) + 1,
         )
         later = [reason for reason, _ in state_events(kube, ns, "handbook")[before:]]
@@ -421,31 +431,20 @@ def reconciliations(op: Operator) -> float:
 
 def test_restarting_the_operator_creates_nothing_twice_and_does_not_flap(
     kube: ControlPlane,
-    operator: Operator,
-    kubelet: Kubelet,
+    pods: Pods,
     node: tuple[str, str],
-    models: ModelServer,
+    pod_operator: Operator,
+    pod_models: ModelServer,
     tmp_path: Path,
 ) -> None:
-    ns, (_, pool) = kubelet.namespace, node
+    ns, (_, pool), operator = pods.namespace, node, pod_operator
     docs = tmp_path / "docs"
     docs.mkdir()
     write_documents(docs, 12)
-    make_drive(kube, ns, "docs", docs)
-    model_service(kube, ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
-    kubelet.hold = True
+    pods.drive("docs", docs)
+    pods.model_service("minilm", port_of(pod_models))
     spec = {"sources": [{"drive": "docs"}], "embedding": {"deployment": "minilm"},
             "placement": {"labels": {"pool": pool}}, "rescan_seconds": 0}  # fmt: skip
-    apply_kb(kube, ns, kb("handbook", spec))
-
-    # Killed as soon as it has made its first child, before it made them all.
-    cm = f"/api/v1/namespaces/{ns}/configmaps/metis-handbook"
-    wait_for(lambda: not gone(kube, cm), timeout=60, interval=0.05, what="the first child")
-    operator.stop(signal.SIGKILL)
-    operator.start()
-    wait_state(kube, ns, "handbook", "Starting", alive=operator.check_alive)
-    first = {kind: o["metadata"]["uid"] for kind, o in children(kube, ns, "handbook").items()}
-    assert len(first) == 4
 
     def unchanged_while_restarted(sig: int) -> None:
         status = get_kb(kube, ns, "handbook")["status"]
@@ -456,9 +455,18 @@ def test_restarting_the_operator_creates_nothing_twice_and_does_not_flap(
         assert get_kb(kube, ns, "handbook")["status"] == status
         assert state_events(kube, ns, "handbook") == events
 
-    unchanged_while_restarted(signal.SIGKILL)  # while Starting
-    kubelet.hold = False
-    wait_state(kube, ns, "handbook", "Ready", alive=operator.check_alive, timeout=120)
+    with pods.held():
+        apply_kb(kube, ns, kb("handbook", spec))
+        # Killed as soon as it has made its first child, before it made them all.
+        cm = f"/api/v1/namespaces/{ns}/configmaps/metis-handbook"
+        wait_for(lambda: not gone(kube, cm), timeout=60, interval=0.05, what="the first child")
+        operator.stop(signal.SIGKILL)
+        operator.start()
+        wait_state(kube, ns, "handbook", "Starting", alive=operator.check_alive)
+        first = {kind: o["metadata"]["uid"] for kind, o in children(kube, ns, "handbook").items()}
+        assert len(first) == 4
+        unchanged_while_restarted(signal.SIGKILL)  # while Starting
+    wait_state(kube, ns, "handbook", "Ready", alive=operator.check_alive, timeout=180)
     unchanged_while_restarted(signal.SIGTERM)  # while Ready
 
     now = {kind: o["metadata"]["uid"] for kind, o in children(kube, ns, "handbook").items()}

@@ -14,6 +14,7 @@ import pytest
 from metis_dev import images, node
 from tests.kube import conftest as kube_conftest
 from tests.kube.conftest import ControlPlane, kube, kubectl, namespace
+from tests.kube.pods import real_node as real_node_of
 
 __all__ = ["built", "kube", "kubectl", "namespace", "real_node"]
 
@@ -45,15 +46,14 @@ def built() -> images.Built:
     return images.build()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_node(
     built: images.Built, kube: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[node.Node]:
     """containerd, kubelet and kube-proxy registered with the test control plane,
-    the indexer image loaded."""
-    assets = node.ensure_binaries()
-    work = Path(tmp_path_factory.mktemp("node"))
-    with node.Node(Path(kube.kubeconfig), work, assets) as n:
-        n.load(images.Podman(), built.refs[images.INDEXER.name])
-        print(f"\nreal node {node.NODE_NAME} Ready in {n.started_in:.1f} s ({work})")
+    the indexer image loaded; for one module (the node leaves the cluster after it)."""
+    busy = node.in_use()
+    if busy:
+        pytest.skip(f"no real node now: {busy}")
+    with real_node_of(kube, Path(tmp_path_factory.mktemp("node"))) as (n, _):
         yield n

@@ -3,6 +3,7 @@ beyond a temporary tree)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from metis_dev import images, node
@@ -136,3 +137,19 @@ def test_a_host_process_resolves_by_the_nodes_dns(tmp_path: Path) -> None:
     assert argv[:2] == ["unshare", "--mount"]
     assert argv[-3:] == [str(tmp_path / "resolv.conf"), "metis-operator", "--x"]
     assert 'mount --bind "$0" /etc/resolv.conf' in argv[-4]
+
+
+def test_the_machines_one_node_is_said_in_use_while_another_process_holds_it(
+    tmp_path: Path,
+) -> None:
+    lock = tmp_path / "node.lock"
+    assert node.in_use(lock) is None
+    held = node._take(lock)
+    try:
+        os.write(held, b"4242\n")
+        assert node.in_use(lock) == (
+            "its one real node is in use by process 4242 (a test run or a cluster up)"
+        )
+    finally:
+        os.close(held)
+    assert node.in_use(lock) is None

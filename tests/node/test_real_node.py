@@ -339,3 +339,37 @@ def test_a_killed_indexer_is_restarted_with_its_index(
     assert {k: after[k] for k in totals} == totals
     # Nothing was read again: the index came back from its PVC.
     assert indexer_status(kube, ns)["last_pass"]["read"] == 0
+
+
+def test_a_drained_node_leaves_the_base_pending_and_uncordoned_it_comes_back(
+    kube: ControlPlane,
+    real_node: node.Node,
+    ns: str,
+    base: str,
+    operator: subprocess.Popen[bytes],
+) -> None:
+    wait_state(kube, ns, base, "Ready", timeout=120)
+    totals = {
+        k: v
+        for k, v in get_kb(kube, ns, base)["status"]["observed"]["index"].items()
+        if k in ("documents", "chunks", "failed")
+    }
+    evicted = indexer_pod(kube, ns)["metadata"]["uid"]
+    events_before = len(state_events(kube, ns, base))
+    # What a node's maintenance does: cordon, then evict its pods (the Eviction API).
+    selector = "--pod-selector=app.kubernetes.io/name=metis-indexer"
+    kube.kubectl("drain", node.NODE_NAME, "--ignore-daemonsets", "--delete-emptydir-data",
+                 selector, "--timeout=120s")  # fmt: skip
+    try:
+        s = wait_state(kube, ns, base, "Pending", timeout=120, alive=lambda: _alive(operator))
+        assert s["reason"].startswith("no machine can run it (scheduler: 0/1 nodes are available")
+        assert "unschedulable" in s["reason"]
+    finally:
+        kube.kubectl("uncordon", node.NODE_NAME)
+    s = wait_state(kube, ns, base, "Ready", timeout=180, alive=lambda: _alive(operator))
+    assert indexer_pod(kube, ns)["metadata"]["uid"] != evicted  # a new pod, the same PVC
+    assert {k: s["observed"]["index"][k] for k in totals} == totals
+    assert indexer_status(kube, ns)["last_pass"]["read"] == 0
+    reasons = [reason for reason, _ in state_events(kube, ns, base)[events_before:]]
+    assert "Pending" in reasons and reasons[-1] == "Ready", reasons
+    assert set(reasons) <= {"Pending", "Waiting", "Starting", "Ready"}, reasons

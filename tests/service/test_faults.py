@@ -296,7 +296,10 @@ def test_searches_are_answered_by_meaning_while_a_huge_docx_is_embedded(models, 
     big = tmp_path / "big"
     big.mkdir()
     write_huge_docx(big / "huge.docx")
-    p = indexer({"a-handbook": HANDBOOK, "z-big": big}, tmp_path / "index", models.base_url)
+    # Batches of 8: a question waits behind at most two of them at the one model server
+    # (batches of 64 on a loaded 2-core machine can hold it past the 10 s a search waits).
+    p = indexer({"a-handbook": HANDBOOK, "z-big": big}, tmp_path / "index", models.base_url,
+                extra=("--embedding-batch", "8"))  # fmt: skip
     with running(p):
         p.wait_status("only the huge document left", lambda s: s["documents"] >= 6
                       and s["phase"] == "indexing", timeout=300)

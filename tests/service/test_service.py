@@ -266,6 +266,31 @@ def test_sigterm_stops_the_indexer_cleanly(models, tmp_path):
         assert p.proc.wait(30) == 0
 
 
+def test_words_counted_another_way_are_counted_again_without_reading_a_document(
+    models, tmp_path
+):
+    """An index whose words were counted before the index recorded how (no `words` in its
+    settings), here with every chunk's words lost: the next start finds the notes by words
+    again, and its pass reads nothing."""
+    drive = tmp_path / "notes"
+    drive.mkdir()
+    for name in ("alpha", "beta"):
+        (drive / f"{name}.md").write_text(f"# Note {name}\n\nThe {name} note.\n")
+    p = indexer({"notes": drive}, tmp_path / "index", models.base_url)
+    with running(p):
+        wait_ready(p)
+    db = sqlite3.connect(tmp_path / "index" / "index.sqlite3")
+    with db:
+        db.execute("DELETE FROM meta WHERE key = 'words'")
+        db.execute("UPDATE chunks SET terms = x''")
+    db.close()
+    with running(p):
+        ready = wait_ready(p)
+        answer = p.post("/v1/search", {"query": "alpha", "mode": "keyword"}).json()
+    assert ready["last_pass"]["read"] == 0 and ready["documents"] == 2
+    assert [r["citation"]["document"] for r in answer["results"]] == ["alpha.md"]
+
+
 def test_a_new_chunking_reads_everything_again_and_keeps_answering(models, tmp_path):
     drive = perf_drive(tmp_path)
     config = tmp_path / "config.json"

@@ -103,6 +103,7 @@ def _stop_all() -> None:
 def start_model_server(
     *,
     port: int | None = None,
+    host: str = "127.0.0.1",
     cache_home: Path | None = None,
     threads: int | None = None,
     timeout_s: float = START_TIMEOUT_S,
@@ -110,12 +111,14 @@ def start_model_server(
     """Start the server and return once `/health` answers 200.
 
     `port` lets a test start it again where a client already points (default: a
-    free one). `cache_home` becomes the child's XDG_CACHE_HOME (where the built
+    free one). `host` is where it listens (a real node's pods reach the host on the
+    pods' bridge). `cache_home` becomes the child's XDG_CACHE_HOME (where the built
     graph is cached); by default the user's cache is used, so only the first
     start builds.
     """
     port = port or free_port()
-    args = [sys.executable, "-m", "metis_indexer.models.localmodel", "--port", str(port)]
+    args = [sys.executable, "-m", "metis_indexer.models.localmodel", "--host", host,
+            "--port", str(port)]  # fmt: skip
     if threads is not None:
         args += ["--threads", str(threads)]
     env = dict(os.environ)
@@ -131,7 +134,7 @@ def start_model_server(
         env=env,
         preexec_fn=_die_with_parent if sys.platform == "linux" else None,
     )
-    server = ModelServer(f"http://127.0.0.1:{port}", proc, Path(log_name), log)
+    server = ModelServer(f"http://{host}:{port}", proc, Path(log_name), log)
     with _LIVE_LOCK:
         _LIVE.add(server)
     try:

@@ -34,10 +34,10 @@ def test_every_score_is_worked_out_by_hand():
         ([[9, 2], [4, 2]], [2, 9, 4]),  # a larger item met first stays first
         ([[4, 2], [9, 2]], [2, 4, 9]),  # and a smaller one met first too
     ],
-    ids=["dense-only-first-has-the-larger-id", "dense-only-first-has-the-smaller-id"],
+    ids=["first-list-only-has-the-larger-id", "first-list-only-has-the-smaller-id"],
 )
 def test_a_tie_keeps_the_order_items_were_first_met(rankings, order):
-    """Two firsts of one list each tie at 1/61: the first list's (the dense leg's) comes first,
+    """Two firsts of one list each tie at 1/61: the first list's (the keyword leg's) comes first,
     whatever the items' numbers, so a search answers the same order every time."""
     fused = reciprocal_rank(rankings)
     assert [item for item, _ in fused] == order

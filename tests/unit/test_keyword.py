@@ -7,23 +7,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metis_indexer.index.keyword import KeywordIndex
+from metis_indexer.index.keyword import KeywordIndex, document_frequencies
 from metis_indexer.index.tokens import words
 
 PEPS = Path(__file__).resolve().parents[2].parent / "shared/data/perf/python-peps"
 
 
-def reference_scores(docs, query, k1=1.2, b=0.75):
-    """BM25 written out term by term: the slow, obvious version."""
-    n = len(docs)
-    avgdl = sum(len(d) for d in docs) / n
+def doc_of(rows):
+    """The document of each row: here every two rows (chunks) are one document."""
+    return [r // 2 for r in rows]
+
+
+def reference_scores(docs, query, files, k1=1.2, b=0.75):
+    """BM25 written out term by term: the slow, obvious version. `docs` are chunks, `files`
+    their documents: idf counts documents, the lengths and counts are the chunk's."""
+    n = len(set(files))
+    avgdl = sum(len(d) for d in docs) / len(docs)
     out = []
     for doc in docs:
         score = 0.0
         for term in set(query):
             tf = doc.count(term)
             if tf:
-                df = sum(1 for d in docs if term in d)
+                df = len({f for d, f in zip(docs, files, strict=True) if term in d})
                 idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
                 score += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(doc) / avgdl))
         out.append(score)
@@ -48,7 +54,7 @@ def add(vocab, index, rows, docs):
         counts += c.values()
         sizes.append(len(c))
     index.add(np.asarray(rows), np.array(ids, np.int32), np.array(counts, np.int32),
-              np.array(sizes, np.int64))
+              np.array(sizes, np.int64), np.array(doc_of(rows), np.int64))
 
 
 def build(docs, batches=3):
@@ -76,7 +82,8 @@ def test_scores_match_the_reference(docs, query):
     alive = np.ones(len(docs), dtype=bool)
     q = words(query)
     got = dense(index, vocab.lookup(q), alive)
-    assert np.allclose(got, reference_scores(docs, q), rtol=1e-4, atol=1e-5)
+    assert np.allclose(got, reference_scores(docs, q, doc_of(range(len(docs)))), rtol=1e-4,
+                       atol=1e-5)
 
 
 def test_dead_rows_score_nothing_and_leave_the_statistics(docs):
@@ -87,7 +94,7 @@ def test_dead_rows_score_nothing_and_leave_the_statistics(docs):
     q = words("python import module")
     got = dense(index, vocab.lookup(q), alive)
     live_docs = [d for d, a in zip(docs, alive, strict=True) if a]
-    want = reference_scores(live_docs, q)
+    want = reference_scores(live_docs, q, doc_of(np.flatnonzero(alive)))
     assert np.all(got[~alive] == 0)
     assert np.allclose(got[alive], want, rtol=1e-4, atol=1e-5)
 
@@ -113,10 +120,11 @@ def test_adding_one_row_at_a_time_keeps_few_segments_and_exact_scores(docs):
         index.compact(alive)
         if r == 30:  # a query between adds: the cached weights must follow the new rows
             partial = dense(index, vocab.lookup(q), alive)[:31]
-            assert np.allclose(partial, reference_scores(docs[:31], q), rtol=1e-4, atol=1e-5)
+            want = reference_scores(docs[:31], q, doc_of(range(31)))
+            assert np.allclose(partial, want, rtol=1e-4, atol=1e-5)
         assert len(index.segments) <= math.log2(r + 1) + 1
-    assert np.allclose(dense(index, vocab.lookup(q), alive), reference_scores(docs, q),
-                       rtol=1e-4, atol=1e-5)
+    assert np.allclose(dense(index, vocab.lookup(q), alive),
+                       reference_scores(docs, q, doc_of(range(len(docs)))), rtol=1e-4, atol=1e-5)
 
 
 def test_a_query_after_a_drop_uses_the_new_statistics(docs):
@@ -129,18 +137,21 @@ def test_a_query_after_a_drop_uses_the_new_statistics(docs):
     alive[:10] = False
     index.drop(np.arange(10))
     got = dense(index, vocab.lookup(q), alive)
-    assert index.live_rows == len(docs) - 10
-    assert np.allclose(got[alive], reference_scores(docs[10:], q), rtol=1e-4, atol=1e-5)
+    assert index.live_rows == len(docs) - 10 and index.live_files == (len(docs) + 1) // 2 - 5
+    want = reference_scores(docs[10:], q, doc_of(range(10, len(docs))))
+    assert np.allclose(got[alive], want, rtol=1e-4, atol=1e-5)
 
 
 def test_the_lengths_grow_with_the_rows_and_keep_what_they_held():
     index = KeywordIndex()
-    index.add([0], np.array([0], np.int32), np.array([3], np.int32), np.array([1], np.int64))
+    one = np.array([1], np.int64)
+    index.add([0], np.array([0], np.int32), np.array([3], np.int32), one, np.array([7]))
     assert len(index.lengths) == 1024
-    index.add([1500], np.array([0], np.int32), np.array([2], np.int32), np.array([1], np.int64))
+    index.add([1500], np.array([0], np.int32), np.array([2], np.int32), one, np.array([8]))
     assert len(index.lengths) == 2048 and index.lengths[0] == 3 and index.lengths[1500] == 2
     index.ensure_capacity(4097)
     assert len(index.lengths) == 4097 and index.lengths[1500] == 2
+    assert len(index.files) == 4097 and index.files[0] == 7 and index.files[1500] == 8
 
 
 def test_segments_merge_while_the_newest_is_at_least_half_the_one_before():
@@ -148,10 +159,11 @@ def test_segments_merge_while_the_newest_is_at_least_half_the_one_before():
     alive = np.ones(8, dtype=bool)
     for rows in ([0, 1, 2, 3], [4, 5]):
         index.add(rows, np.zeros(len(rows), np.int32), np.ones(len(rows), np.int32),
-                  np.ones(len(rows), np.int64))
+                  np.ones(len(rows), np.int64), np.asarray(rows, np.int64))
     index.compact(alive)
     assert [len(s.rows) for s in index.segments] == [6], "2 of 4 is half: merged"
-    index.add([6, 7], np.zeros(2, np.int32), np.ones(2, np.int32), np.ones(2, np.int64))
+    index.add([6, 7], np.zeros(2, np.int32), np.ones(2, np.int32), np.ones(2, np.int64),
+              np.array([6, 7]))
     index.compact(alive)
     assert [len(s.rows) for s in index.segments] == [6, 2], "2 of 6 is less: kept apart"
 
@@ -168,7 +180,8 @@ def test_renumbering_rows_keeps_each_live_row_s_score(docs):
     assert index.lengths[: len(live)].tolist() == [len(d) for d in live]
     q = words("python generator expressions")
     got = dense(index, vocab.lookup(q), np.ones(len(live), dtype=bool))
-    assert np.allclose(got, reference_scores(live, q), rtol=1e-4, atol=1e-5)
+    want = reference_scores(live, q, doc_of(np.flatnonzero(alive)))
+    assert np.allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_no_live_row_holding_a_term_is_no_answer(docs):
@@ -185,7 +198,8 @@ def test_a_term_missing_from_a_segment_does_not_end_the_query(docs):
     ids = vocab.lookup(words("python"))
     got = index.scores(np.concatenate([np.array([10**6], np.int32), ids]), alive)
     assert got is not None
-    assert np.allclose(got[: len(docs)], reference_scores(docs, ["python"]), rtol=1e-4, atol=1e-5)
+    want = reference_scores(docs, ["python"], doc_of(range(len(docs))))
+    assert np.allclose(got[: len(docs)], want, rtol=1e-4, atol=1e-5)
 
 
 def test_tiny_documents_and_an_empty_one_match_the_reference():
@@ -198,13 +212,15 @@ def test_tiny_documents_and_an_empty_one_match_the_reference():
     assert index.live_rows == 3 and index.live_length == 3.0
     for q in (["alpha"], ["beta"], ["alpha", "beta"]):
         got = dense(index, vocab.lookup(q), alive)
-        assert np.allclose(got, reference_scores(docs, q), rtol=1e-6, atol=1e-7)
+        assert np.allclose(got, reference_scores(docs, q, doc_of(range(3))), rtol=1e-6,
+                           atol=1e-7)
 
 
 def test_an_index_of_wordless_chunks_answers_nothing():
     """A chunk can hold no word at all (only punctuation): no term, so no score and no error."""
     index = KeywordIndex()
-    index.add([0], np.zeros(0, np.int32), np.zeros(0, np.int32), np.array([0], np.int64))
+    index.add([0], np.zeros(0, np.int32), np.zeros(0, np.int32), np.array([0], np.int64),
+              np.array([0], np.int64))
     assert index.live_rows == 1
     assert index.scores(np.array([0], np.int32), np.ones(1, dtype=bool)) is None
 
@@ -231,10 +247,29 @@ def test_a_weighing_overtaken_by_a_new_row_is_not_kept(docs):
     assert not index.install(snap, weights)
     assert not index.weighed
     q = words("python import module")
-    assert np.allclose(dense(index, vocab.lookup(q), alive), reference_scores(docs, q),
-                       rtol=1e-4, atol=1e-5)
+    assert np.allclose(dense(index, vocab.lookup(q), alive),
+                       reference_scores(docs, q, doc_of(range(len(docs)))), rtol=1e-4, atol=1e-5)
     snap = index.snapshot(alive)
     assert index.install(snap, snap.weigh(index)) and index.weighed
+
+
+def test_a_word_a_document_repeats_in_each_chunk_is_as_rare_as_in_one_chunk():
+    """idf counts documents: two chunks of one document holding `x`, beside a document
+    without it, make `x` held by one document of two, not two chunks of three."""
+    docs = [["x", "y"], ["x", "z"], ["y", "z"]]
+    vocab, index = Vocabulary(), KeywordIndex()
+    add(vocab, index, [0, 1, 2], docs)
+    got = dense(index, vocab.lookup(["x"]), np.ones(3, dtype=bool))
+    idf = math.log(1 + (2 - 1 + 0.5) / (1 + 0.5))
+    assert index.live_files == 2
+    assert np.allclose(got[:2], idf) and got[2] == 0
+
+
+def test_document_frequencies_count_each_document_once_per_term():
+    terms = np.array([0, 0, 1, 0, 2], np.int32)
+    files = np.array([5, 5, 5, 6, 0], np.int64)
+    assert document_frequencies(terms, files, 4).tolist() == [2, 1, 1, 0]
+    assert document_frequencies(np.zeros(0, np.int32), np.zeros(0, np.int64), 2).tolist() == [0, 0]
 
 
 def test_postings_and_scores_keep_their_compact_types(docs):
@@ -256,6 +291,7 @@ def test_postings_and_scores_keep_their_compact_types(docs):
     assert cached.dtype == np.float32  # summed from cached weights
     np.testing.assert_allclose(cached[: len(alive)], at_query_time, rtol=1e-6)
     assert index.lengths.dtype == np.float32  # as renumbered by `remap`
+    assert index.files.dtype == np.int32
     for seg in index.segments:
         assert (seg.terms.dtype, seg.rows.dtype, seg.tfs.dtype, seg.indptr.dtype) == (
             np.int32, np.int32, np.uint16, np.int64

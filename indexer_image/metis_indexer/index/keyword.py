@@ -9,10 +9,16 @@ every posting. Until the cache is renewed (after a pass, or once loaded), a
 query weighs only its own terms' postings with the statistics as they are, by
 the same formula: scores are exact at every moment, and a search during a pass
 costs its postings, never a re-weighing of the whole index.
+
+Rarity (idf) is counted in documents, not chunks: a word a document repeats across its
+chunks is not made commoner by the cutting. Lengths and term counts stay the chunk's own.
+On SciFact's train split, idf over documents gave nDCG@10 +0.004 over idf over chunks
+(README, "Quality: BEIR SciFact").
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -77,10 +83,15 @@ def _merged(segments: Sequence[Segment], alive: npt.NDArray[np.bool_]) -> Segmen
     return Segment.build(rows[keep], terms[keep], tfs[keep])
 
 
-def _per_term(seg: Segment, flags: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
-    """How many postings of each term of `seg` are flagged."""
-    counts = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
-    return counts[seg.indptr[1:]] - counts[seg.indptr[:-1]]
+def document_frequencies(
+    terms: npt.NDArray[np.int32], files: npt.NDArray[np.integer], n_terms: int
+) -> npt.NDArray[np.float64]:
+    """How many distinct documents hold each term, from (term, file) pairs of live postings."""
+    span = int(files.max()) + 1 if len(files) else 1
+    keys = np.sort(terms.astype(np.int64) * span + files)  # np.unique is ~30 × slower here
+    first = np.ones(len(keys), dtype=bool)
+    first[1:] = keys[1:] != keys[:-1]
+    return np.bincount(keys[first] // span, minlength=n_terms).astype(np.float64)
 
 
 def idf(n_docs: int, df: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -98,6 +109,9 @@ class Snapshot:
     lengths: npt.NDArray[np.float32]
     """The index's lengths array as it was: rows added later are written beyond the rows
     of these segments, and a renumbering replaces the array rather than change it."""
+    files: npt.NDArray[np.int32]
+    """Each row's document, kept as `lengths` is."""
+    live_files: int
     live_rows: int
     live_length: float
 
@@ -105,10 +119,14 @@ class Snapshot:
         """Each posting's BM25 term score, segment by segment, at this snapshot."""
         segments = self.segments
         n_terms = max((int(seg.terms[-1]) + 1 for seg in segments if len(seg.terms)), default=0)
-        df = np.zeros(n_terms, dtype=np.float64)
+        terms, files = [], []
         for seg in segments:
-            np.add.at(df, seg.terms, _per_term(seg, self.alive[seg.rows]))
-        term_idf = idf(self.live_rows, df)
+            live = self.alive[seg.rows]
+            terms.append(np.repeat(seg.terms, np.diff(seg.indptr))[live])
+            files.append(self.files[seg.rows[live]])
+        df = document_frequencies(np.concatenate(terms or [np.zeros(0, np.int32)]),
+                                  np.concatenate(files or [np.zeros(0, np.int32)]), n_terms)
+        term_idf = idf(self.live_files, df)
         avgdl = self.live_length / self.live_rows if self.live_rows else 1.0
         return [
             index.term_scores(term_idf[np.repeat(seg.terms, np.diff(seg.indptr))], seg.tfs,
@@ -131,6 +149,9 @@ class KeywordIndex:
         self.b = b
         self.segments: list[Segment] = []
         self.lengths = np.zeros(0, dtype=np.float32)
+        self.files = np.zeros(0, dtype=np.int32)
+        self._file_rows: collections.Counter[int] = collections.Counter()
+        """Live rows of each document: a document counts in N while it has one."""
         self.live_rows = 0
         self.live_length = 0.0
         self._weighted_at = -1
@@ -139,9 +160,12 @@ class KeywordIndex:
 
     def ensure_capacity(self, rows: int) -> None:
         if rows > len(self.lengths):
-            grown = np.zeros(max(rows, 2 * len(self.lengths), 1024), dtype=np.float32)
+            size = max(rows, 2 * len(self.lengths), 1024)
+            grown = np.zeros(size, dtype=np.float32)
             grown[: len(self.lengths)] = self.lengths
-            self.lengths = grown
+            files = np.zeros(size, dtype=np.int32)
+            files[: len(self.files)] = self.files
+            self.lengths, self.files = grown, files
 
     def add(
         self,
@@ -149,9 +173,10 @@ class KeywordIndex:
         term_ids: npt.NDArray[np.int32],
         counts: npt.NDArray[np.integer],
         sizes: npt.NDArray[np.int64],
+        files: npt.NDArray[np.integer],
     ) -> None:
         """Add rows as one segment: `sizes[i]` (term id, count) pairs belong to `rows[i]`,
-        in order, in the flat `term_ids` and `counts`."""
+        in order, in the flat `term_ids` and `counts`; `files[i]` is its document."""
         if len(rows) == 0:
             return
         rows = np.asarray(rows, dtype=np.int64)
@@ -160,6 +185,8 @@ class KeywordIndex:
         lengths = np.bincount(np.repeat(np.arange(len(rows)), sizes), weights=counts,
                               minlength=len(rows))
         self.lengths[rows] = lengths
+        self.files[rows] = files
+        self._file_rows.update(np.asarray(files, dtype=np.int64).tolist())
         self.live_rows += len(rows)
         self.live_length += float(lengths.sum())
         self._generation += 1
@@ -169,6 +196,12 @@ class KeywordIndex:
         """Rows the caller marked dead: they leave the statistics now, the postings later."""
         self.live_rows -= len(rows)
         self.live_length -= float(self.lengths[rows].sum())
+        for file, n in collections.Counter(self.files[rows].tolist()).items():
+            left = self._file_rows[file] - n
+            if left > 0:
+                self._file_rows[file] = left
+            else:
+                del self._file_rows[file]
         self._generation += 1
 
     def compact(self, alive: npt.NDArray[np.bool_]) -> None:
@@ -189,13 +222,20 @@ class KeywordIndex:
     def remap(self, new_row: npt.NDArray[np.int64], alive: npt.NDArray[np.bool_]) -> None:
         """Renumber rows after the caller compacted its row space (dead rows dropped)."""
         self.merge(alive)
-        lengths = self.lengths[: len(alive)][alive]
+        lengths, files = self.lengths[: len(alive)][alive], self.files[: len(alive)][alive]
         self.lengths = np.zeros(max(len(lengths), 1024), dtype=np.float32)
         self.lengths[: len(lengths)] = lengths
+        self.files = np.zeros(len(self.lengths), dtype=np.int32)
+        self.files[: len(files)] = files
         if self.segments:
             seg = self.segments[0]
             term_of = np.repeat(seg.terms, np.diff(seg.indptr))
             self.segments = [Segment.build(new_row[seg.rows].astype(np.int32), term_of, seg.tfs)]
+
+    @property
+    def live_files(self) -> int:
+        """Documents with a live row: N of idf."""
+        return len(self._file_rows)
 
     @property
     def weighed(self) -> bool:
@@ -207,8 +247,8 @@ class KeywordIndex:
     def snapshot(self, alive: npt.NDArray[np.bool_]) -> Snapshot:
         """What weighing every posting reads, taken under the caller's lock so the weighing
         itself can run outside it (`install` keeps the result if nothing moved meanwhile)."""
-        return Snapshot(self._generation, tuple(self.segments), alive.copy(),
-                        self.lengths, self.live_rows, self.live_length)
+        return Snapshot(self._generation, tuple(self.segments), alive.copy(), self.lengths,
+                        self.files, self.live_files, self.live_rows, self.live_length)
 
     def install(self, snap: Snapshot, weights: Sequence[npt.NDArray[np.float32]]) -> bool:
         """Cache `weights` (of `snap.weigh`) unless rows came or went since the snapshot."""
@@ -256,12 +296,14 @@ class KeywordIndex:
         if self.weighed:
             return self._cached_scores(term_ids, alive, all_alive)
         found = list(self._postings(term_ids, alive, all_alive, lambda seg: seg.tfs))
-        df = np.zeros(len(term_ids), dtype=np.float64)
-        for i, rows, _ in found:
-            df[i] += len(rows)
         if not found:
             return None
-        term_idf = idf(self.live_rows, df)
+        df = document_frequencies(
+            np.concatenate([np.full(len(rows), i, dtype=np.int32) for i, rows, _ in found]),
+            np.concatenate([self.files[rows] for _, rows, _ in found]),
+            len(term_ids),
+        )
+        term_idf = idf(self.live_files, df)
         avgdl = self.live_length / self.live_rows
         scores = np.zeros(len(alive), dtype=np.float32)
         for i, rows, tfs in found:

@@ -40,12 +40,17 @@ class FileEntry:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
-    """What an index was built with; a change means every document is read again."""
+    """What an index was built with. A change of model or chunking means every document
+    is read again (`key`); a change of words only that they are counted again from the
+    stored texts (`Index.adopt`)."""
 
     model: str
     dimensions: int
     chunk_size: int
     chunk_overlap: int
+    words: str = texts.WORDS_VERSION
+    """How chunks' words were counted (`texts.WORDS_VERSION`); "" for an index written
+    before the index recorded it."""
 
     @property
     def key(self) -> str:
@@ -59,6 +64,7 @@ class Settings:
             "dimensions": str(self.dimensions),
             "chunk_size": str(self.chunk_size),
             "chunk_overlap": str(self.chunk_overlap),
+            "words": self.words,
         }
 
     @classmethod
@@ -69,6 +75,7 @@ class Settings:
                 int(meta["dimensions"]),
                 int(meta["chunk_size"]),
                 int(meta["chunk_overlap"]),
+                meta.get("words", ""),
             )
         except (KeyError, ValueError):
             return None
@@ -169,9 +176,12 @@ class Index:
     def adopt(self, settings: Settings) -> None:
         """Take new settings and keep what is indexed: its files are read again one by one
         (their records say what they were built with), and until then their chunks are
-        found by words, and by meaning too where the embedding model did not change."""
+        found by words, and by meaning too where the embedding model did not change.
+        Words of another version are counted again from the stored texts first."""
+        before = self.settings()
+        if before is not None and before.words != settings.words:
+            self._count_words_again()
         with self.lock:
-            before = self.settings()
             self.store.set_meta(settings.as_meta())
             if before is not None and (before.model, before.dimensions) == (
                 settings.model, settings.dimensions
@@ -182,6 +192,15 @@ class Index:
             self.has_vector[:] = False
             self.vectors = held.make(self.vector_kind, self.dimensions, self.folder)
             self.vectors.ensure_capacity(len(self.alive), 0)
+
+    def _count_words_again(self) -> None:
+        """Count every chunk's words from its stored title, headings and text as this
+        version counts them, then load the index with them. Only the indexer writing the
+        index adopts settings, so no chunk changes meanwhile; searches go on with the old
+        words until the load."""
+        for batch in self.store.chunk_texts():
+            self.store.put_words([(i, texts.counted(*parts)) for i, *parts in batch])
+        self.load()
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -308,7 +327,9 @@ class Index:
             self.vectors.put(start, batch.vectors)
         self.alive[start:end] = True
         self.n_rows = end
-        self.keyword.add(np.arange(start, end), batch.term_ids, batch.counts, batch.sizes)
+        self.keyword.add(
+            np.arange(start, end), batch.term_ids, batch.counts, batch.sizes, batch.file_ids
+        )
 
     def _heading_id(self, stored: str) -> int:
         hid = self._headings_ids.get(stored)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import sqlite3
@@ -560,6 +561,48 @@ class Store:
                 vectors=matrix,
                 has_vector=has_vector,
             )
+
+    def chunk_texts(
+        self, batch: int = 8192
+    ) -> Iterator[list[tuple[int, str | None, tuple[str, ...], str]]]:
+        """Every chunk's id, its file's title, its headings and text (what its words are
+        counted from), in id order, a batch at a time; each batch a query of its own, so
+        words may be written between batches."""
+        after = 0
+        while rows := self._reader.execute(
+            "SELECT chunks.id, files.title, chunks.headings, chunks.text FROM chunks"
+            " JOIN files ON files.id = chunks.file_id WHERE chunks.id > ?"
+            " ORDER BY chunks.id LIMIT ?",
+            (after, batch),
+        ).fetchall():
+            yield [(i, title, tuple(json.loads(h)), text) for i, title, h, text in rows]
+            after = rows[-1][0]
+
+    def put_words(self, chunks: Sequence[tuple[int, Mapping[str, int]]]) -> None:
+        """Replace the word counts of chunks (by id) in one transaction, giving new words
+        ids: the words counted again from the chunks' own texts."""
+        words = self._written_words
+        added: list[str] = []
+        try:
+            with self._transaction() as db:
+                missing = {w for _, counts in chunks for w in counts if w not in words}
+                if missing:
+                    found, added = self._word_ids(db, missing)
+                    words.update(found)
+                db.executemany(
+                    "UPDATE chunks SET terms = ? WHERE id = ?",
+                    [
+                        (_terms_blob(np.array([words[w] for w in counts], dtype=np.int32),
+                                     np.array(list(counts.values()), dtype=np.int32)), i)
+                        for i, counts in chunks
+                    ],
+                )
+        except BaseException:
+            for w in added:
+                del words[w]
+            raise
+        if added:
+            self._words_generation += 1
 
     def texts(self, chunk_ids: Sequence[int]) -> dict[int, str]:
         if not chunk_ids:

@@ -90,11 +90,16 @@ def rank(
     req: SearchRequest,
     query_vector: npt.NDArray[np.float32] | None,
 ) -> Ranked:
-    """Both legs and their fusion; a leg is skipped when the mode or the models say so."""
+    """Both legs and their fusion; a leg is skipped when the mode or the models say so.
+
+    Fusion meets the keyword leg first, so equal fused scores (a chunk only one leg found,
+    at the same rank in either) put the one found by words first: a keyword candidate shares
+    words with the question, where the dense leg returns its 50 whether or not any is close.
+    On SciFact's train split this gave hybrid nDCG@10 +0.005 over the dense leg's first
+    (README, "Quality: BEIR SciFact"); scores and ranks are the same either way."""
     took = Took()
     dense: dict[int, tuple[float, int]] = {}
     keyword: dict[int, tuple[float, int]] = {}
-    rankings: list[list[int]] = []
     k = leg_size(req.top_k)
     files = where(req.filters)
     with index.reading():  # both legs see the same rows
@@ -103,16 +108,14 @@ def rank(
             t = time.perf_counter()
             leg = index.dense(query_vector, allowed, k)
             dense = {r: (v, i) for i, (r, v) in enumerate(leg, start=1)}
-            rankings.append([r for r, _ in leg])
             took.dense = _ms(t)
         if req.mode != "dense":
             t = time.perf_counter()
             leg = index.by_words(tokens.words(req.query), None if files is None else allowed, k)
             keyword = {r: (v, i) for i, (r, v) in enumerate(leg, start=1)}
-            rankings.append([r for r, _ in leg])
             took.keyword = _ms(t)
     t = time.perf_counter()
-    fused = fusion.reciprocal_rank(rankings)
+    fused = fusion.reciprocal_rank([list(leg) for leg in (keyword, dense) if leg])
     took.fuse = _ms(t)
     return Ranked([r for r, _ in fused], dict(fused), dense, keyword, took)
 
@@ -208,7 +211,7 @@ async def _rerank(
     candidates = rows[: rerank_size(req.top_k)]
     by_row = index.texts(candidates)
     passages = [
-        texts.searched(c.record.title, c.headings, by_row[r])
+        texts.reranked(c.record.title, c.headings, by_row[r])
         for r, c in zip(candidates, index.cited(candidates), strict=True)
     ]
     t = time.perf_counter()
