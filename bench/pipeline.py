@@ -159,7 +159,7 @@ def children_cpu(leave_out: int) -> float:
 @dataclasses.dataclass(frozen=True)
 class Passed:
     """A pass: its seconds and chunks, and the CPU seconds each part of it took (the
-    machine's load changes the seconds, not these)."""
+    machine's load moves them less than the seconds, though it moves them)."""
 
     seconds: float
     chunks: int
@@ -223,7 +223,8 @@ def report(args: argparse.Namespace, read: tuple[float, int, int], passed: Passe
         f"{'met' if rate >= TARGET else 'MISSED'} ({rate:,.0f}). Load average after: "
         f"{os.getloadavg()[0]:.2f}.",
         "",
-        "CPU seconds of the pass (the load changes the seconds above, not these):",
+        "CPU seconds of the pass (other work on the cores moves them less than the seconds "
+        "above, but moves them):",
         "",
         "| process | CPU s | µs a chunk |",
         "|---|---|---|",
