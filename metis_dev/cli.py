@@ -155,7 +155,10 @@ def cluster_up(workdir: Path, audit_log: Path | None, requested: str = "auto") -
 
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
-    kind, why = choose_node(requested, node.unusable() or node.in_use())
+    claimed = node.claim() if requested != "stand-in" and node.unusable() is None else None
+    kind, why = choose_node(
+        requested, node.unusable() or (None if claimed is not None else node.in_use())
+    )
     say(why)
     bin_dir = _binaries()
     parts = _node_parts() if kind == "real" else None
@@ -185,7 +188,9 @@ def cluster_up(workdir: Path, audit_log: Path | None, requested: str = "auto") -
         else:
             assets, built = parts
             say(f"starting containerd, kubelet, kube-proxy and the node's DNS in {workdir}/node")
-            real = stack.enter_context(node.Node(cp.kubeconfig, workdir / "node", assets))
+            real = stack.enter_context(
+                node.Node(cp.kubeconfig, workdir / "node", assets, claimed=claimed)
+            )
             real.load(images.Podman(), built.refs[images.INDEXER.name])
             info = NodeInfo(kind="real", name=node.NODE_NAME,
                             indexer_image=built.refs[images.INDEXER.name],

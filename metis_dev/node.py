@@ -116,6 +116,19 @@ def in_use(lock: Path = LOCK) -> str | None:
     return None
 
 
+def claim(lock: Path = LOCK) -> int | None:
+    """The machine's one real node claimed for this process (the lock's descriptor, its
+    pid written in it), or None when another process holds it. Claimed before anything
+    is started, so two runs that both saw it free cannot both go on to start one."""
+    try:
+        fd = _take(lock)
+    except BlockingIOError:
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
 def _take(lock: Path) -> int:
     """The lock's descriptor, locked; BlockingIOError when another process holds it."""
     lock.parent.mkdir(parents=True, exist_ok=True)
@@ -544,6 +557,7 @@ class Node:
         work: Path,
         assets: Path = ASSETS,
         containerd_root: Path = CONTAINERD_ROOT,
+        claimed: int | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.work = work
@@ -554,7 +568,8 @@ class Node:
         self.procs: list[_Proc] = []
         self.keeper: _Keeper | None = None
         self.started_in = 0.0
-        self._lock: int | None = None
+        self._lock = claimed
+        """The machine's node lock (`claim`), held from the start to the stop."""
 
     def __enter__(self) -> Node:
         try:
@@ -581,12 +596,10 @@ class Node:
 
     def start(self) -> Node:
         t0 = time.monotonic()
-        try:
-            self._lock = _take(LOCK)
-        except BlockingIOError:
-            raise NodeError(in_use() or "the machine's one real node is in use") from None
-        os.ftruncate(self._lock, 0)
-        os.write(self._lock, f"{os.getpid()}\n".encode())
+        if self._lock is None:
+            self._lock = claim()
+        if self._lock is None:
+            raise NodeError(in_use() or "the machine's one real node is in use")
         w = self.work
         for sub in ("cni", "dns", "volumes", "pod-logs", "kubelet", "containerd"):
             (w / sub).mkdir(parents=True, exist_ok=True)

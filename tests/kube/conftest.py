@@ -34,9 +34,9 @@ from tests.kube.pods import (
     Pods,
     RealPods,
     StandInPods,
+    claim_real_node,
     real_node,
     scale_operator_to_zero,
-    why_stand_in,
 )
 from tests.support.model_server import ModelServer, start_model_server
 
@@ -155,14 +155,14 @@ def pods_node(
     None where the machine cannot run it now (the reason is kept for the summary).
     Module-scoped: the node leaves the cluster with the module, so no other test's pod
     is ever placed on it."""
-    why = why_stand_in()
-    if why:
+    claimed, why = claim_real_node()
+    if claimed is None:
         STAND_IN.append(f"{request.module.__name__}: {why}")
         yield None
         return
     # The manifests' operator replicas would land on the node (an image it cannot pull).
     scale_operator_to_zero(kube)
-    with real_node(kube, Path(tmp_path_factory.mktemp("node"))) as found:
+    with real_node(kube, Path(tmp_path_factory.mktemp("node")), claimed) as found:
         yield found
 
 

@@ -196,17 +196,26 @@ def scale_operator_to_zero(kube: ControlPlane) -> None:
 
 
 @contextlib.contextmanager
-def real_node(kube: ControlPlane, work: Path) -> Iterator[tuple[node.Node, str]]:
+def real_node(
+    kube: ControlPlane, work: Path, claimed: int | None = None
+) -> Iterator[tuple[node.Node, str]]:
     """The machine's real node registered with `kube`, the indexer image loaded: the
-    node and the image's name. The caller checks `node.unusable()` and `node.in_use()`."""
+    node and the image's name. The caller checks `node.unusable()` (and may have
+    `claimed` the node already)."""
     built = images.build()
     image = built.refs[images.INDEXER.name]
-    with node.Node(Path(kube.kubeconfig), work, node.ensure_binaries()) as n:
+    assets = node.ensure_binaries()
+    with node.Node(Path(kube.kubeconfig), work, assets, claimed=claimed) as n:
         n.load(images.Podman(), image)
         print(f"\nreal node {node.NODE_NAME} Ready in {n.started_in:.1f} s ({work})")
         yield n, image
 
 
-def why_stand_in() -> str | None:
-    """Why indexer pods cannot run on the real node now (None: they can)."""
-    return node.unusable() or node.in_use()
+def claim_real_node() -> tuple[int | None, str | None]:
+    """The machine's real node claimed for this run, or why its indexer pods run on the
+    stand-in instead."""
+    why = node.unusable()
+    if why:
+        return None, why
+    claimed = node.claim()
+    return claimed, None if claimed is not None else node.in_use() or "its node is in use"

@@ -52,8 +52,8 @@ def real_node(
 ) -> Iterator[node.Node]:
     """containerd, kubelet and kube-proxy registered with the test control plane,
     the indexer image loaded; for one module (the node leaves the cluster after it)."""
-    busy = node.in_use()
-    if busy:
-        pytest.skip(f"no real node now: {busy}")
-    with real_node_of(kube, Path(tmp_path_factory.mktemp("node"))) as (n, _):
+    claimed = node.claim()
+    if claimed is None:
+        pytest.skip(f"no real node now: {node.in_use() or 'its node is in use'}")
+    with real_node_of(kube, Path(tmp_path_factory.mktemp("node")), claimed) as (n, _):
         yield n

@@ -144,11 +144,12 @@ def test_the_machines_one_node_is_said_in_use_while_another_process_holds_it(
 ) -> None:
     lock = tmp_path / "node.lock"
     assert node.in_use(lock) is None
-    held = node._take(lock)
+    held = node.claim(lock)
+    assert held is not None
     try:
-        os.write(held, b"4242\n")
+        assert node.claim(lock) is None  # a second claim, even from this process
         assert node.in_use(lock) == (
-            "its one real node is in use by process 4242 (a test run or a cluster up)"
+            f"its one real node is in use by process {os.getpid()} (a test run or a cluster up)"
         )
     finally:
         os.close(held)
