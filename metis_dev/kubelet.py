@@ -70,15 +70,10 @@ def drive(
 
 
 @dataclasses.dataclass
-class Indexer:
-    """A pod's `metis serve`: the process, and where it answers."""
+class IndexerClient:
+    """Where an indexer answers (a loopback port, a Service's ClusterIP)."""
 
     base_url: str
-    process: Process
-
-    def start(self) -> Indexer:
-        self.process.start()
-        return self
 
     def get(self, path: str, **kw: Any) -> httpx.Response:
         return httpx.get(f"{self.base_url}{path}", timeout=30, **kw)
@@ -88,6 +83,17 @@ class Indexer:
 
     def status(self) -> dict[str, Any]:
         return dict(self.get("/v1/status").json())
+
+
+@dataclasses.dataclass
+class Indexer(IndexerClient):
+    """A pod's `metis serve`: the process, and where it answers."""
+
+    process: Process
+
+    def start(self) -> Indexer:
+        self.process.start()
+        return self
 
     def log(self) -> str:
         return self.process.tail(60)

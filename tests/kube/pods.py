@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import httpx
 
 from metis_dev import images, node
-from metis_dev.kubelet import Kubelet
+from metis_dev.kubelet import IndexerClient, Kubelet
 from metis_dev.plane import ControlPlane
 from metis_dev.process import free_port
 from tests.kube.operator_support import Operator, install, make_drive, model_service
@@ -39,22 +39,6 @@ class Indexer(Protocol):
     def get(self, path: str, **kw: Any) -> httpx.Response: ...
     def post(self, path: str, body: dict[str, Any] | None = None) -> httpx.Response: ...
     def status(self) -> dict[str, Any]: ...
-
-
-@dataclasses.dataclass
-class ServiceIndexer:
-    """An indexer reached through its Service's ClusterIP (kube-proxy routes it)."""
-
-    base_url: str
-
-    def get(self, path: str, **kw: Any) -> httpx.Response:
-        return httpx.get(f"{self.base_url}{path}", timeout=30, **kw)
-
-    def post(self, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
-        return httpx.post(f"{self.base_url}{path}", json=body or {}, timeout=120)
-
-    def status(self) -> dict[str, Any]:
-        return dict(self.get("/v1/status").json())
 
 
 class Pods(Protocol):
@@ -141,7 +125,7 @@ class RealPods:
 
     def indexer(self, base: str) -> Indexer:
         svc = self.kube.rest().get(f"/api/v1/namespaces/{self.namespace}/services/metis-{base}")
-        return ServiceIndexer(f"http://{svc['spec']['clusterIP']}:{INDEXER_PORT}")
+        return IndexerClient(f"http://{svc['spec']['clusterIP']}:{INDEXER_PORT}")
 
     def check(self) -> None:
         self.node.check()

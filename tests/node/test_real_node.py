@@ -217,6 +217,12 @@ def _alive(proc: subprocess.Popen[bytes]) -> None:
         raise AssertionError(f"metis-operator exited ({proc.returncode})")
 
 
+def ready_totals(kube: ControlPlane, ns: str, base: str) -> dict[str, int]:
+    """The base's documents, chunks and failed once it is Ready."""
+    index = wait_state(kube, ns, base, "Ready", timeout=120)["observed"]["index"]
+    return {k: index[k] for k in ("documents", "chunks", "failed")}
+
+
 def test_the_indexer_runs_from_the_image_as_the_deployment_says(
     kube: ControlPlane, real_node: node.Node, built: images.Built, ns: str, base: str
 ) -> None:
@@ -308,12 +314,7 @@ def test_a_killed_indexer_is_restarted_with_its_index(
     base: str,
     operator: subprocess.Popen[bytes],
 ) -> None:
-    wait_state(kube, ns, base, "Ready", timeout=120)
-    totals = {
-        k: v
-        for k, v in get_kb(kube, ns, base)["status"]["observed"]["index"].items()
-        if k in ("documents", "chunks", "failed")
-    }
+    totals = ready_totals(kube, ns, base)
     pod = indexer_pod(kube, ns)
     restarts = pod["status"]["containerStatuses"][0]["restartCount"]
     real_node.ctr("tasks", "kill", "-s", "SIGKILL", container_id(pod))
@@ -348,12 +349,7 @@ def test_a_drained_node_leaves_the_base_pending_and_uncordoned_it_comes_back(
     base: str,
     operator: subprocess.Popen[bytes],
 ) -> None:
-    wait_state(kube, ns, base, "Ready", timeout=120)
-    totals = {
-        k: v
-        for k, v in get_kb(kube, ns, base)["status"]["observed"]["index"].items()
-        if k in ("documents", "chunks", "failed")
-    }
+    totals = ready_totals(kube, ns, base)
     evicted = indexer_pod(kube, ns)["metadata"]["uid"]
     events_before = len(state_events(kube, ns, base))
     # What a node's maintenance does: cordon, then evict its pods (the Eviction API).
