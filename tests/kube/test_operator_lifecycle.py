@@ -37,7 +37,7 @@ from tests.kube.operator_support import (
     state_events,
     wait_state,
 )
-from tests.kube.pods import Pods, port_of
+from tests.kube.pods import Pods, RealPods, port_of
 from tests.support.model_server import ModelServer
 from tests.support.processes import Process
 
@@ -222,7 +222,10 @@ def test_a_base_indexes_answers_and_follows_changes(
     alive = operator.check_alive
     docs = tmp_path / "docs"
     docs.mkdir()
-    names = write_documents(docs, 100)  # enough for a pass to be seen Indexing
+    # Enough for a pass to be seen Indexing. On the real node the base can read Waiting
+    # for a few seconds right after the pod turns ready (kube-proxy routes its Service a
+    # moment after the kubelet reports it ready): the first pass must outlast that.
+    names = write_documents(docs, 300 if isinstance(pods, RealPods) else 100)
     pods.drive("docs", docs)
     model_port = int(models.base_url.rsplit(":", 1)[1])
     pods.model_service("minilm", model_port, selector=True)
@@ -305,7 +308,7 @@ def test_a_base_indexes_answers_and_follows_changes(
              what="a pass after the reindex annotation")  # fmt: skip
     kube.kubectl("annotate", "kb", "handbook", "-n", ns, "--overwrite",
                  "metis.astraeus.io/reindex=full-2")  # fmt: skip
-    wait_for(lambda: indexer_totals(pods)["passes"] == passes + 2, timeout=60,
+    wait_for(lambda: indexer_totals(pods)["passes"] == passes + 2, timeout=120,
              what="a full pass")  # fmt: skip
     assert indexer_totals(pods)["last_pass"]["read"] == len(names)
     # Those passes were the operator's, sent with the base's token; without it, none.
