@@ -3,6 +3,7 @@ over the API server's JSON, so each reading is table-tested without a cluster.""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,8 +47,9 @@ def _waiting(status: Mapping[str, Any]) -> str | None:
     return None
 
 
-def pod_view(pods: Sequence[Mapping[str, Any]]) -> PodView | None:
-    """The newest pod that is not going away; else the newest going away."""
+def pod_view(pods: Sequence[Mapping[str, Any]], now: dt.datetime | None = None) -> PodView | None:
+    """The newest pod that is not going away; else the newest going away. `now` dates
+    how long ago it turned ready."""
     live = [p for p in pods if not _meta(p).get("deletionTimestamp")]
     candidates = live or list(pods)
     if not candidates:
@@ -59,15 +61,30 @@ def pod_view(pods: Sequence[Mapping[str, Any]]) -> PodView | None:
     unschedulable = None
     if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
         unschedulable = scheduled.get("message") or "no machine can run it"
+    ready = conditions.get("Ready") or {}
     return PodView(
         name=_meta(pod).get("name", ""),
         node=(pod.get("spec") or {}).get("nodeName"),
         unschedulable=unschedulable,
         running=status.get("phase") == "Running",
-        ready=(conditions.get("Ready") or {}).get("status") == "True",
+        ready=ready.get("status") == "True",
         waiting=_waiting(status),
         terminating=bool(_meta(pod).get("deletionTimestamp")),
+        ready_seconds=_since(ready.get("lastTransitionTime"), now)
+        if ready.get("status") == "True"
+        else None,
     )
+
+
+def _since(stamp: str | None, now: dt.datetime | None) -> float | None:
+    """Seconds from an API server timestamp to `now`; None when either is missing."""
+    if not stamp or now is None:
+        return None
+    try:
+        then = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return max(0.0, (now - then).total_seconds())
 
 
 def replacing(deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> bool:

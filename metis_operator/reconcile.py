@@ -264,7 +264,7 @@ async def run(
         ctx, owner, spec, config, generation=generation, fresh=fresh, may_roll=may_roll
     )
     pods = ctx.cache.pods(owner.namespace, owner.name)
-    pod = observe.pod_view(pods)
+    pod = observe.pod_view(pods, dt.datetime.now(dt.UTC))
     indexer, error = (None, None)
     if pod is not None and pod.running and not pod.terminating:
         indexer, error = await indexer_mod.status(ctx, owner)

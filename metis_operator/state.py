@@ -67,6 +67,14 @@ class PodView:
     waiting: str | None = None
     """Why a container waits (`ImagePullBackOff: ...`), when it does."""
     terminating: bool = False
+    ready_seconds: float | None = None
+    """How long ago the pod turned ready (its Ready condition's transition), if known."""
+
+
+ROUTING_GRACE_SECONDS = 30.0
+"""How long after a pod turns ready an indexer the operator cannot reach through its
+Service still counts as starting: the kubelet reports the pod ready before kube-proxy
+routes the Service to it (a second or two on a small cluster, more on a busy one)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +193,11 @@ def _starting(o: Observation) -> str | None:
             return f"its indexer container waits on machine {pod.node}: {pod.waiting}"
         return f"its indexer is starting on machine {pod.node}"
     if o.indexer is None:
-        return None if pod.ready else f"its indexer does not answer yet: {o.indexer_error}"
+        if not pod.ready:
+            return f"its indexer does not answer yet: {o.indexer_error}"
+        if pod.ready_seconds is not None and pod.ready_seconds < ROUTING_GRACE_SECONDS:
+            return f"its indexer is ready; its Service does not reach it yet: {o.indexer_error}"
+        return None
     if o.indexer.phase == "loading":
         return "loading its index"
     if o.indexer.phase == "standby":

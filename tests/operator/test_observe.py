@@ -3,6 +3,7 @@ workloads scaled to zero, a model Service's port."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -49,6 +50,25 @@ READY = [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status":
 )  # fmt: skip
 def test_pod_view(pods: list[dict[str, Any]], view: PodView | None) -> None:
     assert observe.pod_view(pods) == view
+
+
+NOW = dt.datetime(2026, 12, 1, 2, 0, 30, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(
+    ("ready", "seconds"),
+    [
+        ({"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T02:00:18Z"}, 12.0),
+        ({"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T02:00:31Z"}, 0.0),
+        ({"type": "Ready", "status": "True", "lastTransitionTime": "yesterday"}, None),
+        ({"type": "Ready", "status": "True"}, None),
+        ({"type": "Ready", "status": "False", "lastTransitionTime": "2026-12-01T02:00:18Z"}, None),
+    ],
+    ids=["ready-12-s-ago", "clock-behind", "unreadable", "no-time", "not-ready"],
+)
+def test_how_long_ago_the_pod_turned_ready(ready: dict[str, Any], seconds: float | None) -> None:
+    view = observe.pod_view([pod("a", "1", node="n", phase="Running", conditions=[ready])], NOW)
+    assert view is not None and view.ready_seconds == seconds
 
 
 def deployment(revision: str, generation: int, observed: int, updated: int) -> dict[str, Any]:

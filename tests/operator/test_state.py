@@ -10,6 +10,7 @@ import pytest
 from metis_indexer.schema import StatusAnswer
 from metis_operator.spec import Placement
 from metis_operator.state import (
+    ROUTING_GRACE_SECONDS,
     Model,
     ModelCheck,
     Observation,
@@ -148,6 +149,15 @@ CASES = [
      "its index waits"),
     ("ready-pod-unreachable", given(indexer=None, indexer_error="timed out"), State.WAITING,
      "the operator cannot reach its indexer: timed out"),
+    ("ready-pod-unreachable-past-the-routing-grace",
+     given(indexer=None, indexer_error="timed out",
+           pod=dataclasses.replace(RUNNING, ready_seconds=ROUTING_GRACE_SECONDS)),
+     State.WAITING, "the operator cannot reach its indexer: timed out"),
+    # Ready a moment ago: kube-proxy routes the Service a moment after the kubelet says so.
+    ("just-ready-pod-not-routed-yet",
+     given(indexer=None, indexer_error="connection refused",
+           pod=dataclasses.replace(RUNNING, ready_seconds=ROUTING_GRACE_SECONDS - 0.5)),
+     State.STARTING, "its indexer is ready; its Service does not reach it yet: connection refused"),
     ("waiting-beats-indexing",
      given(indexer=ix("indexing"),
            embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING)),
