@@ -331,8 +331,8 @@ def test_a_killed_indexer_is_restarted_with_its_index(
     wait_for(restarted, timeout=180, what="the indexer restarted and the base Ready")
     reasons = [reason for reason, _ in state_events(kube, ns, base)[events_before:]]
     # Measured: Waiting ("the operator cannot reach its indexer: connection refused")
-    # comes first, while the kubelet still counts the dead container ready, and again
-    # between Starting and Ready; never Failed or Pending.
+    # comes first, while the kubelet still counts the dead container ready; once it is
+    # ready again, Starting until its Service routes to it; never Failed or Pending.
     assert "Starting" in reasons and reasons[-1] == "Ready", reasons
     assert set(reasons) <= {"Waiting", "Starting", "Ready"}, reasons
     assert indexer_pod(kube, ns)["metadata"]["uid"] == pod["metadata"]["uid"]  # same pod
