@@ -52,7 +52,10 @@ class Pods(Protocol):
     def drive(self, name: str, folder: Path) -> None: ...
     def model_service(self, name: str, port: int, *, selector: bool = False) -> None: ...
     def models(self, port: int | None = None) -> ModelServer: ...
-    def operator(self, workdir: Path, **kw: Any) -> Operator: ...
+    def operator(self, workdir: Path, **kw: Any) -> Operator:
+        """The operator for this test's namespace alone: the bases other tests left behind
+        (their namespaces are deleted without waiting) are not its business."""
+        ...
     def install(self) -> None: ...
 
     host: str
@@ -108,7 +111,7 @@ class StandInPods:
         return start_model_server(port=port)
 
     def operator(self, workdir: Path, **kw: Any) -> Operator:
-        return Operator(self.kube, workdir, self.indexer_port, **kw)
+        return Operator(self.kube, workdir, self.indexer_port, namespaces=(self.namespace,), **kw)
 
     def install(self) -> None:
         install(self.kube)
@@ -166,7 +169,8 @@ class RealPods:
     def operator(self, workdir: Path, **kw: Any) -> Operator:
         env = {"METIS_INDEXER_IMAGE": self.image, **kw.pop("env", {})}
         return Operator(self.kube, workdir, INDEXER_PORT, url_template=None,
-                        wrap=self.node.host_command, env=env, **kw)  # fmt: skip
+                        wrap=self.node.host_command, env=env, namespaces=(self.namespace,),
+                        **kw)  # fmt: skip
 
     def install(self) -> None:
         """manifests/, its operator Deployment scaled to none: the tests run the operator

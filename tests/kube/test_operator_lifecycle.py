@@ -326,12 +326,13 @@ def test_a_base_indexes_answers_and_follows_changes(
         f"/api/v1/namespaces/{ns}/persistentvolumeclaims/docs",
         {"metadata": {"annotations": {"metis.astraeus.io/revision": "r7"}}},
     )
+    # The revision reaches the indexer in its ConfigMap: on a real kubelet up to ~90 s.
     s = wait_state(
         kube,
         ns,
         "handbook",
         "Ready",
-        timeout=60,
+        timeout=180,
         check=lambda s: s["observed"].get("indexed_revisions") == {"docs": "r7"},
     )
     assert s["observed"]["revisions"] == {"docs": "r7"}
