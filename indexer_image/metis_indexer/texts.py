@@ -40,7 +40,7 @@ def searched(title: str | None, headings: Sequence[str], text: str) -> str:
 
 WORDS_VERSION = "2"
 """The version of a chunk's words as BM25 counts them (`counted`: `searched`, then
-`tokens.words`). Change it with either: an index whose words are of another version has
+`tokens.counts`). Change it with either: an index whose words are of another version has
 them counted again from its stored texts, without reading its documents again
 (`Index.adopt`). 1: the title once; 2: the title `TITLE_WEIGHT` times."""
 

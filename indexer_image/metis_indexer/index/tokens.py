@@ -40,9 +40,14 @@ def fold(text: str) -> str:
     return points[~_combining()[points]].tobytes().decode("utf-32-le", "surrogatepass")
 
 
+def _kept(w: str) -> bool:
+    """A single letter is no word to search by; a single digit is."""
+    return len(w) > 1 or w.isdigit()
+
+
 def words(text: str) -> list[str]:
     """The words of `text`, in order, as the keyword index stores them."""
-    return [w for w in _WORD.findall(fold(text)) if len(w) > 1 or w.isdigit()]
+    return [w for w in _WORD.findall(fold(text)) if _kept(w)]
 
 
 def counts(text: str) -> Counter[str]:
@@ -50,6 +55,6 @@ def counts(text: str) -> Counter[str]:
     then tested once per distinct word rather than once per word (a pass counts the
     words of every chunk)."""
     found = Counter(_WORD.findall(fold(text)))
-    for w in [w for w in found if len(w) == 1 and not w.isdigit()]:
+    for w in [w for w in found if not _kept(w)]:
         del found[w]
     return found
