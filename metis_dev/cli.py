@@ -155,10 +155,8 @@ def cluster_up(workdir: Path, audit_log: Path | None, requested: str = "auto") -
 
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
-    claimed = node.claim() if requested != "stand-in" and node.unusable() is None else None
-    kind, why = choose_node(
-        requested, node.unusable() or (None if claimed is not None else node.in_use())
-    )
+    claimed, unusable = (None, None) if requested == "stand-in" else node.claim_or_why()
+    kind, why = choose_node(requested, unusable)
     say(why)
     bin_dir = _binaries()
     parts = _node_parts() if kind == "real" else None

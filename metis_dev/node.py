@@ -110,8 +110,7 @@ def in_use(lock: Path = LOCK) -> str | None:
     try:
         held = _take(lock)
     except BlockingIOError:
-        holder = _read(lock).strip() or "?"
-        return f"its one real node is in use by process {holder} (a test run or a cluster up)"
+        return _busy(lock)
     os.close(held)
     return None
 
@@ -127,6 +126,22 @@ def claim(lock: Path = LOCK) -> int | None:
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
+
+
+def claim_or_why(lock: Path = LOCK) -> tuple[int | None, str | None]:
+    """The machine's real node claimed for this process, or why not: the machine cannot
+    run one (`unusable`), or another process holds it."""
+    why = unusable()
+    if why:
+        return None, why
+    fd = claim(lock)
+    return (fd, None) if fd is not None else (None, _busy(lock))
+
+
+def _busy(lock: Path) -> str:
+    """Who holds the lock, as its holder wrote it."""
+    holder = _read(lock).strip() or "?"
+    return f"its one real node is in use by process {holder} (a test run or a cluster up)"
 
 
 def _take(lock: Path) -> int:
@@ -599,7 +614,7 @@ class Node:
         if self._lock is None:
             self._lock = claim()
         if self._lock is None:
-            raise NodeError(in_use() or "the machine's one real node is in use")
+            raise NodeError(_busy(LOCK))
         w = self.work
         for sub in ("cni", "dns", "volumes", "pod-logs", "kubelet", "containerd"):
             (w / sub).mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,6 @@ from tests.kube.pods import (
     Pods,
     RealPods,
     StandInPods,
-    claim_real_node,
     real_node,
     scale_operator_to_zero,
 )
@@ -155,7 +154,7 @@ def pods_node(
     None where the machine cannot run it now (the reason is kept for the summary).
     Module-scoped: the node leaves the cluster with the module, so no other test's pod
     is ever placed on it."""
-    claimed, why = claim_real_node()
+    claimed, why = node.claim_or_why()
     if claimed is None:
         STAND_IN.append(f"{request.module.__name__}: {why}")
         yield None

@@ -197,13 +197,3 @@ def real_node(
         n.load(images.Podman(), image)
         print(f"\nreal node {node.NODE_NAME} Ready in {n.started_in:.1f} s ({work})")
         yield n, image
-
-
-def claim_real_node() -> tuple[int | None, str | None]:
-    """The machine's real node claimed for this run, or why its indexer pods run on the
-    stand-in instead."""
-    why = node.unusable()
-    if why:
-        return None, why
-    claimed = node.claim()
-    return claimed, None if claimed is not None else node.in_use() or "its node is in use"

@@ -52,8 +52,8 @@ def real_node(
 ) -> Iterator[node.Node]:
     """containerd, kubelet and kube-proxy registered with the test control plane,
     the indexer image loaded; for one module (the node leaves the cluster after it)."""
-    claimed = node.claim()
+    claimed, why = node.claim_or_why()
     if claimed is None:
-        pytest.skip(f"no real node now: {node.in_use() or 'its node is in use'}")
+        pytest.skip(f"no real node now: {why}")
     with real_node_of(kube, Path(tmp_path_factory.mktemp("node")), claimed) as (n, _):
         yield n

@@ -148,9 +148,9 @@ def test_the_machines_one_node_is_said_in_use_while_another_process_holds_it(
     assert held is not None
     try:
         assert node.claim(lock) is None  # a second claim, even from this process
-        assert node.in_use(lock) == (
-            f"its one real node is in use by process {os.getpid()} (a test run or a cluster up)"
-        )
+        busy = f"its one real node is in use by process {os.getpid()} (a test run or a cluster up)"
+        assert node.in_use(lock) == busy
+        assert node.claim_or_why(lock) == (None, node.unusable() or busy)
     finally:
         os.close(held)
     assert node.in_use(lock) is None
