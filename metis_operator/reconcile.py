@@ -248,7 +248,9 @@ async def run(
         )
     inputs = await _inputs(ctx, owner, spec)
     served = bool((previous.get("observed") or {}).get("index"))
-    o = dataclasses.replace(inputs.observation, generation=generation, served=served)
+    o = dataclasses.replace(
+        inputs.observation, generation=generation, served=served, revisions=inputs.revisions
+    )
     address = f"http://{owner.child}.{owner.namespace}.svc:{ctx.settings.indexer.port}"
     done = functools.partial(
         _outcome, previous, generation=generation, address=address, revisions=inputs.revisions,

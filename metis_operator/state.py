@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 
 from metis_indexer.schema import StatusAnswer
 from metis_operator.spec import Placement
@@ -102,6 +103,10 @@ class Observation:
     """Why `GET /v1/status` did not answer, when the pod runs."""
     generation: int = 0
     """The base's metadata.generation: Ready only once the indexer has indexed it."""
+    revisions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Each data-source drive's revision, as its claim says now: Ready only once the
+    indexer has indexed it (a kubelet delivers the new configuration up to a minute or
+    two after the operator writes it)."""
     served: bool = False
     """An indexer of this base has answered before (its status holds index totals): only
     then is a pod going away a replacement taking over, rather than a first pod that
@@ -206,7 +211,20 @@ def _starting(o: Observation) -> str | None:
     if o.generation and runs != o.generation:
         old = f"generation {runs}" if runs is not None else "a configuration of no generation"
         return f"applying generation {o.generation}: the indexer still runs {old}"
+    if stale := _behind(o.revisions, o.indexer.revisions):
+        return "; ".join(
+            f"drive {d} has revision {new}: its indexer still reads {old}" for d, new, old in stale
+        )
     return None
+
+
+def _behind(wanted: Mapping[str, str], has: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    """(drive, wanted revision, the one it has) for each drive whose revision differs."""
+    return [
+        (d, rev, f"revision {has[d]}" if d in has else "no revision")
+        for d, rev in sorted(wanted.items())
+        if has.get(d) != rev
+    ]
 
 
 def _waiting(o: Observation) -> str | None:
@@ -235,6 +253,9 @@ def derive(o: Observation) -> Verdict:
     reading = "reading documents; searches are answered from what is indexed so far"
     if o.generation and ix.indexed_generation != o.generation:
         return Verdict(State.INDEXING, f"indexing for generation {o.generation}: {reading}")
+    if stale := _behind(o.revisions, ix.indexed_revisions):
+        said = ", ".join(f"revision {new} of drive {d}" for d, new, _ in stale)
+        return Verdict(State.INDEXING, f"indexing {said}: {reading}")
     # A rescan after a finished pass scans without reading anything: still Ready.
     if ix.phase == "indexing" or (ix.phase == "scanning" and not ix.passes):
         return Verdict(State.INDEXING, reading)

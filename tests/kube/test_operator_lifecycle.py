@@ -322,11 +322,13 @@ def test_a_base_indexes_answers_and_follows_changes(
     assert 0 < evaluation["recall_at_k"] <= 1
 
     # A data source's new revision: the indexer reads it, the status says so.
+    seen = len(state_events(kube, ns, "handbook"))
     kube.rest().patch(
         f"/api/v1/namespaces/{ns}/persistentvolumeclaims/docs",
         {"metadata": {"annotations": {"metis.astraeus.io/revision": "r7"}}},
     )
-    # The revision reaches the indexer in its ConfigMap: on a real kubelet up to ~90 s.
+    # The revision reaches the indexer in its ConfigMap (on a real kubelet up to ~90 s);
+    # the base is not Ready meanwhile, nor until a pass has read it.
     s = wait_state(
         kube,
         ns,
@@ -336,6 +338,11 @@ def test_a_base_indexes_answers_and_follows_changes(
         check=lambda s: s["observed"].get("indexed_revisions") == {"docs": "r7"},
     )
     assert s["observed"]["revisions"] == {"docs": "r7"}
+    since = state_events(kube, ns, "handbook")[seen:]
+    assert since[0] == (
+        "Starting", "drive docs has revision r7: its indexer still reads no revision"
+    )
+    assert since[-1][0] == "Ready" and "Ready" not in [reason for reason, _ in since[:-1]]
 
     # The embedding model stops: Waiting, with why; back: Ready again.
     models.stop()

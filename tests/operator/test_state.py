@@ -131,6 +131,18 @@ CASES = [
     ("runs-no-generation", given(generation=3, indexer=ix("ready", generation=None)),
      State.STARTING, "applying generation 3: the indexer still runs a configuration of no "
      "generation"),
+    # A data source's new revision: written into the configuration at once, delivered to
+    # the pod by its kubelet later; Ready only once a pass has read it.
+    ("new-revision-not-delivered-yet",
+     given(revisions={"docs": "r2"},
+           indexer=ix("ready", passes=3, revisions={"docs": "r1"},
+                      indexed_revisions={"docs": "r1"})),
+     State.STARTING, "drive docs has revision r2: its indexer still reads revision r1"),
+    ("new-drive-revision-not-delivered-yet",
+     given(revisions={"docs": "r1", "wiki": "w1"},
+           indexer=ix("ready", passes=3, revisions={"docs": "r1"},
+                      indexed_revisions={"docs": "r1"})),
+     State.STARTING, "drive wiki has revision w1: its indexer still reads no revision"),
     ("old-generation-beats-waiting",
      given(generation=3, embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING)),
      State.STARTING, None),
@@ -174,6 +186,17 @@ CASES = [
      State.INDEXING,
      "indexing for generation 3: reading documents; searches are answered from what is "
      "indexed so far"),
+    ("new-revision-not-indexed-yet",
+     given(revisions={"docs": "r2", "wiki": "w1"},
+           indexer=ix("scanning", passes=3, revisions={"docs": "r2", "wiki": "w1"},
+                      indexed_revisions={"docs": "r1", "wiki": "w1"})),
+     State.INDEXING, "indexing revision r2 of drive docs: reading documents; searches are "
+     "answered from what is indexed so far"),
+    ("new-revision-indexed",
+     given(revisions={"docs": "r2"},
+           indexer=ix("ready", passes=4, revisions={"docs": "r2"},
+                      indexed_revisions={"docs": "r2"})),
+     State.READY, "everything is indexed; watching its sources"),
     ("first-pass-not-finished",
      given(indexer=ix("scanning", passes=3, indexed_generation=None)), State.INDEXING, None),
     ("waiting-beats-new-generation-indexing",
