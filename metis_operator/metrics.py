@@ -1,7 +1,10 @@
 """The operator's Prometheus metrics, in a registry of its own (tests start several):
 reconciliations started and failed (by trigger), how long one takes, and
 `metis_operator_knowledge_bases{state}`, the bases per state (every state listed,
-0 too, so a dashboard's series never vanish)."""
+0 too, so a dashboard's series never vanish), and `metis_knowledge_base_state{namespace,
+knowledgebase, state}`, 1 for each base's state and 0 for the others (kube-state-metrics'
+habit, as `kube_pod_status_phase`), so that an alert names the base and its `for:` times
+that one base."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ class Metrics:
     errors: Counter
     seconds: Histogram
     bases: Gauge
+    state: Gauge
     recall: Gauge
     mrr: Gauge
     states: dict[tuple[str, str], State] = dataclasses.field(default_factory=dict)
@@ -44,6 +48,8 @@ class Metrics:
             ),
             bases=Gauge("metis_operator_knowledge_bases", "Knowledge bases per state",
                         ["state"], registry=r),
+            state=Gauge("metis_knowledge_base_state", "1 for the state a base is in, else 0",
+                        ["namespace", "knowledgebase", "state"], registry=r),
             recall=Gauge("metis_evaluation_recall_at_k", "A base's last evaluation: recall at k",
                          ["namespace", "knowledgebase"], registry=r),
             mrr=Gauge("metis_evaluation_mrr", "A base's last evaluation: mean reciprocal rank",
@@ -55,6 +61,8 @@ class Metrics:
     def record(self, key: tuple[str, str], state: State) -> None:
         self.states[key] = state
         self._count()
+        for s in State:
+            self.state.labels(*key, s.value).set(1 if s is state else 0)
 
     def forget(self, key: tuple[str, str]) -> None:
         self.states.pop(key, None)
@@ -62,6 +70,9 @@ class Metrics:
         for gauge in (self.recall, self.mrr):
             with contextlib.suppress(KeyError):
                 gauge.remove(*key)
+        for s in State:
+            with contextlib.suppress(KeyError):
+                self.state.remove(*key, s.value)
 
     def evaluated(self, key: tuple[str, str], recall_at_k: float, mrr: float) -> None:
         self.recall.labels(*key).set(recall_at_k)

@@ -415,6 +415,9 @@ def test_a_base_indexes_answers_and_follows_changes(
         metrics = operator.metrics()
         assert 'metis_operator_knowledge_bases{state="Ready"} 1.0' in metrics
         assert "metis_operator_reconciliations_total" in metrics
+        base = f'knowledgebase="handbook",namespace="{ns}"'
+        assert f'metis_knowledge_base_state{{{base},state="Ready"}} 1.0' in metrics
+        assert f'metis_knowledge_base_state{{{base},state="Waiting"}} 0.0' in metrics
 
         # Deleting the base deletes its children (the garbage collector, by owner).
         owned = children(kube, ns, "handbook")
@@ -428,6 +431,7 @@ def test_a_base_indexes_answers_and_follows_changes(
             timeout=30,
             what="the deleted base to leave the metrics",
         )
+        assert 'knowledgebase="handbook"' not in operator.metrics()
     finally:
         restarted.stop()
 
