@@ -56,8 +56,9 @@ demo: $(STAMP)
 demo-indexer: $(STAMP)
 	$(PY) examples/indexer_demo.py
 
+# The whole suite: the control-plane tests beside all the others (tools/test.sh).
 test: $(STAMP) kube promtool browser node-packages lint
-	$(VENV)/bin/pytest -m "slow or not slow"
+	bash tools/test.sh
 
 test-fast: $(STAMP)
 	$(VENV)/bin/pytest -m "not slow" -x
