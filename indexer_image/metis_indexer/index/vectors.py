@@ -14,11 +14,14 @@ each vector by its own largest magnitude, so no later vector is ever clipped.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numkong
 import numpy as np
@@ -33,6 +36,15 @@ Leg = list[tuple[int, float]]
 
 RESCORE_MIN = 400
 """Candidates the int8 scan hands to exact rescoring, or 4 × k when that is more."""
+
+BLOCK = 16_384
+"""Rows of a packed block of codes (16 MiB at 1,024 dimensions): small enough that the
+unpacked tail, scanned the slower way, stays a small share of a large index, and that
+blocks split evenly between threads."""
+
+THREADS = min(2, os.cpu_count() or 1)
+"""Threads one int8 scan runs on: two halved the scan on the project's 2-core machines;
+more were not tried, and searches run side by side would only contend for them."""
 
 FILE_PREFIX = "vectors-"
 """The float32 vectors of the int8 form, row for row with memory: a file of this process
@@ -109,13 +121,24 @@ class FloatVectors:
 
 
 class Int8Vectors:
-    """Scaled int8 codes in memory, float32 vectors on disk for exact rescoring."""
+    """Scaled int8 codes in memory, float32 vectors on disk for exact rescoring.
+
+    Codes are held as full blocks of `BLOCK` rows packed for numkong's `dots_packed`
+    (never changed once full) and a tail of unpacked rows scanned with `cdist`; rows are
+    only ever added after the last, so a full tail is packed and a new one begun. Only
+    the packed form is kept (a block's raw codes would be another kilobyte a row):
+    compaction encodes the kept rows again from the float32 file, which gives the same
+    codes (encoding is a pure function of a row and the dimension scales).
+    """
 
     kind: Kind = "int8"
 
-    def __init__(self, dimensions: int, folder: Path) -> None:
+    def __init__(self, dimensions: int, folder: Path, block: int = BLOCK) -> None:
         self.dimensions = dimensions
-        self.codes = np.zeros((0, dimensions), dtype=np.int8)
+        self.block = block
+        self.blocks: list[numkong.PackedMatrix] = []
+        self.tail = np.zeros((0, dimensions), dtype=np.int8)
+        self.tail_rows = 0
         self.row_scale = np.zeros(0, dtype=np.float32)
         """What a row's code must be multiplied by to give its vector back (per dimension
         scaling aside)."""
@@ -129,33 +152,65 @@ class Int8Vectors:
         self._map = None
         os.close(self._fd)
 
+    @property
+    def filled(self) -> int:
+        """Rows holding a code (packed or in the tail)."""
+        return len(self.blocks) * self.block + self.tail_rows
+
     def ensure_capacity(self, capacity: int, n_rows: int) -> None:
-        if len(self.codes) >= capacity:
+        if len(self.row_scale) < capacity:
+            scale = np.zeros(capacity, dtype=np.float32)
+            scale[:n_rows] = self.row_scale[:n_rows]
+            self.row_scale = scale
+        self._grow_tail(min(self.block, capacity - len(self.blocks) * self.block))
+
+    def _grow_tail(self, rows: int) -> None:
+        if len(self.tail) >= rows:
             return
-        codes = np.zeros((capacity, self.dimensions), dtype=np.int8)
-        codes[:n_rows] = self.codes[:n_rows]
-        scale = np.zeros(capacity, dtype=np.float32)
-        scale[:n_rows] = self.row_scale[:n_rows]
-        self.codes, self.row_scale = codes, scale
+        tail = np.zeros((rows, self.dimensions), dtype=np.int8)
+        tail[: self.tail_rows] = self.tail[: self.tail_rows]
+        self.tail = tail
 
     def put(self, start: int, rows: npt.NDArray[np.float32]) -> None:
+        if start < self.filled:
+            raise ValueError(f"rows are added after the last ({self.filled}), not at {start}")
         rows = np.ascontiguousarray(rows, dtype="<f4")
         if self.dim_scale is None:
             self.dim_scale = calibrate(rows)
-        if self.dim_scale is not None:
+        self._append(np.zeros((start - self.filled, self.dimensions), dtype=np.int8))
+        if self.dim_scale is None:
+            self._append(np.zeros((len(rows), self.dimensions), dtype=np.int8))
+        else:
             codes, scale = encode(rows, self.dim_scale)
-            self.codes[start : start + len(rows)] = codes
+            self._append(codes)
             self.row_scale[start : start + len(rows)] = scale
         os.pwrite(self._fd, rows.tobytes(), start * self.dimensions * 4)
 
+    def _append(self, codes: npt.NDArray[np.int8]) -> None:
+        """Codes of the rows after the last, into the tail, packing each tail that fills."""
+        at = 0
+        while at < len(codes):
+            self._grow_tail(min(self.block, self.tail_rows + len(codes) - at))
+            take = min(self.block - self.tail_rows, len(codes) - at)
+            self.tail[self.tail_rows : self.tail_rows + take] = codes[at : at + take]
+            self.tail_rows += take
+            at += take
+            if self.tail_rows == self.block:
+                self.blocks.append(numkong.dots_pack(self.tail))
+                self.tail_rows = 0
+
     def keep(self, keep: npt.NDArray[np.bool_], n_rows: int) -> None:
-        self.codes = np.ascontiguousarray(self.codes[:n_rows][keep])
         self.row_scale = np.ascontiguousarray(self.row_scale[:n_rows][keep])
+        self.blocks, self.tail, self.tail_rows = [], self.tail[:0], 0
         kept = np.flatnonzero(keep)
-        block = 8192
-        for at in range(0, len(kept), block):
-            rows = self.exact(kept[at : at + block])
+        step = 8192
+        for at in range(0, len(kept), step):
+            rows = self.exact(kept[at : at + step])
             os.pwrite(self._fd, rows.tobytes(), at * self.dimensions * 4)
+            if self.dim_scale is None:
+                self._append(np.zeros(rows.shape, dtype=np.int8))
+            else:
+                self._append(encode(rows, self.dim_scale)[0])
         os.ftruncate(self._fd, len(kept) * self.dimensions * 4)
         self._map = None
 
@@ -170,13 +225,31 @@ class Int8Vectors:
         return [(int(candidates[i]), float(scores[i])) for i in best]
 
     def scan(self, query: npt.NDArray[np.float32], n: int) -> npt.NDArray[np.float32]:
-        """Each of the first n rows' approximate score: int8 query · int8 codes, scaled."""
+        """Each of the first n rows' approximate score: int8 query · int8 codes, scaled.
+        Packed blocks and the tail are split between `THREADS` threads (numkong lets go
+        of the interpreter lock), by rows."""
         assert self.dim_scale is not None
         z = query * self.dim_scale
         zmax = float(np.abs(z).max()) or 1.0
-        q = np.round(z * (127 / zmax)).astype(np.int8)
-        raw = numkong.cdist(q[None], self.codes[:n], metric="dot", out_dtype="float32")
-        return np.asarray(raw)[0] * self.row_scale[:n] * np.float32(zmax / 127)
+        q = np.round(z * (127 / zmax)).astype(np.int8)[None]
+        raw = np.zeros(max(n, self.filled), dtype=np.float32)
+        pieces = [(i * self.block, block) for i, block in enumerate(self.blocks)]
+        tail = (len(self.blocks) * self.block, self.tail[: self.tail_rows])
+
+        def run(part: list[tuple[int, numkong.PackedMatrix | npt.NDArray[np.int8]]]) -> None:
+            for at, codes in part:
+                if isinstance(codes, numkong.PackedMatrix):
+                    raw[at : at + self.block] = np.asarray(numkong.dots_packed(q, codes))[0]
+                elif len(codes):
+                    found = numkong.cdist(q, codes, metric="dot", out_dtype="float32")
+                    raw[at : at + len(codes)] = np.asarray(found)[0]
+
+        parts = split([*pieces, tail], [self.block] * len(pieces) + [self.tail_rows], THREADS)
+        later = [_pool().submit(run, part) for part in parts[1:]]
+        run(parts[0])
+        for done in later:
+            done.result()
+        return raw[:n] * self.row_scale[:n] * np.float32(zmax / 127)
 
     def exact(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         """The float32 vectors of `rows`, read through the memory map."""
@@ -189,7 +262,31 @@ class Int8Vectors:
         return np.asarray(self._map[rows])
 
     def resident_bytes(self) -> int:
-        return self.codes.nbytes + self.row_scale.nbytes
+        packed = sum(block.nbytes for block in self.blocks)
+        return packed + self.tail.nbytes + self.row_scale.nbytes
+
+
+T = TypeVar("T")
+
+
+def split(items: Sequence[T], sizes: Sequence[int], parts: int) -> list[list[T]]:
+    """`items` in order, cut into at most `parts` runs of about equal total size (each run
+    at least one item): the scan's share of work for each thread."""
+    total = sum(sizes)
+    runs: list[list[T]] = [[]]
+    done = 0
+    for item, size in zip(items, sizes, strict=True):
+        if runs[-1] and len(runs) < parts and done >= total * len(runs) / parts:
+            runs.append([])
+        runs[-1].append(item)
+        done += size
+    return runs
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    """The threads a scan shares its blocks with (the caller's thread is one more)."""
+    return ThreadPoolExecutor(max_workers=max(THREADS - 1, 1), thread_name_prefix="int8-scan")
 
 
 def calibrate(rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32] | None:
