@@ -198,6 +198,8 @@ class Int8Vectors:
             if self.tail_rows == self.block:
                 self.blocks.append(numkong.dots_pack(self.tail))
                 self.tail_rows = 0
+                room = max(len(self.row_scale) - self.filled, 0)
+                self.tail = np.zeros((min(self.block, room), self.dimensions), dtype=np.int8)
 
     def keep(self, keep: npt.NDArray[np.bool_], n_rows: int) -> None:
         self.row_scale = np.ascontiguousarray(self.row_scale[:n_rows][keep])
