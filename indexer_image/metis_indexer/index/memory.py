@@ -160,9 +160,19 @@ class Index:
             for file_id, record in self.store.files():
                 self._add_file(file_id, record)
             self._ensure_capacity(self.store.chunk_count())
+            words: list[tuple[npt.NDArray[np.int64], ChunkBatch]] = []
             for batch in self.store.load_chunks(self.dimensions):
-                self._add_batch(batch)
-            self.keyword.merge(self.alive)
+                words.append((np.arange(self.n_rows, self.n_rows + len(batch.ids)), batch))
+                self._add_batch(batch, words=False)
+            if words:  # one segment for them all: one sort, where a segment a batch merged is two
+                rows, batches = zip(*words, strict=True)
+                self.keyword.add(
+                    np.concatenate(rows),
+                    np.concatenate([b.term_ids for b in batches]),
+                    np.concatenate([b.counts for b in batches]),
+                    np.concatenate([b.sizes for b in batches]),
+                    np.concatenate([b.file_ids for b in batches]),
+                )
         _release_freed_memory()
 
     def hold_vectors(self, kind: held.Kind) -> None:
@@ -311,7 +321,8 @@ class Index:
         self.keyword.drop(rows)
         self.dead += len(rows)
 
-    def _add_batch(self, batch: ChunkBatch) -> None:
+    def _add_batch(self, batch: ChunkBatch, words: bool = True) -> None:
+        """Rows after the last; `words`: their postings too (a load adds them all at once)."""
         n = len(batch.ids)
         if n == 0:
             return
@@ -327,9 +338,10 @@ class Index:
             self.vectors.put(start, batch.vectors)
         self.alive[start:end] = True
         self.n_rows = end
-        self.keyword.add(
-            np.arange(start, end), batch.term_ids, batch.counts, batch.sizes, batch.file_ids
-        )
+        if words:
+            self.keyword.add(
+                np.arange(start, end), batch.term_ids, batch.counts, batch.sizes, batch.file_ids
+            )
 
     def _heading_id(self, stored: str) -> int:
         hid = self._headings_ids.get(stored)

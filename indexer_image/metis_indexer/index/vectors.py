@@ -304,9 +304,10 @@ def encode(
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
     """Int8 codes of rows divided by the dimension scales, each row stretched to ±127,
     and the factor that gives each row back (0 for a zero row)."""
-    y = rows / dim_scale
-    peak = np.abs(y).max(axis=1) if len(y) else np.zeros(0, np.float32)
+    y = np.divide(rows, dim_scale, dtype=np.float32)
+    peak = np.maximum(y.max(axis=1), -y.min(axis=1)) if len(y) else np.zeros(0, np.float32)
     stretch = np.divide(127, peak, out=np.zeros_like(peak), where=peak > 0)
-    codes = np.round(y * stretch[:, None]).astype(np.int8)
+    y *= stretch[:, None]  # in place: a load encodes every vector
+    codes = np.rint(y, out=y).astype(np.int8)
     back = np.divide(peak, 127, out=np.zeros_like(peak), where=peak > 0)
     return codes, back.astype(np.float32)
