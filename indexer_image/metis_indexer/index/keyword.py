@@ -39,8 +39,10 @@ class Segment:
     terms: npt.NDArray[np.int32]
     indptr: npt.NDArray[np.int64]
     rows: npt.NDArray[np.int32]
-    tfs: npt.NDArray[np.uint16]
-    """Counts of a term in a chunk: a chunk holds at most 4,000 characters."""
+    tfs: npt.NDArray[np.uint8] | npt.NDArray[np.uint16]
+    """Counts of a term in a chunk: a chunk holds at most 4,000 characters. One byte each
+    where a segment's counts all fit (nearly always): a posting is most of what a chunk
+    costs in memory besides its vector."""
     weights: npt.NDArray[np.float32] | None = None
     """Each posting's whole BM25 term score, idf · tf · (k1 + 1) / (tf + k1 · (1 − b +
     b · length / avgdl)): what bm25s computes once at index time, kept here until rows
@@ -65,7 +67,8 @@ class Segment:
         starts = np.flatnonzero(first)
         unique = terms[starts]
         indptr = np.append(starts, len(terms)).astype(np.int64)
-        return cls(unique.astype(np.int32), indptr, rows.astype(np.int32), tfs.astype(np.uint16))
+        narrow = np.uint8 if len(tfs) == 0 or int(tfs.max()) <= 255 else np.uint16
+        return cls(unique.astype(np.int32), indptr, rows.astype(np.int32), tfs.astype(narrow))
 
     def spans(self, term_ids: npt.NDArray[np.int32]) -> list[slice | None]:
         """Where each term's postings are, or None where this segment lacks the term."""
@@ -269,7 +272,7 @@ class KeywordIndex:
     def term_scores(
         self,
         term_idf: npt.NDArray[np.float64],
-        tfs: npt.NDArray[np.uint16],
+        tfs: npt.NDArray[np.uint8] | npt.NDArray[np.uint16],
         lengths: npt.NDArray[np.float32],
         avgdl: float,
     ) -> npt.NDArray[np.float32]:

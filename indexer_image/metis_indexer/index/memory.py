@@ -160,19 +160,17 @@ class Index:
             for file_id, record in self.store.files():
                 self._add_file(file_id, record)
             self._ensure_capacity(self.store.chunk_count())
-            words: list[tuple[npt.NDArray[np.int64], ChunkBatch]] = []
+            words: list[tuple[npt.NDArray[np.int32], ...]] = []
             for batch in self.store.load_chunks(self.dimensions):
-                words.append((np.arange(self.n_rows, self.n_rows + len(batch.ids)), batch))
+                words.append((batch.term_ids, batch.counts, batch.sizes, batch.file_ids))
                 self._add_batch(batch, words=False)
             if words:  # one segment for them all: one sort, where a segment a batch merged is two
-                rows, batches = zip(*words, strict=True)
-                self.keyword.add(
-                    np.concatenate(rows),
-                    np.concatenate([b.term_ids for b in batches]),
-                    np.concatenate([b.counts for b in batches]),
-                    np.concatenate([b.sizes for b in batches]),
-                    np.concatenate([b.file_ids for b in batches]),
+                term_ids, counts, sizes, file_ids = (
+                    np.concatenate(c) for c in zip(*words, strict=True)
                 )
+                words.clear()
+                self.keyword.add(np.arange(self.n_rows), term_ids, counts, sizes, file_ids)
+                del term_ids, counts, sizes, file_ids
         _release_freed_memory()
 
     def hold_vectors(self, kind: held.Kind) -> None:
