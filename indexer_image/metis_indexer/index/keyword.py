@@ -239,6 +239,30 @@ class KeywordIndex:
             term_of = np.repeat(seg.terms, np.diff(seg.indptr))
             self.segments = [Segment.build(new_row[seg.rows].astype(np.int32), term_of, seg.tfs)]
 
+    def snapshot_parts(self, n: int) -> dict[str, npt.NDArray[Any]]:
+        """The postings (one segment after a load) and the first n rows' lengths and files."""
+        parts = {"lengths": self.lengths[:n], "files": self.files[:n]}
+        if self.segments:
+            [seg] = self.segments
+            parts.update(terms=seg.terms, indptr=seg.indptr, rows=seg.rows, tfs=seg.tfs)
+        return parts
+
+    def from_snapshot(self, parts: dict[str, npt.NDArray[Any]], n: int) -> None:
+        """Take n live rows and their postings from `snapshot_parts` as saved."""
+        self.ensure_capacity(n)
+        self.lengths[:n] = parts["lengths"]
+        self.files[:n] = parts["files"]
+        files, rows = np.unique(self.files[:n], return_counts=True)
+        self._file_rows = collections.Counter(dict(zip(files.tolist(), rows.tolist(),
+                                                       strict=True)))
+        self.live_rows = n
+        self.live_length = float(self.lengths[:n].sum(dtype=np.float64))
+        self.segments = [
+            Segment(np.array(parts["terms"]), np.array(parts["indptr"]),
+                    np.array(parts["rows"]), np.array(parts["tfs"]))
+        ] if "terms" in parts else []
+        self._generation += 1
+
     @property
     def live_files(self) -> int:
         """Documents with a live row: N of idf."""

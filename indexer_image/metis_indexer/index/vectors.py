@@ -18,10 +18,10 @@ import functools
 import mmap
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numkong
 import numpy as np
@@ -47,9 +47,10 @@ THREADS = min(2, os.cpu_count() or 1)
 more were not tried, and searches run side by side would only contend for them."""
 
 FILE_PREFIX = "vectors-"
-"""The float32 vectors of the int8 form, row for row with memory: a file of this process
-alone (two indexers may load one index folder: one stands by), rebuilt at each load and
-unlinked as soon as it is open, so nothing is left behind however the process ends."""
+"""The float32 vectors and int8 codes of the int8 form's rows written since its load, row
+for row with memory: files of this process alone (two indexers may load one index folder:
+one stands by), unlinked as soon as they are open, so nothing is left behind however the
+process ends."""
 
 
 def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> list[int]:
@@ -79,6 +80,10 @@ class Vectors(Protocol):
     def exact(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]: ...
 
     def resident_bytes(self) -> int: ...
+
+    def snapshot_parts(self, n: int) -> dict[str, npt.NDArray[Any]]: ...
+
+    def from_snapshot(self, parts: Mapping[str, npt.NDArray[Any]], n: int) -> bool: ...
 
 
 def make(kind: Kind, dimensions: int, folder: Path) -> Vectors:
@@ -119,6 +124,51 @@ class FloatVectors:
     def resident_bytes(self) -> int:
         return self.matrix.nbytes
 
+    def snapshot_parts(self, n: int) -> dict[str, npt.NDArray[Any]]:
+        return {"floats": self.matrix[:n]}
+
+    def from_snapshot(self, parts: Mapping[str, npt.NDArray[Any]], n: int) -> bool:
+        if "floats" not in parts:
+            return False
+        self.ensure_capacity(n, 0)
+        self.matrix[:n] = parts["floats"]
+        return True
+
+
+class RowFile:
+    """Fixed-size rows in a file of this process alone, read through a memory map: made
+    and unlinked at once, so nothing is left behind however the process ends."""
+
+    def __init__(self, folder: Path, width: int, dtype: str) -> None:
+        self.width, self.dtype = width, np.dtype(dtype)
+        self.row_bytes = width * self.dtype.itemsize
+        self.fd, name = tempfile.mkstemp(prefix=FILE_PREFIX, suffix=f".{dtype}", dir=folder)
+        os.unlink(name)
+        self._map: npt.NDArray[Any] | None = None
+
+    def close(self) -> None:
+        self._map = None
+        os.close(self.fd)
+
+    def write(self, start: int, rows: npt.NDArray[Any]) -> None:
+        os.pwrite(self.fd, np.ascontiguousarray(rows, dtype=self.dtype).tobytes(),
+                  start * self.row_bytes)
+
+    def truncate(self, rows: int) -> None:
+        os.ftruncate(self.fd, rows * self.row_bytes)
+        self._map = None  # a map past the end of the file would fault
+
+    def view(self, rows: int) -> npt.NDArray[Any]:
+        """The first `rows` rows, mapped (read-only)."""
+        if self._map is None or len(self._map) < rows:
+            size = os.fstat(self.fd).st_size
+            if size < rows * self.row_bytes:
+                self.truncate(rows)  # rows never written read as zeros
+                size = rows * self.row_bytes
+            mapped = mmap.mmap(self.fd, size, prot=mmap.PROT_READ) if size else b""
+            self._map = np.frombuffer(mapped, dtype=self.dtype).reshape(-1, self.width)
+        return self._map[:rows]
+
 
 class Int8Vectors:
     """Scaled int8 codes in memory, float32 vectors on disk for exact rescoring.
@@ -126,9 +176,10 @@ class Int8Vectors:
     Codes are held as full blocks of `BLOCK` rows packed for numkong's `dots_packed`
     (never changed once full) and a tail of unpacked rows scanned with `cdist`; rows are
     only ever added after the last, so a full tail is packed and a new one begun. Only
-    the packed form is kept (a block's raw codes would be another kilobyte a row):
-    compaction encodes the kept rows again from the float32 file, which gives the same
-    codes (encoding is a pure function of a row and the dimension scales).
+    the packed form is resident: the raw codes are written to disk beside the float32
+    vectors, for compaction (which packs the kept rows again) and the load's snapshot.
+    Rows loaded from a snapshot are read from its files (`base`); later rows, and every
+    row after a compaction, from this process's own files.
     """
 
     kind: Kind = "int8"
@@ -144,13 +195,15 @@ class Int8Vectors:
         scaling aside)."""
         self.dim_scale: npt.NDArray[np.float32] | None = None
         folder.mkdir(parents=True, exist_ok=True)
-        self._fd, name = tempfile.mkstemp(prefix=FILE_PREFIX, suffix=".f32", dir=folder)
-        os.unlink(name)
-        self._map: npt.NDArray[np.float32] | None = None
+        self._floats = RowFile(folder, dimensions, "<f4")
+        self._codes = RowFile(folder, dimensions, "i1")
+        self.base: dict[str, npt.NDArray[Any]] = {}
+        """A snapshot's `floats` and `codes` (memory-mapped) for its rows: the first ones."""
 
     def __del__(self) -> None:
-        self._map = None
-        os.close(self._fd)
+        for file in ("_floats", "_codes"):
+            if hasattr(self, file):
+                getattr(self, file).close()
 
     @property
     def filled(self) -> int:
@@ -179,12 +232,13 @@ class Int8Vectors:
             self.dim_scale = calibrate(rows)
         self._append(np.zeros((start - self.filled, self.dimensions), dtype=np.int8))
         if self.dim_scale is None:
-            self._append(np.zeros((len(rows), self.dimensions), dtype=np.int8))
+            codes = np.zeros((len(rows), self.dimensions), dtype=np.int8)
         else:
             codes, scale = encode(rows, self.dim_scale)
-            self._append(codes)
             self.row_scale[start : start + len(rows)] = scale
-        os.pwrite(self._fd, rows.tobytes(), start * self.dimensions * 4)
+        self._append(codes)
+        self._floats.write(start, rows)
+        self._codes.write(start, codes)
 
     def _append(self, codes: npt.NDArray[np.int8]) -> None:
         """Codes of the rows after the last, into the tail, packing each tail that fills."""
@@ -206,15 +260,32 @@ class Int8Vectors:
         self.blocks, self.tail, self.tail_rows = [], self.tail[:0], 0
         kept = np.flatnonzero(keep)
         step = 8192
-        for at in range(0, len(kept), step):
-            rows = self.exact(kept[at : at + step])
-            os.pwrite(self._fd, rows.tobytes(), at * self.dimensions * 4)
-            if self.dim_scale is None:
-                self._append(np.zeros(rows.shape, dtype=np.int8))
-            else:
-                self._append(encode(rows, self.dim_scale)[0])
-        os.ftruncate(self._fd, len(kept) * self.dimensions * 4)
-        self._map = None
+        for at in range(0, len(kept), step):  # rows only move down: each is read first
+            rows = kept[at : at + step]
+            floats, codes = self._rows("floats", rows), self._rows("codes", rows)
+            self._floats.write(at, floats)
+            self._codes.write(at, codes)
+            self._append(codes)
+        self.base = {}
+        for file in (self._floats, self._codes):
+            file.truncate(len(kept))
+
+    def _rows(self, part: str, rows: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+        """`floats` or `codes` of rows, from the snapshot's files or this process's own."""
+        file = self._floats if part == "floats" else self._codes
+        if len(rows) == 0:
+            return np.zeros((0, self.dimensions), dtype=file.dtype)
+        base = self.base.get(part)
+        in_base = 0 if base is None else len(base)
+        if int(rows.max()) < in_base:
+            assert base is not None
+            return np.asarray(base[rows])
+        out = np.asarray(file.view(int(rows.max()) + 1)[rows])
+        if in_base:
+            assert base is not None
+            low = rows < in_base
+            out[low] = base[rows[low]]
+        return out
 
     def nearest(self, query: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> Leg:
         n = len(mask)
@@ -254,14 +325,34 @@ class Int8Vectors:
         return raw[:n] * self.row_scale[:n] * np.float32(zmax / 127)
 
     def exact(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
-        """The float32 vectors of `rows`, read through the memory map."""
-        if len(rows) == 0:
-            return np.zeros((0, self.dimensions), dtype=np.float32)
-        needed = int(rows.max()) + 1
-        if self._map is None or len(self._map) < needed:
-            mapped = mmap.mmap(self._fd, os.fstat(self._fd).st_size, prot=mmap.PROT_READ)
-            self._map = np.frombuffer(mapped, dtype="<f4").reshape(-1, self.dimensions)
-        return np.asarray(self._map[rows])
+        """The float32 vectors of `rows`, read through memory maps."""
+        return self._rows("floats", rows)
+
+    def snapshot_parts(self, n: int) -> dict[str, npt.NDArray[Any]]:
+        """What a snapshot keeps of the first n rows (mapped, not copied)."""
+        assert not self.base, "a snapshot is taken of rows loaded from the store"
+        dim = self.dim_scale if self.dim_scale is not None else np.zeros(0, np.float32)
+        return {"floats": self._floats.view(n), "codes": self._codes.view(n),
+                "row_scale": self.row_scale[:n], "dim_scale": dim}
+
+    def from_snapshot(self, parts: Mapping[str, npt.NDArray[Any]], n: int) -> bool:
+        """Take n rows from a snapshot's parts: codes packed from its file, vectors read
+        from it as needed. False when it holds no codes (a float32 load saved it)."""
+        if any(name not in parts for name in ("floats", "codes", "row_scale", "dim_scale")):
+            return False
+        codes = parts["codes"]
+        self.base = {"floats": parts["floats"], "codes": codes}
+        self.dim_scale = np.array(parts["dim_scale"]) if len(parts["dim_scale"]) else None
+        self.ensure_capacity(n, 0)
+        self.row_scale[:n] = parts["row_scale"]
+        full = n - n % self.block
+        self.blocks = [numkong.dots_pack(np.asarray(codes[at : at + self.block]))
+                       for at in range(0, full, self.block)]
+        self.tail_rows = 0
+        self._grow_tail(n - full)
+        self.tail[: n - full] = codes[full:n]
+        self.tail_rows = n - full
+        return True
 
     def resident_bytes(self) -> int:
         packed = sum(block.nbytes for block in self.blocks)
