@@ -149,6 +149,7 @@ def million(folder: Path, n: int, dim: int, repeats: int, rounds: int) -> dict[s
     build_s = None
     if not (folder / "index.sqlite3").exists():
         build_s = build_large(folder, n, dim)
+    from_store = None if (folder / "snapshot.json").exists() else measure_load(folder, "int8")
     load = measure_load(folder, "int8")
     index = Index(folder, "int8")
     index.load()
@@ -181,7 +182,8 @@ def million(folder: Path, n: int, dim: int, repeats: int, rounds: int) -> dict[s
     )
     return {
         "chunks": index.chunk_count, "dim": index.dimensions, "build_s": build_s,
-        "load": load, "asked": len(qs) * rounds, "recall": hits / (50 * len(asked)),
+        "load": load, "from_store": from_store, "asked": len(qs) * rounds,
+        "recall": hits / (50 * len(asked)),
         "recall_asked": len(asked), "resident": held.resident_bytes(),
         "steps": {name: pct(values) for name, values in steps.items()},
     }
@@ -221,7 +223,7 @@ def million_report(r: dict[str, object]) -> str:
         "|---|---|---|",
         f"| whole hybrid search p50 ≤ 60 ms | {hybrid:.2f} ms | "
         f"{'met' if hybrid <= 60 else 'MISSED'} |",
-        f"| load ≤ 20 s | {load_s:.2f} s (fresh process) | "
+        f"| load ≤ 20 s | {load_s:.2f} s (fresh process, from the snapshot a load saved) | "
         f"{'met' if load_s <= 20 else 'MISSED'} |",
         f"| ≤ 2 KB per chunk resident at {r['dim']:,} dims | {per_chunk / 1024:.2f} KiB per "
         f"chunk ({load['rss_bytes'] / 2**20:.0f} MiB resident after load; the codes "
@@ -230,6 +232,14 @@ def million_report(r: dict[str, object]) -> str:
         f"| recall@50 vs exact float32 ≥ 0.99 ({r['recall_asked']} questions) | {recall:.4f} | "
         f"{'met' if recall >= 0.99 else 'MISSED'} |",
     ]
+    first: dict[str, float] | None = r["from_store"]  # type: ignore[assignment]
+    if first is not None:
+        lines += [
+            "",
+            f"The load before it read the store (no snapshot yet, as after any change to a "
+            f"chunk) and saved the snapshot: {first['load_s']:.1f} s, "
+            f"{first['peak_bytes'] / 2**30:.1f} GiB peak.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -335,7 +345,8 @@ def run(n: int, dim: int, repeats: int, rounds: int) -> dict[str, object]:
                     steps["hybrid"].append(await hybrid_ms(index, text, qv))
 
         asyncio.run(ask_all())
-        int8_load = measure_load(folder, "int8")
+        int8_load = measure_load(folder, "int8")  # from the store: the snapshot lacks codes
+        int8_reload = measure_load(folder, "int8")  # from the snapshot that load saved
         int8 = Index(folder, "int8")
         int8.load()
         int8.settle()
@@ -346,6 +357,7 @@ def run(n: int, dim: int, repeats: int, rounds: int) -> dict[str, object]:
         return {
             "int8": {name: pct(values) for name, values in int8_steps.items()},
             "int8_load": int8_load,
+            "int8_reload": int8_reload,
             "int8_recall": recall,
             "int8_scan_only": scan_only,
             "pass": {name: pct(values) for name, values in pass_steps.items()},
@@ -569,6 +581,7 @@ def report(r: dict[str, object]) -> str:
 def int8_report(r: dict[str, object]) -> list[str]:
     steps: dict[str, tuple[float, float]] = r["int8"]  # type: ignore[assignment]
     load: dict[str, float] = r["int8_load"]  # type: ignore[assignment]
+    reload: dict[str, float] = r["int8_reload"]  # type: ignore[assignment]
     chunks = int(r["chunks"])  # type: ignore[arg-type]
     per_chunk = load["rss_bytes"] / chunks
     scan = steps["scan"][0] / steps["bare_matvec"][0]
@@ -613,7 +626,11 @@ def int8_report(r: dict[str, object]) -> list[str]:
         f"| ≤ 2 KB per chunk resident at {r['dim']:,} dims | {per_chunk / 1024:.2f} KiB per chunk "
         f"({load['rss_bytes'] / 2**20:.0f} MiB resident after load) | "
         f"{'met' if per_chunk <= 2 * 1024 else 'MISSED'} |",
-        f"| load of {chunks:,} chunks (int8) | {load['load_s']:.2f} s | — |",
+        f"| load of {chunks:,} chunks (int8), from the store (saving a snapshot) | "
+        f"{load['load_s']:.2f} s | — |",
+        f"| load of {chunks:,} chunks (int8), from that snapshot | "
+        f"{reload['load_s']:.2f} s ({reload['rss_bytes'] / chunks / 1024:.2f} KiB per chunk "
+        "resident) | — |",
     ]
     return lines
 

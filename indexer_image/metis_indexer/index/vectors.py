@@ -345,18 +345,26 @@ class Int8Vectors:
         self.dim_scale = np.array(parts["dim_scale"]) if len(parts["dim_scale"]) else None
         self.ensure_capacity(n, 0)
         self.row_scale[:n] = parts["row_scale"]
-        full = n - n % self.block
-        self.blocks = [numkong.dots_pack(np.asarray(codes[at : at + self.block]))
-                       for at in range(0, full, self.block)]
-        self.tail_rows = 0
-        self._grow_tail(n - full)
-        self.tail[: n - full] = codes[full:n]
-        self.tail_rows = n - full
+        self.blocks, self.tail_rows = [], 0
+        for at in range(0, n, self.block):
+            self._append(_read_rows(codes, at, min(at + self.block, n)))
         return True
 
     def resident_bytes(self) -> int:
         packed = sum(block.nbytes for block in self.blocks)
         return packed + self.tail.nbytes + self.row_scale.nbytes
+
+
+def _read_rows(mapped: npt.NDArray[Any], start: int, end: int) -> npt.NDArray[Any]:
+    """Rows of a memory-mapped `.npy` file read with a plain read: pages touched through
+    the map would count as this process's memory for as long as it stays mapped."""
+    if not isinstance(mapped, np.memmap) or mapped.filename is None:
+        return np.array(mapped[start:end])
+    width = int(np.prod(mapped.shape[1:]))
+    with open(mapped.filename, "rb") as f:
+        f.seek(mapped.offset + start * width * mapped.dtype.itemsize)
+        rows = np.fromfile(f, dtype=mapped.dtype, count=(end - start) * width)
+    return rows.reshape(end - start, *mapped.shape[1:])
 
 
 T = TypeVar("T")
