@@ -163,3 +163,13 @@ def test_a_kill_while_the_snapshot_is_saved_leaves_a_consistent_index(tmp_path):
         (int(writer.row_chunk[r]), round(s, 5)) for r, s in want
     ]
     assert again.chunk_count == 3000
+
+
+def test_a_snapshot_that_cannot_be_saved_leaves_no_file_and_the_load_stands(tmp_path):
+    writer = new_index(tmp_path, DIM, "int8")
+    fill(writer, 11)
+    unsaveable = np.zeros(3, dtype=object)  # np.save refuses objects without pickles
+    with pytest.raises(ValueError):
+        snapshot.write(tmp_path, ("x", 1), 3, {"a": np.zeros(3), "b": unsaveable}, {})
+    assert snapshot_files(tmp_path) == set()
+    assert answers(loaded(tmp_path, "int8")) == answers(writer)

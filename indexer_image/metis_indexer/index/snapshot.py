@@ -73,20 +73,25 @@ def write(
     before the manifest that names them is renamed into place; then unlink older files."""
     token = secrets.token_hex(8)
     files: dict[str, str] = {}
-    for name, array in arrays.items():
-        path = folder / f"{PREFIX}{token}.{name}.npy"
-        with path.open("wb") as f:
-            np.save(f, np.asanyarray(array), allow_pickle=False)
+    staged = folder / f"{PREFIX}{token}.json"
+    try:
+        for name, array in arrays.items():
+            path = folder / f"{PREFIX}{token}.{name}.npy"
+            files[name] = path.name
+            with path.open("wb") as f:
+                np.save(f, np.asanyarray(array), allow_pickle=False)
+                f.flush()
+                os.fsync(f.fileno())
+        manifest = {**extra, "id": tag[0], "generation": tag[1], "rows": rows, "files": files}
+        with staged.open("w") as f:
+            json.dump(manifest, f)
             f.flush()
             os.fsync(f.fileno())
-        files[name] = path.name
-    manifest = {**extra, "id": tag[0], "generation": tag[1], "rows": rows, "files": files}
-    staged = folder / f"{PREFIX}{token}.json"
-    with staged.open("w") as f:
-        json.dump(manifest, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(staged, folder / MANIFEST)
+        os.replace(staged, folder / MANIFEST)
+    except BaseException:
+        for name in [*files.values(), staged.name]:  # a full drive gets its space back
+            (folder / name).unlink(missing_ok=True)
+        raise
     _sync_folder(folder)
     for path in folder.glob(f"{PREFIX}*"):
         if path.name not in files.values():
