@@ -173,3 +173,20 @@ def test_a_snapshot_that_cannot_be_saved_leaves_no_file_and_the_load_stands(tmp_
         snapshot.write(tmp_path, ("x", 1), 3, {"a": np.zeros(3), "b": unsaveable}, {})
     assert snapshot_files(tmp_path) == set()
     assert answers(loaded(tmp_path, "int8")) == answers(writer)
+
+
+def test_rows_loaded_from_a_snapshot_are_compacted_and_added_to_like_any_others(tmp_path):
+    indexes = {kind: new_index(tmp_path / kind, DIM, kind) for kind in ("float32", "int8")}
+    rng = np.random.default_rng(12)
+    vectors = rng.standard_normal((2400, DIM)).astype(np.float32)
+    for index in indexes.values():
+        index.put_documents([(record(f"f{i}.md"), [chunk(f"doc{i}")], vectors[i : i + 1])
+                             for i in range(2400)])
+    again = loaded(tmp_path / "int8", "int8")
+    assert again.vectors.base
+    for index in (again, indexes["float32"]):
+        index.drop_files([("docs", f"f{i}.md") for i in range(0, 2400, 2)])
+        assert index.dead == 0, "dead rows were reclaimed"
+        index.put_document(record("new.md"), [chunk("new")], vectors[:1] * -1)
+    assert not again.vectors.base, "every row is this process's own after a compaction"
+    assert answers(again) == answers(indexes["float32"])
