@@ -216,7 +216,8 @@ class Index:
         arrays: dict[str, npt.NDArray[Any]],
     ) -> bool:
         """Take a snapshot's rows; False (memory left empty) when it does not fit this
-        index: other dimensions, rows missing, or vectors held the other way."""
+        index: other dimensions, a part missing or cut short, vectors held the other way,
+        or its files replaced by another indexer's load meanwhile."""
         n = int(manifest["rows"])
         row_names = [name for name, _ in self.ROW_FIELDS if name != "alive"]
         if manifest.get("dimensions") != self.dimensions or any(
@@ -224,19 +225,23 @@ class Index:
         ):
             return False
         self._clear_memory()
-        self._ensure_capacity(n)
-        if self.dimensions and not self.vectors.from_snapshot(arrays, n):
+        try:
+            self._ensure_capacity(n)
+            if self.dimensions and not self.vectors.from_snapshot(arrays, n):
+                raise KeyError("vectors")
+            for name in row_names:
+                getattr(self, name)[:n] = arrays[name]
+            for stored in manifest["headings"]:
+                self._heading_id(stored)
+            self.keyword.from_snapshot(arrays, n)
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            log.info("the index's snapshot does not fit (%r): loading from the store", e)
             self._clear_memory()
             return False
         for file_id, record in files:
             self._add_file(file_id, record)
-        for name in row_names:
-            getattr(self, name)[:n] = arrays[name]
         self.alive[:n] = True
         self.n_rows = n
-        for stored in manifest["headings"]:
-            self._heading_id(stored)
-        self.keyword.from_snapshot(arrays, n)
         return True
 
     def hold_vectors(self, kind: held.Kind) -> None:
