@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from metis_indexer.index.vectors import FloatVectors, Int8Vectors, calibrate, encode, split
+from metis_indexer.index.vectors import (
+    RESCORE_MIN,
+    FloatVectors,
+    Int8Vectors,
+    calibrate,
+    encode,
+    split,
+    top,
+)
 
 
 def units(rows: np.ndarray) -> np.ndarray:
@@ -153,3 +161,20 @@ def test_rows_without_vectors_before_the_first_put_score_zero_and_rows_only_grow
 )
 def test_a_scan_is_split_into_runs_of_about_equal_rows(sizes, parts, want):
     assert split(list(range(len(sizes))), sizes, parts) == want
+
+
+def test_the_best_rows_of_each_piece_hold_the_best_rows_of_all(tmp_path):
+    """nearest takes each block's own best candidates in the scan's threads: the same
+    candidates, so the same answers, as the best of one whole scan."""
+    rng = np.random.default_rng(13)
+    rows = units(rng.standard_normal((3000, 32)))
+    int8 = Int8Vectors(32, tmp_path, block=256)
+    int8.ensure_capacity(3000, 0)
+    int8.put(0, rows)
+    mask = rng.random(3000) < 0.7
+    for q in units(rng.standard_normal((5, 32))):
+        candidates = np.asarray(top(int8.scan(q, 3000), mask, RESCORE_MIN), dtype=np.int64)
+        scores = rows[candidates] @ q
+        order = np.lexsort((candidates, -scores))[:30]
+        want = [(int(candidates[i]), float(scores[i])) for i in order]
+        assert int8.nearest(q, mask, 30) == want

@@ -18,7 +18,7 @@ import functools
 import mmap
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -291,38 +291,70 @@ class Int8Vectors:
         n = len(mask)
         if self.dim_scale is None or n == 0 or not mask.any():
             return []
-        scanned = self.scan(query, n)
-        candidates = np.asarray(top(scanned, mask, max(RESCORE_MIN, 4 * k)), dtype=np.int64)
+        want = max(RESCORE_MIN, 4 * k)
+        found: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]] = []
+
+        def best_of(at: int, scores: npt.NDArray[np.float32]) -> None:
+            """A piece's own best rows, taken in the scan's thread while its scores are
+            fresh in cache: the best `want` of all are among them."""
+            rows = np.asarray(top(scores, mask[at : at + len(scores)], want), dtype=np.int64)
+            found.append((rows + at, scores[rows]))
+
+        self._scan(query, n, best_of)
+        rows = np.concatenate([r for r, _ in found])
+        order = np.lexsort((rows, -np.concatenate([s for _, s in found])))
+        candidates = rows[order[:want]]
         scores = self.exact(candidates) @ query
         best = np.lexsort((candidates, -scores))[:k]
         return [(int(candidates[i]), float(scores[i])) for i in best]
 
     def scan(self, query: npt.NDArray[np.float32], n: int) -> npt.NDArray[np.float32]:
-        """Each of the first n rows' approximate score: int8 query · int8 codes, scaled.
-        Packed blocks and the tail are split between `THREADS` threads (numkong lets go
-        of the interpreter lock), by rows."""
+        """Each of the first n rows' approximate score: int8 query · int8 codes, scaled."""
+        out = np.zeros(n, dtype=np.float32)
+
+        def keep(at: int, scores: npt.NDArray[np.float32]) -> None:
+            out[at : at + len(scores)] = scores
+
+        self._scan(query, n, keep)
+        return out
+
+    def _scan(
+        self,
+        query: npt.NDArray[np.float32],
+        n: int,
+        take: Callable[[int, npt.NDArray[np.float32]], None],
+    ) -> None:
+        """Hands each packed block's and the tail's approximate scores (of rows below n) to
+        `take` with the piece's first row. The pieces are split between `THREADS` threads
+        by rows (numkong lets go of the interpreter lock), so is what `take` does."""
         assert self.dim_scale is not None
         z = query * self.dim_scale
         zmax = float(np.abs(z).max()) or 1.0
         q = np.round(z * (127 / zmax)).astype(np.int8)[None]
-        raw = np.zeros(max(n, self.filled), dtype=np.float32)
-        pieces = [(i * self.block, block) for i, block in enumerate(self.blocks)]
-        tail = (len(self.blocks) * self.block, self.tail[: self.tail_rows])
+        factor = np.float32(zmax / 127)
+        pieces: list[tuple[int, numkong.PackedMatrix | npt.NDArray[np.int8]]] = [
+            (i * self.block, block) for i, block in enumerate(self.blocks)
+        ]
+        pieces.append((len(self.blocks) * self.block, self.tail[: self.tail_rows]))
+        pieces = [(at, codes) for at, codes in pieces if at < n]
 
         def run(part: list[tuple[int, numkong.PackedMatrix | npt.NDArray[np.int8]]]) -> None:
             for at, codes in part:
                 if isinstance(codes, numkong.PackedMatrix):
-                    raw[at : at + self.block] = np.asarray(numkong.dots_packed(q, codes))[0]
+                    raw = np.asarray(numkong.dots_packed(q, codes))[0]
                 elif len(codes):
-                    found = numkong.cdist(q, codes, metric="dot", out_dtype="float32")
-                    raw[at : at + len(codes)] = np.asarray(found)[0]
+                    raw = np.asarray(numkong.cdist(q, codes, metric="dot"))[0]
+                else:
+                    continue
+                end = min(at + len(raw), n)  # exact in float32: |a dot| < 2^24 at 1,024
+                take(at, raw[: end - at].astype(np.float32) * self.row_scale[at:end] * factor)
 
-        parts = split([*pieces, tail], [self.block] * len(pieces) + [self.tail_rows], THREADS)
+        sizes = [self.block if isinstance(c, numkong.PackedMatrix) else len(c) for _, c in pieces]
+        parts = split(pieces, sizes, THREADS)
         later = [_pool().submit(run, part) for part in parts[1:]]
         run(parts[0])
         for done in later:
             done.result()
-        return raw[:n] * self.row_scale[:n] * np.float32(zmax / 127)
 
     def exact(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         """The float32 vectors of `rows`, read through memory maps."""
