@@ -288,3 +288,26 @@ def test_an_index_that_never_recorded_its_words_has_them_counted_again():
     before = Settings.from_meta(meta)
     assert before is not None and before.words == "" and before != Settings("m", 8, 1200, 200)
     assert before.key == Settings("m", 8, 1200, 200).key, "documents are not read again"
+
+
+def test_a_loaded_index_scores_words_as_the_index_that_wrote_it(tmp_path):
+    """A load builds the keyword index in one piece; the writer built it document by
+    document, merging as it went, and dropped some: the same chunks score the same."""
+    index = new_index(tmp_path)
+    rng = np.random.default_rng(9)
+    vocabulary = [f"w{i}" for i in range(60)]
+    for i in range(300):
+        parts = [" ".join(rng.choice(vocabulary, int(rng.integers(3, 40)))) for _ in range(3)]
+        index.put_document(record(f"f{i}.md"), [chunk(p) for p in parts], None)
+    index.drop_files([("docs", f"f{i}.md") for i in range(0, 300, 7)])
+    index.settle()
+    again = Index(tmp_path)
+    again.load()
+    again.settle()
+    assert len(again.keyword.segments) == 1 and len(index.keyword.segments) > 1
+    for question in ("w1", "w2 w3 w40", "w59 w7 w7 w0"):
+        by_chunk = [
+            {int(held.row_chunk[r]): s for r, s in held.by_words(question.split(), None, 900)}
+            for held in (index, again)
+        ]
+        assert by_chunk[0] == by_chunk[1] and len(by_chunk[0]) > 100

@@ -274,8 +274,9 @@ def test_document_frequencies_count_each_document_once_per_term():
 
 def test_postings_and_scores_keep_their_compact_types(docs):
     # The index's memory per chunk (README, "Performance") rests on these: 4-byte rows and
-    # terms, 2-byte term counts, 4-byte lengths, weights and scores. numpy's defaults (int64,
-    # float64) would answer the same and take twice the memory.
+    # terms, 1-byte term counts (2 where one is over 255), 4-byte lengths, weights and
+    # scores. numpy's defaults (int64, float64) would answer the same and take twice the
+    # memory.
     vocab, index = build(docs)
     assert index.lengths.dtype == np.float32  # as grown by `add`
     alive = np.ones(len(docs), dtype=bool)
@@ -294,9 +295,19 @@ def test_postings_and_scores_keep_their_compact_types(docs):
     assert index.files.dtype == np.int32
     for seg in index.segments:
         assert (seg.terms.dtype, seg.rows.dtype, seg.tfs.dtype, seg.indptr.dtype) == (
-            np.int32, np.int32, np.uint16, np.int64
+            np.int32, np.int32, np.uint8, np.int64
         )
         assert seg.weights is not None and seg.weights.dtype == np.float32
+
+
+def test_a_count_over_255_keeps_two_bytes_and_scores_as_counted():
+    index = KeywordIndex()
+    index.add([0, 1], np.array([0, 1, 0], np.int32), np.array([300, 1, 2], np.int32),
+              np.array([2, 1]), np.array([0, 1]))
+    [seg] = index.segments
+    assert seg.tfs.dtype == np.uint16 and sorted(seg.tfs.tolist()) == [1, 2, 300]
+    scores = index.scores(np.array([0], np.int32), np.ones(2, bool))
+    assert scores is not None and scores[0] > scores[1] > 0
 
 
 def test_weights_of_rows_that_moved_meanwhile_are_not_installed(docs):

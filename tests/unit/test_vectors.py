@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from metis_indexer.index.vectors import FloatVectors, Int8Vectors, calibrate, encode
+from metis_indexer.index.vectors import (
+    RESCORE_MIN,
+    FloatVectors,
+    Int8Vectors,
+    calibrate,
+    encode,
+    split,
+    top,
+)
 
 
 def units(rows: np.ndarray) -> np.ndarray:
@@ -81,3 +89,92 @@ def test_nothing_is_answered_before_a_vector_arrives(tmp_path):
     int8.put(0, np.zeros((4, 8), np.float32))
     assert int8.nearest(np.ones(8, np.float32) / np.sqrt(8), np.ones(4, bool), 3) == []
     assert list(tmp_path.iterdir()) == [], "the float32 file is unlinked while in use"
+
+
+def reference_scan(int8: Int8Vectors, rows: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The scan as plain numpy: int32 products of every row's code with the query's code."""
+    codes, back = encode(rows, int8.dim_scale)
+    z = q * int8.dim_scale
+    zmax = float(np.abs(z).max())
+    qc = np.round(z * (127 / zmax)).astype(np.int8)
+    raw = (codes.astype(np.int32) @ qc.astype(np.int32)).astype(np.float32)
+    return raw * back * np.float32(zmax / 127)
+
+
+def test_packed_blocks_and_the_tail_score_every_row_as_a_plain_product(tmp_path):
+    rng = np.random.default_rng(6)
+    rows = units(rng.standard_normal((1000, 48)))
+    int8 = Int8Vectors(48, tmp_path, block=64)
+    int8.ensure_capacity(len(rows), 0)
+    at = 0
+    for size in (5, 59, 1, 200, 64, 300, 371):  # across block edges, as documents arrive
+        int8.put(at, rows[at : at + size])
+        at += size
+    assert len(int8.blocks) == 1000 // 64 and int8.tail_rows == 1000 % 64
+    for q in units(rng.standard_normal((5, 48))):
+        assert np.array_equal(int8.scan(q, 1000), reference_scan(int8, rows, q))
+
+
+def test_compaction_packs_the_kept_rows_as_if_they_had_come_alone(tmp_path):
+    rng = np.random.default_rng(7)
+    rows = units(rng.standard_normal((700, 32)))
+    int8 = Int8Vectors(32, tmp_path / "a", block=50)
+    int8.ensure_capacity(700, 0)
+    int8.put(0, rows)
+    keep = rng.random(700) < 0.4
+    int8.keep(keep, 700)
+    int8.ensure_capacity(max(int(keep.sum()), 1024), int(keep.sum()))
+    fresh = Int8Vectors(32, tmp_path / "b", block=50)
+    fresh.dim_scale = int8.dim_scale
+    fresh.ensure_capacity(int(keep.sum()), 0)
+    fresh.put(0, rows[keep])
+    q = units(rng.standard_normal((1, 32)))[0]
+    assert int8.filled == int(keep.sum())
+    assert np.array_equal(int8.scan(q, int8.filled), fresh.scan(q, fresh.filled))
+    int8.put(int8.filled, rows[:3])  # rows come after the kept ones
+    assert np.array_equal(int8.scan(q, int8.filled)[-3:], reference_scan(int8, rows[:3], q))
+
+
+def test_rows_without_vectors_before_the_first_put_score_zero_and_rows_only_grow(tmp_path):
+    """After a change of model every row lost its vector; new ones come after them."""
+    rng = np.random.default_rng(8)
+    rows = units(rng.standard_normal((10, 16)))
+    int8 = Int8Vectors(16, tmp_path, block=4)
+    int8.ensure_capacity(20, 0)
+    int8.put(9, rows)
+    scores = int8.scan(rows[0], 19)
+    assert not scores[:9].any() and scores[9] > 0.9
+    with pytest.raises(ValueError, match="after the last"):
+        int8.put(3, rows[:1])
+
+
+@pytest.mark.parametrize(
+    ("sizes", "parts", "want"),
+    [
+        ([4, 4, 4, 4], 2, [[0, 1], [2, 3]]),
+        ([4, 4, 4, 1], 2, [[0, 1], [2, 3]]),
+        ([4, 0], 2, [[0], [1]]),
+        ([4], 2, [[0]]),
+        ([4, 4, 4], 1, [[0, 1, 2]]),
+        ([1, 1, 1, 1, 1, 1], 3, [[0, 1], [2, 3], [4, 5]]),
+    ],
+)
+def test_a_scan_is_split_into_runs_of_about_equal_rows(sizes, parts, want):
+    assert split(list(range(len(sizes))), sizes, parts) == want
+
+
+def test_the_best_rows_of_each_piece_hold_the_best_rows_of_all(tmp_path):
+    """nearest takes each block's own best candidates in the scan's threads: the same
+    candidates, so the same answers, as the best of one whole scan."""
+    rng = np.random.default_rng(13)
+    rows = units(rng.standard_normal((3000, 32)))
+    int8 = Int8Vectors(32, tmp_path, block=256)
+    int8.ensure_capacity(3000, 0)
+    int8.put(0, rows)
+    mask = rng.random(3000) < 0.7
+    for q in units(rng.standard_normal((5, 32))):
+        candidates = np.asarray(top(int8.scan(q, 3000), mask, RESCORE_MIN), dtype=np.int64)
+        scores = rows[candidates] @ q
+        order = np.lexsort((candidates, -scores))[:30]
+        want = [(int(candidates[i]), float(scores[i])) for i in order]
+        assert int8.nearest(q, mask, 30) == want

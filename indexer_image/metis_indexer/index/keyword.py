@@ -39,8 +39,10 @@ class Segment:
     terms: npt.NDArray[np.int32]
     indptr: npt.NDArray[np.int64]
     rows: npt.NDArray[np.int32]
-    tfs: npt.NDArray[np.uint16]
-    """Counts of a term in a chunk: a chunk holds at most 4,000 characters."""
+    tfs: npt.NDArray[np.uint8] | npt.NDArray[np.uint16]
+    """Counts of a term in a chunk: a chunk holds at most 4,000 characters. One byte each
+    where a segment's counts all fit (nearly always): a posting is most of what a chunk
+    costs in memory besides its vector."""
     weights: npt.NDArray[np.float32] | None = None
     """Each posting's whole BM25 term score, idf · tf · (k1 + 1) / (tf + k1 · (1 − b +
     b · length / avgdl)): what bm25s computes once at index time, kept here until rows
@@ -57,11 +59,16 @@ class Segment:
         the order they came, ascending in practice (a batch of new rows, segments merged
         oldest first, a renumbering that keeps order); nothing depends on that order, as a
         term holds a row once and scores are summed per row."""
-        order = np.argsort(terms, kind="stable")
+        keys = (terms.astype(np.int64) << 32) | np.arange(len(terms), dtype=np.int64)
+        order = np.sort(keys) & 0xFFFF_FFFF  # the stable argsort, 3 × faster: keys are unique
         terms, rows, tfs = terms[order], rows[order], tfs[order]
-        unique, starts = np.unique(terms, return_index=True)
+        first = np.ones(len(terms), dtype=bool)  # terms are sorted: each term's first posting
+        first[1:] = terms[1:] != terms[:-1]
+        starts = np.flatnonzero(first)
+        unique = terms[starts]
         indptr = np.append(starts, len(terms)).astype(np.int64)
-        return cls(unique.astype(np.int32), indptr, rows.astype(np.int32), tfs.astype(np.uint16))
+        narrow = np.uint8 if len(tfs) == 0 or int(tfs.max()) <= 255 else np.uint16
+        return cls(unique.astype(np.int32), indptr, rows.astype(np.int32), tfs.astype(narrow))
 
     def spans(self, term_ids: npt.NDArray[np.int32]) -> list[slice | None]:
         """Where each term's postings are, or None where this segment lacks the term."""
@@ -232,6 +239,30 @@ class KeywordIndex:
             term_of = np.repeat(seg.terms, np.diff(seg.indptr))
             self.segments = [Segment.build(new_row[seg.rows].astype(np.int32), term_of, seg.tfs)]
 
+    def snapshot_parts(self, n: int) -> dict[str, npt.NDArray[Any]]:
+        """The postings (one segment after a load) and the first n rows' lengths and files."""
+        parts = {"lengths": self.lengths[:n], "files": self.files[:n]}
+        if self.segments:
+            [seg] = self.segments
+            parts.update(terms=seg.terms, indptr=seg.indptr, rows=seg.rows, tfs=seg.tfs)
+        return parts
+
+    def from_snapshot(self, parts: dict[str, npt.NDArray[Any]], n: int) -> None:
+        """Take n live rows and their postings from `snapshot_parts` as saved."""
+        self.ensure_capacity(n)
+        self.lengths[:n] = parts["lengths"]
+        self.files[:n] = parts["files"]
+        files, rows = np.unique(self.files[:n], return_counts=True)
+        self._file_rows = collections.Counter(dict(zip(files.tolist(), rows.tolist(),
+                                                       strict=True)))
+        self.live_rows = n
+        self.live_length = float(self.lengths[:n].sum(dtype=np.float64))
+        self.segments = [
+            Segment(np.array(parts["terms"]), np.array(parts["indptr"]),
+                    np.array(parts["rows"]), np.array(parts["tfs"]))
+        ] if n else []  # a load's rows are one segment: KeyError where a part is missing
+        self._generation += 1
+
     @property
     def live_files(self) -> int:
         """Documents with a live row: N of idf."""
@@ -265,7 +296,7 @@ class KeywordIndex:
     def term_scores(
         self,
         term_idf: npt.NDArray[np.float64],
-        tfs: npt.NDArray[np.uint16],
+        tfs: npt.NDArray[np.uint8] | npt.NDArray[np.uint16],
         lengths: npt.NDArray[np.float32],
         avgdl: float,
     ) -> npt.NDArray[np.float32]:

@@ -15,19 +15,23 @@ import ctypes
 import dataclasses
 import gc
 import json
+import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from metis_indexer import texts
 from metis_indexer.documents import Chunk
-from metis_indexer.index import keyword
+from metis_indexer.index import keyword, snapshot
 from metis_indexer.index import vectors as held
 from metis_indexer.index.store import ChunkBatch, FileRecord, Store, Stored, Terms, Written
 from metis_indexer.index.vectors import Leg
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(slots=True)
@@ -152,18 +156,93 @@ class Index:
         return Settings.from_meta(self.store.meta())
 
     def load(self) -> None:
-        """Read the whole index from disk into memory, sized exactly."""
+        """Read the whole index into memory, sized exactly: from the snapshot the last load
+        saved when no chunk changed since (`snapshot.py`), else from the store, saving a
+        snapshot for the next load and then reading its rows back from it."""
         with self.lock:
             meta_settings = self.settings()
             self.dimensions = meta_settings.dimensions if meta_settings else 0
-            self._clear_memory()
-            for file_id, record in self.store.files():
-                self._add_file(file_id, record)
-            self._ensure_capacity(self.store.chunk_count())
-            for batch in self.store.load_chunks(self.dimensions):
-                self._add_batch(batch)
-            self.keyword.merge(self.alive)
+            with self.store.reading() as tag:
+                files = self.store.files()
+                saved = snapshot.read(self.folder, tag)
+                from_store = saved is None or not self._from_snapshot(files, *saved)
+                if from_store:
+                    self._from_store(files)
+            if from_store:
+                try:
+                    self._save_snapshot(tag)
+                except OSError as e:
+                    log.warning("cannot save the index's snapshot (%s): loads read the store", e)
+                else:
+                    saved = snapshot.read(self.folder, tag)
+                    if saved is not None:
+                        self._from_snapshot(files, *saved)
         _release_freed_memory()
+
+    def _from_store(self, files: Sequence[tuple[int, FileRecord]]) -> None:
+        self._clear_memory()
+        for file_id, record in files:
+            self._add_file(file_id, record)
+        self._ensure_capacity(self.store.chunk_count())
+        words: list[tuple[npt.NDArray[np.int32], ...]] = []
+        for batch in self.store.load_chunks(self.dimensions):
+            words.append((batch.term_ids, batch.counts, batch.sizes, batch.file_ids))
+            self._add_batch(batch, words=False)
+        if words:  # one segment for them all: one sort, where a segment a batch merged is two
+            term_ids, counts, sizes, file_ids = (
+                np.concatenate(c) for c in zip(*words, strict=True)
+            )
+            words.clear()
+            self.keyword.add(np.arange(self.n_rows), term_ids, counts, sizes, file_ids)
+            del term_ids, counts, sizes, file_ids
+
+    def _save_snapshot(self, tag: snapshot.Tag) -> None:
+        """What a load from the store built, for the next load (every row is live)."""
+        n = self.n_rows
+        arrays: dict[str, npt.ArrayLike] = {
+            name: getattr(self, name)[:n] for name, _ in self.ROW_FIELDS if name != "alive"
+        }
+        arrays.update(self.keyword.snapshot_parts(n))
+        if self.dimensions:
+            arrays.update(self.vectors.snapshot_parts(n))
+        headings = sorted(self._headings_ids, key=self._headings_ids.__getitem__)
+        extra = {"dimensions": self.dimensions, "headings": headings}
+        snapshot.write(self.folder, tag, n, arrays, extra)
+
+    def _from_snapshot(
+        self,
+        files: Sequence[tuple[int, FileRecord]],
+        manifest: dict[str, Any],
+        arrays: dict[str, npt.NDArray[Any]],
+    ) -> bool:
+        """Take a snapshot's rows; False (memory left empty) when it does not fit this
+        index: other dimensions, a part missing or cut short, vectors held the other way,
+        or its files replaced by another indexer's load meanwhile."""
+        n = int(manifest["rows"])
+        row_names = [name for name, _ in self.ROW_FIELDS if name != "alive"]
+        if manifest.get("dimensions") != self.dimensions or any(
+            name not in arrays or len(arrays[name]) != n for name in row_names
+        ):
+            return False
+        self._clear_memory()
+        try:
+            self._ensure_capacity(n)
+            if self.dimensions and not self.vectors.from_snapshot(arrays, n):
+                raise KeyError("vectors")
+            for name in row_names:
+                getattr(self, name)[:n] = arrays[name]
+            for stored in manifest["headings"]:
+                self._heading_id(stored)
+            self.keyword.from_snapshot(arrays, n)
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            log.info("the index's snapshot does not fit (%r): loading from the store", e)
+            self._clear_memory()
+            return False
+        for file_id, record in files:
+            self._add_file(file_id, record)
+        self.alive[:n] = True
+        self.n_rows = n
+        return True
 
     def hold_vectors(self, kind: held.Kind) -> None:
         """Hold vectors the other way (float32 or int8): the index is loaded again."""
@@ -311,7 +390,8 @@ class Index:
         self.keyword.drop(rows)
         self.dead += len(rows)
 
-    def _add_batch(self, batch: ChunkBatch) -> None:
+    def _add_batch(self, batch: ChunkBatch, words: bool = True) -> None:
+        """Rows after the last; `words`: their postings too (a load adds them all at once)."""
         n = len(batch.ids)
         if n == 0:
             return
@@ -327,9 +407,10 @@ class Index:
             self.vectors.put(start, batch.vectors)
         self.alive[start:end] = True
         self.n_rows = end
-        self.keyword.add(
-            np.arange(start, end), batch.term_ids, batch.counts, batch.sizes, batch.file_ids
-        )
+        if words:
+            self.keyword.add(
+                np.arange(start, end), batch.term_ids, batch.counts, batch.sizes, batch.file_ids
+            )
 
     def _heading_id(self, stored: str) -> int:
         hid = self._headings_ids.get(stored)

@@ -72,7 +72,20 @@ CREATE TABLE IF NOT EXISTS chunks (
 );
 CREATE INDEX IF NOT EXISTS chunks_by_file ON chunks (file_id);
 CREATE TABLE IF NOT EXISTS terms (id INTEGER PRIMARY KEY, word TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS generation (id TEXT NOT NULL, n INTEGER NOT NULL);
+INSERT INTO generation SELECT lower(hex(randomblob(16))), 0
+    WHERE NOT EXISTS (SELECT 1 FROM generation);
+CREATE TRIGGER IF NOT EXISTS chunk_added AFTER INSERT ON chunks
+    BEGIN UPDATE generation SET n = n + 1; END;
+CREATE TRIGGER IF NOT EXISTS chunk_changed AFTER UPDATE ON chunks
+    BEGIN UPDATE generation SET n = n + 1; END;
+CREATE TRIGGER IF NOT EXISTS chunk_dropped AFTER DELETE ON chunks
+    BEGIN UPDATE generation SET n = n + 1; END;
 """
+"""`generation`: this database's own random id and a count of every change to its chunks,
+kept by triggers in the transaction of the change itself, whichever code writes it. What
+a load builds from the chunks is kept beside the store tagged with both (`snapshot.py`),
+and used only while they still match."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -527,6 +540,18 @@ class Store:
             db.executemany("DELETE FROM files WHERE source = ? AND path = ?", keys)
 
     # -- chunks ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[tuple[str, int]]:
+        """One read transaction on this thread's connection, so that everything read in it
+        is of one moment; yields the database's id and generation at that moment."""
+        db = self._reader
+        db.execute("BEGIN")
+        try:
+            row = db.execute("SELECT id, n FROM generation").fetchone()
+            yield str(row[0]), int(row[1])
+        finally:
+            db.execute("COMMIT")
 
     def chunk_count(self) -> int:
         return int(self._reader.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])

@@ -14,11 +14,14 @@ each vector by its own largest magnitude, so no later vector is ever clipped.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import numkong
 import numpy as np
@@ -34,10 +37,20 @@ Leg = list[tuple[int, float]]
 RESCORE_MIN = 400
 """Candidates the int8 scan hands to exact rescoring, or 4 × k when that is more."""
 
+BLOCK = 16_384
+"""Rows of a packed block of codes (16 MiB at 1,024 dimensions): small enough that the
+unpacked tail, scanned the slower way, stays a small share of a large index, and that
+blocks split evenly between threads."""
+
+THREADS = min(2, os.cpu_count() or 1)
+"""Threads one int8 scan runs on: two halved the scan on the project's 2-core machines;
+more were not tried, and searches run side by side would only contend for them."""
+
 FILE_PREFIX = "vectors-"
-"""The float32 vectors of the int8 form, row for row with memory: a file of this process
-alone (two indexers may load one index folder: one stands by), rebuilt at each load and
-unlinked as soon as it is open, so nothing is left behind however the process ends."""
+"""The float32 vectors and int8 codes of the int8 form's rows written since its load, row
+for row with memory: files of this process alone (two indexers may load one index folder:
+one stands by), unlinked as soon as they are open, so nothing is left behind however the
+process ends."""
 
 
 def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> list[int]:
@@ -67,6 +80,10 @@ class Vectors(Protocol):
     def exact(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]: ...
 
     def resident_bytes(self) -> int: ...
+
+    def snapshot_parts(self, n: int) -> dict[str, npt.NDArray[Any]]: ...
+
+    def from_snapshot(self, parts: Mapping[str, npt.NDArray[Any]], n: int) -> bool: ...
 
 
 def make(kind: Kind, dimensions: int, folder: Path) -> Vectors:
@@ -107,89 +124,302 @@ class FloatVectors:
     def resident_bytes(self) -> int:
         return self.matrix.nbytes
 
+    def snapshot_parts(self, n: int) -> dict[str, npt.NDArray[Any]]:
+        return {"floats": self.matrix[:n]}
+
+    def from_snapshot(self, parts: Mapping[str, npt.NDArray[Any]], n: int) -> bool:
+        if "floats" not in parts:
+            return False
+        self.ensure_capacity(n, 0)
+        self.matrix[:n] = parts["floats"]
+        return True
+
+
+class RowFile:
+    """Fixed-size rows in a file of this process alone, read through a memory map: made
+    and unlinked at once, so nothing is left behind however the process ends."""
+
+    def __init__(self, folder: Path, width: int, dtype: str) -> None:
+        self.width, self.dtype = width, np.dtype(dtype)
+        self.row_bytes = width * self.dtype.itemsize
+        self.fd, name = tempfile.mkstemp(prefix=FILE_PREFIX, suffix=f".{dtype}", dir=folder)
+        os.unlink(name)
+        self._map: npt.NDArray[Any] | None = None
+
+    def close(self) -> None:
+        self._map = None
+        os.close(self.fd)
+
+    def write(self, start: int, rows: npt.NDArray[Any]) -> None:
+        os.pwrite(self.fd, np.ascontiguousarray(rows, dtype=self.dtype).tobytes(),
+                  start * self.row_bytes)
+
+    def truncate(self, rows: int) -> None:
+        os.ftruncate(self.fd, rows * self.row_bytes)
+        self._map = None  # a map past the end of the file would fault
+
+    def view(self, rows: int) -> npt.NDArray[Any]:
+        """The first `rows` rows, mapped (read-only)."""
+        if self._map is None or len(self._map) < rows:
+            size = os.fstat(self.fd).st_size
+            if size < rows * self.row_bytes:
+                self.truncate(rows)  # rows never written read as zeros
+                size = rows * self.row_bytes
+            mapped = mmap.mmap(self.fd, size, prot=mmap.PROT_READ) if size else b""
+            self._map = np.frombuffer(mapped, dtype=self.dtype).reshape(-1, self.width)
+        return self._map[:rows]
+
 
 class Int8Vectors:
-    """Scaled int8 codes in memory, float32 vectors on disk for exact rescoring."""
+    """Scaled int8 codes in memory, float32 vectors on disk for exact rescoring.
+
+    Codes are held as full blocks of `BLOCK` rows packed for numkong's `dots_packed`
+    (never changed once full) and a tail of unpacked rows scanned with `cdist`; rows are
+    only ever added after the last, so a full tail is packed and a new one begun. Only
+    the packed form is resident: the raw codes are written to disk beside the float32
+    vectors, for compaction (which packs the kept rows again) and the load's snapshot.
+    Rows loaded from a snapshot are read from its files (`base`); later rows, and every
+    row after a compaction, from this process's own files.
+    """
 
     kind: Kind = "int8"
 
-    def __init__(self, dimensions: int, folder: Path) -> None:
+    def __init__(self, dimensions: int, folder: Path, block: int = BLOCK) -> None:
         self.dimensions = dimensions
-        self.codes = np.zeros((0, dimensions), dtype=np.int8)
+        self.block = block
+        self.blocks: list[numkong.PackedMatrix] = []
+        self.tail = np.zeros((0, dimensions), dtype=np.int8)
+        self.tail_rows = 0
         self.row_scale = np.zeros(0, dtype=np.float32)
         """What a row's code must be multiplied by to give its vector back (per dimension
         scaling aside)."""
         self.dim_scale: npt.NDArray[np.float32] | None = None
         folder.mkdir(parents=True, exist_ok=True)
-        self._fd, name = tempfile.mkstemp(prefix=FILE_PREFIX, suffix=".f32", dir=folder)
-        os.unlink(name)
-        self._map: npt.NDArray[np.float32] | None = None
+        self._floats = RowFile(folder, dimensions, "<f4")
+        self._codes = RowFile(folder, dimensions, "i1")
+        self.base: dict[str, npt.NDArray[Any]] = {}
+        """A snapshot's `floats` and `codes` (memory-mapped) for its rows: the first ones."""
 
     def __del__(self) -> None:
-        self._map = None
-        os.close(self._fd)
+        for file in ("_floats", "_codes"):
+            if hasattr(self, file):
+                getattr(self, file).close()
+
+    @property
+    def filled(self) -> int:
+        """Rows holding a code (packed or in the tail)."""
+        return len(self.blocks) * self.block + self.tail_rows
 
     def ensure_capacity(self, capacity: int, n_rows: int) -> None:
-        if len(self.codes) >= capacity:
+        if len(self.row_scale) < capacity:
+            scale = np.zeros(capacity, dtype=np.float32)
+            scale[:n_rows] = self.row_scale[:n_rows]
+            self.row_scale = scale
+        self._grow_tail(min(self.block, capacity - len(self.blocks) * self.block))
+
+    def _grow_tail(self, rows: int) -> None:
+        if len(self.tail) >= rows:
             return
-        codes = np.zeros((capacity, self.dimensions), dtype=np.int8)
-        codes[:n_rows] = self.codes[:n_rows]
-        scale = np.zeros(capacity, dtype=np.float32)
-        scale[:n_rows] = self.row_scale[:n_rows]
-        self.codes, self.row_scale = codes, scale
+        tail = np.zeros((rows, self.dimensions), dtype=np.int8)
+        tail[: self.tail_rows] = self.tail[: self.tail_rows]
+        self.tail = tail
 
     def put(self, start: int, rows: npt.NDArray[np.float32]) -> None:
+        if start < self.filled:
+            raise ValueError(f"rows are added after the last ({self.filled}), not at {start}")
         rows = np.ascontiguousarray(rows, dtype="<f4")
         if self.dim_scale is None:
             self.dim_scale = calibrate(rows)
-        if self.dim_scale is not None:
+        self._append(np.zeros((start - self.filled, self.dimensions), dtype=np.int8))
+        if self.dim_scale is None:
+            codes = np.zeros((len(rows), self.dimensions), dtype=np.int8)
+        else:
             codes, scale = encode(rows, self.dim_scale)
-            self.codes[start : start + len(rows)] = codes
             self.row_scale[start : start + len(rows)] = scale
-        os.pwrite(self._fd, rows.tobytes(), start * self.dimensions * 4)
+        self._append(codes)
+        self._floats.write(start, rows)
+        self._codes.write(start, codes)
+
+    def _append(self, codes: npt.NDArray[np.int8]) -> None:
+        """Codes of the rows after the last, into the tail, packing each tail that fills."""
+        at = 0
+        while at < len(codes):
+            self._grow_tail(min(self.block, self.tail_rows + len(codes) - at))
+            take = min(self.block - self.tail_rows, len(codes) - at)
+            self.tail[self.tail_rows : self.tail_rows + take] = codes[at : at + take]
+            self.tail_rows += take
+            at += take
+            if self.tail_rows == self.block:
+                self.blocks.append(numkong.dots_pack(self.tail))
+                self.tail_rows = 0
+                room = max(len(self.row_scale) - self.filled, 0)
+                self.tail = np.zeros((min(self.block, room), self.dimensions), dtype=np.int8)
 
     def keep(self, keep: npt.NDArray[np.bool_], n_rows: int) -> None:
-        self.codes = np.ascontiguousarray(self.codes[:n_rows][keep])
         self.row_scale = np.ascontiguousarray(self.row_scale[:n_rows][keep])
+        self.blocks, self.tail, self.tail_rows = [], self.tail[:0], 0
         kept = np.flatnonzero(keep)
-        block = 8192
-        for at in range(0, len(kept), block):
-            rows = self.exact(kept[at : at + block])
-            os.pwrite(self._fd, rows.tobytes(), at * self.dimensions * 4)
-        os.ftruncate(self._fd, len(kept) * self.dimensions * 4)
-        self._map = None
+        step = 8192
+        for at in range(0, len(kept), step):  # rows only move down: each is read first
+            rows = kept[at : at + step]
+            floats, codes = self._rows("floats", rows), self._rows("codes", rows)
+            self._floats.write(at, floats)
+            self._codes.write(at, codes)
+            self._append(codes)
+        self.base = {}
+        for file in (self._floats, self._codes):
+            file.truncate(len(kept))
+
+    def _rows(self, part: str, rows: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
+        """`floats` or `codes` of rows, from the snapshot's files or this process's own."""
+        file = self._floats if part == "floats" else self._codes
+        if len(rows) == 0:
+            return np.zeros((0, self.dimensions), dtype=file.dtype)
+        base = self.base.get(part)
+        in_base = 0 if base is None else len(base)
+        if int(rows.max()) < in_base:
+            assert base is not None
+            return np.asarray(base[rows])
+        out = np.asarray(file.view(int(rows.max()) + 1)[rows])
+        if in_base:
+            assert base is not None
+            low = rows < in_base
+            out[low] = base[rows[low]]
+        return out
 
     def nearest(self, query: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> Leg:
         n = len(mask)
         if self.dim_scale is None or n == 0 or not mask.any():
             return []
-        scanned = self.scan(query, n)
-        candidates = np.asarray(top(scanned, mask, max(RESCORE_MIN, 4 * k)), dtype=np.int64)
+        want = max(RESCORE_MIN, 4 * k)
+        found: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]] = []
+
+        def best_of(at: int, scores: npt.NDArray[np.float32]) -> None:
+            """A piece's own best rows, taken in the scan's thread while its scores are
+            fresh in cache: the best `want` of all are among them."""
+            rows = np.asarray(top(scores, mask[at : at + len(scores)], want), dtype=np.int64)
+            found.append((rows + at, scores[rows]))
+
+        self._scan(query, n, best_of)
+        rows = np.concatenate([r for r, _ in found])
+        order = np.lexsort((rows, -np.concatenate([s for _, s in found])))
+        candidates = rows[order[:want]]
         scores = self.exact(candidates) @ query
         best = np.lexsort((candidates, -scores))[:k]
         return [(int(candidates[i]), float(scores[i])) for i in best]
 
     def scan(self, query: npt.NDArray[np.float32], n: int) -> npt.NDArray[np.float32]:
         """Each of the first n rows' approximate score: int8 query · int8 codes, scaled."""
+        out = np.zeros(n, dtype=np.float32)
+
+        def keep(at: int, scores: npt.NDArray[np.float32]) -> None:
+            out[at : at + len(scores)] = scores
+
+        self._scan(query, n, keep)
+        return out
+
+    def _scan(
+        self,
+        query: npt.NDArray[np.float32],
+        n: int,
+        take: Callable[[int, npt.NDArray[np.float32]], None],
+    ) -> None:
+        """Hands each packed block's and the tail's approximate scores (of rows below n) to
+        `take` with the piece's first row. The pieces are split between `THREADS` threads
+        by rows (numkong lets go of the interpreter lock), so is what `take` does."""
         assert self.dim_scale is not None
         z = query * self.dim_scale
         zmax = float(np.abs(z).max()) or 1.0
-        q = np.round(z * (127 / zmax)).astype(np.int8)
-        raw = numkong.cdist(q[None], self.codes[:n], metric="dot", out_dtype="float32")
-        return np.asarray(raw)[0] * self.row_scale[:n] * np.float32(zmax / 127)
+        q = np.round(z * (127 / zmax)).astype(np.int8)[None]
+        factor = np.float32(zmax / 127)
+        pieces: list[tuple[int, numkong.PackedMatrix | npt.NDArray[np.int8]]] = [
+            (i * self.block, block) for i, block in enumerate(self.blocks)
+        ]
+        pieces.append((len(self.blocks) * self.block, self.tail[: self.tail_rows]))
+        pieces = [(at, codes) for at, codes in pieces if at < n]
+
+        def run(part: list[tuple[int, numkong.PackedMatrix | npt.NDArray[np.int8]]]) -> None:
+            for at, codes in part:
+                if isinstance(codes, numkong.PackedMatrix):
+                    raw = np.asarray(numkong.dots_packed(q, codes))[0]
+                elif len(codes):
+                    raw = np.asarray(numkong.cdist(q, codes, metric="dot"))[0]
+                else:
+                    continue
+                end = min(at + len(raw), n)  # exact in float32: |a dot| < 2^24 at 1,024
+                take(at, raw[: end - at].astype(np.float32) * self.row_scale[at:end] * factor)
+
+        sizes = [self.block if isinstance(c, numkong.PackedMatrix) else len(c) for _, c in pieces]
+        parts = split(pieces, sizes, THREADS)
+        later = [_pool().submit(run, part) for part in parts[1:]]
+        run(parts[0])
+        for done in later:
+            done.result()
 
     def exact(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
-        """The float32 vectors of `rows`, read through the memory map."""
-        if len(rows) == 0:
-            return np.zeros((0, self.dimensions), dtype=np.float32)
-        needed = int(rows.max()) + 1
-        if self._map is None or len(self._map) < needed:
-            mapped = mmap.mmap(self._fd, os.fstat(self._fd).st_size, prot=mmap.PROT_READ)
-            self._map = np.frombuffer(mapped, dtype="<f4").reshape(-1, self.dimensions)
-        return np.asarray(self._map[rows])
+        """The float32 vectors of `rows`, read through memory maps."""
+        return self._rows("floats", rows)
+
+    def snapshot_parts(self, n: int) -> dict[str, npt.NDArray[Any]]:
+        """What a snapshot keeps of the first n rows (mapped, not copied)."""
+        assert not self.base, "a snapshot is taken of rows loaded from the store"
+        dim = self.dim_scale if self.dim_scale is not None else np.zeros(0, np.float32)
+        return {"floats": self._floats.view(n), "codes": self._codes.view(n),
+                "row_scale": self.row_scale[:n], "dim_scale": dim}
+
+    def from_snapshot(self, parts: Mapping[str, npt.NDArray[Any]], n: int) -> bool:
+        """Take n rows from a snapshot's parts: codes packed from its file, vectors read
+        from it as needed. False when it holds no codes (a float32 load saved it)."""
+        if any(name not in parts for name in ("floats", "codes", "row_scale", "dim_scale")):
+            return False
+        codes = parts["codes"]
+        self.base = {"floats": parts["floats"], "codes": codes}
+        self.dim_scale = np.array(parts["dim_scale"]) if len(parts["dim_scale"]) else None
+        self.ensure_capacity(n, 0)
+        self.row_scale[:n] = parts["row_scale"]
+        self.blocks, self.tail_rows = [], 0
+        for at in range(0, n, self.block):
+            self._append(_read_rows(codes, at, min(at + self.block, n)))
+        return True
 
     def resident_bytes(self) -> int:
-        return self.codes.nbytes + self.row_scale.nbytes
+        packed = sum(block.nbytes for block in self.blocks)
+        return packed + self.tail.nbytes + self.row_scale.nbytes
+
+
+def _read_rows(mapped: npt.NDArray[Any], start: int, end: int) -> npt.NDArray[Any]:
+    """Rows of a memory-mapped `.npy` file read with a plain read: pages touched through
+    the map would count as this process's memory for as long as it stays mapped."""
+    if not isinstance(mapped, np.memmap) or mapped.filename is None:
+        return np.array(mapped[start:end])
+    width = int(np.prod(mapped.shape[1:]))
+    with open(mapped.filename, "rb") as f:
+        f.seek(mapped.offset + start * width * mapped.dtype.itemsize)
+        rows = np.fromfile(f, dtype=mapped.dtype, count=(end - start) * width)
+    return rows.reshape(end - start, *mapped.shape[1:])
+
+
+T = TypeVar("T")
+
+
+def split(items: Sequence[T], sizes: Sequence[int], parts: int) -> list[list[T]]:
+    """`items` in order, cut into at most `parts` runs of about equal total size (each run
+    at least one item): the scan's share of work for each thread."""
+    total = sum(sizes)
+    runs: list[list[T]] = [[]]
+    done = 0
+    for item, size in zip(items, sizes, strict=True):
+        if runs[-1] and len(runs) < parts and done >= total * len(runs) / parts:
+            runs.append([])
+        runs[-1].append(item)
+        done += size
+    return runs
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    """The threads a scan shares its blocks with (the caller's thread is one more)."""
+    return ThreadPoolExecutor(max_workers=max(THREADS - 1, 1), thread_name_prefix="int8-scan")
 
 
 def calibrate(rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32] | None:
@@ -205,9 +435,10 @@ def encode(
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
     """Int8 codes of rows divided by the dimension scales, each row stretched to ±127,
     and the factor that gives each row back (0 for a zero row)."""
-    y = rows / dim_scale
-    peak = np.abs(y).max(axis=1) if len(y) else np.zeros(0, np.float32)
+    y = np.divide(rows, dim_scale, dtype=np.float32)
+    peak = np.maximum(y.max(axis=1), -y.min(axis=1)) if len(y) else np.zeros(0, np.float32)
     stretch = np.divide(127, peak, out=np.zeros_like(peak), where=peak > 0)
-    codes = np.round(y * stretch[:, None]).astype(np.int8)
+    y *= stretch[:, None]  # in place: a load encodes every vector
+    codes = np.rint(y, out=y).astype(np.int8)
     back = np.divide(peak, 127, out=np.zeros_like(peak), where=peak > 0)
     return codes, back.astype(np.float32)
