@@ -57,6 +57,8 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PERF = SHARED / "data" / "perf"
 QUERIES = SHARED / "data" / "scifact" / "queries.jsonl"
 GROUP = 16
+INT8_BLOCK = 20
+"""Questions asked of one form (float32 or int8) before the other takes its turn."""
 """Documents written per transaction, as a pass's writer takes them."""
 
 
@@ -378,24 +380,38 @@ def int8_figures(
     int8: Index, qs: list[str], qvecs: list[np.ndarray], matrix: np.ndarray,
     mask: np.ndarray, rounds: int,
 ) -> dict[str, list[float]]:
-    """The int8 index's scan, dense step and whole hybrid search, each question asked of
-    the bare float32 product back to back with them."""
+    """The int8 index's scan, dense step and whole hybrid search against the bare float32
+    product, in alternating blocks of INT8_BLOCK questions: a service holds one form or the
+    other, so each is measured as it runs, under the same load. Asked back to back, the
+    400 MB float32 product before each scan pushes the codes out of cache; that figure is
+    kept too (`scan_after_float32`)."""
     held = int8.vectors
     assert isinstance(held, Int8Vectors)
     k = leg_size(5)
-    steps: dict[str, list[float]] = {n: [] for n in ("bare_matvec", "scan", "dense", "hybrid")}
+    names = ("bare_matvec", "scan", "dense", "hybrid", "scan_after_float32")
+    steps: dict[str, list[float]] = {n: [] for n in names}
+    asked = list(zip(qs, qvecs, strict=True))
 
     async def ask_all() -> None:
         for _ in range(rounds):
-            for text, qv in zip(qs, qvecs, strict=True):
-                t = time.perf_counter()
-                top(matrix @ qv, mask, k)
-                steps["bare_matvec"].append((time.perf_counter() - t) * 1000)
-                t = time.perf_counter()
-                held.scan(qv, int8.n_rows)
-                steps["scan"].append((time.perf_counter() - t) * 1000)
-                steps["dense"].append(rank(int8, SearchRequest(query=text), qv).took.dense)
-                steps["hybrid"].append(await hybrid_ms(int8, text, qv))
+            for at in range(0, len(asked), INT8_BLOCK):
+                block = asked[at : at + INT8_BLOCK]
+                for _, qv in block:
+                    t = time.perf_counter()
+                    top(matrix @ qv, mask, k)
+                    steps["bare_matvec"].append((time.perf_counter() - t) * 1000)
+                for _, qv in block:
+                    t = time.perf_counter()
+                    held.scan(qv, int8.n_rows)
+                    steps["scan"].append((time.perf_counter() - t) * 1000)
+                for text, qv in block:
+                    steps["dense"].append(rank(int8, SearchRequest(query=text), qv).took.dense)
+                    steps["hybrid"].append(await hybrid_ms(int8, text, qv))
+                for _, qv in block:
+                    top(matrix @ qv, mask, k)
+                    t = time.perf_counter()
+                    held.scan(qv, int8.n_rows)
+                    steps["scan_after_float32"].append((time.perf_counter() - t) * 1000)
 
     asyncio.run(ask_all())
     return steps
@@ -591,8 +607,9 @@ def int8_report(r: dict[str, object]) -> list[str]:
         "## int8 vectors (issue 13)",
         "",
         "The same index loaded with `vectors: int8`: int8 codes in memory scanned with "
-        "numkong, the best 400 rescored exactly from the float32 file (memory-mapped); each "
-        "question asked of the bare float32 product back to back.",
+        "numkong, the best 400 rescored exactly from the float32 file (memory-mapped); the "
+        f"questions asked of it and of the bare float32 product in alternating blocks of "
+        f"{INT8_BLOCK} (a service holds one form or the other).",
         "",
         "| step | p50 ms | p95 ms |",
         "|---|---|---|",
@@ -602,6 +619,8 @@ def int8_report(r: dict[str, object]) -> list[str]:
         "scan": "int8 scan (every row's approximate score)",
         "dense": "int8 dense step (scan, top 400, exact rescoring, top 50)",
         "hybrid": "int8 whole hybrid search (no model calls)",
+        "scan_after_float32": "int8 scan, each right after a float32 product (codes out of "
+        "cache)",
     }
     lines += _step_rows(steps, names)
     lines += [
@@ -609,7 +628,8 @@ def int8_report(r: dict[str, object]) -> list[str]:
         "| target | measured | verdict |",
         "|---|---|---|",
         f"| scan ≤ 0.4 × the float32 bare product | {scan:.2f} × | "
-        f"{'met' if scan <= 0.4 else 'MISSED'} |",
+        f"{'met' if scan <= 0.4 else 'MISSED'} (right after a float32 product: "
+        f"{steps['scan_after_float32'][0] / steps['bare_matvec'][0]:.2f} ×) |",
         f"| recall@50 vs exact float32 ≥ 0.99, random vectors | {recall:.4f} (scan alone, "
         f"no rescoring: {float(r['int8_scan_only']):.4f}) | "  # type: ignore[arg-type]
         f"{'met' if recall >= 0.99 else 'MISSED'} |",
