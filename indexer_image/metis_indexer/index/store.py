@@ -454,10 +454,10 @@ class Store:
         n = len(document.chunks)
         blobs = _terms_blobs(term_ids, terms.counts, terms.sizes)
         vectors: Sequence[bytes | None] = [None] * n
-        if document.vectors is not None and n:
+        if document.vectors is not None:
             raw = document.vectors.astype("<f4").tobytes()
-            width = len(raw) // n
-            vectors = [raw[i : i + width] for i in range(0, len(raw), width)]
+            width = 4 * document.vectors.shape[1]
+            vectors = [raw[i * width : (i + 1) * width] for i in range(n)]
         db.executemany(
             "INSERT INTO chunks (id, file_id, ord, headings, page, line, text, terms, vector)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

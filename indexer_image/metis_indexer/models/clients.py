@@ -390,10 +390,10 @@ class _Item:
 
 def send_now(waiting: int, batch: int, out: int) -> bool:
     """Whether a request goes now with what waits: when it is full, or when no other
-    request is out. A request sent the moment a slot frees carried a third of a batch
-    (the requests of a pass were twice as many as full ones would be, and a request costs
-    the indexer's process milliseconds); one that waits while another is out keeps the
-    server as busy, and fills meanwhile."""
+    request is out. A request sent the moment a slot freed carried about half a batch (a
+    pass sent nearly twice the requests full ones would be, and a request costs the
+    indexer's process milliseconds); one that waits while another is out keeps the server
+    as busy, and fills meanwhile."""
     return waiting >= batch or (waiting > 0 and out == 0)
 
 
