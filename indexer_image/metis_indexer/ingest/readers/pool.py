@@ -111,7 +111,7 @@ class ReaderPool:
         self.limits = limits or Limits()
         # Workers are forked from a server process that imported the program and this
         # module once (never from this threaded process): a spawned worker imported them
-        # itself, a second of CPU each, and so did each one that replaced a killed worker.
+        # itself, about a second of CPU each, and so did each one that replaced a killed worker.
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload(["__main__", __name__])
         self._lock = threading.Lock()
