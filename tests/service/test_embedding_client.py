@@ -10,7 +10,7 @@ import asyncio
 import base64
 import collections
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import httpx
@@ -25,6 +25,7 @@ from metis_indexer.models.clients import (
     _Item,
     base64_rows,
     decode_embeddings,
+    send_now,
     take_batch,
 )
 from tests.support.model_server import ModelServer, free_port, start_model_server
@@ -76,11 +77,21 @@ def test_passages_of_many_documents_share_requests_and_get_their_own_vectors(mod
 async def stand_in(answer: Callable[[dict], web.Response]) -> AsyncIterator[str]:
     """An OpenAI-shaped server whose embeddings answers `answer` gives."""
 
-    async def models_list(_: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "stand-in", "object": "model"}]})
-
     async def embeddings(request: web.Request) -> web.Response:
         return answer(await request.json())
+
+    async with stand_in_async(embeddings) as url:
+        yield url
+
+
+@asynccontextmanager
+async def stand_in_async(
+    embeddings: Callable[[web.Request], Awaitable[web.Response]],
+) -> AsyncIterator[str]:
+    """An OpenAI-shaped server whose embeddings requests `embeddings` handles."""
+
+    async def models_list(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "stand-in", "object": "model"}]})
 
     app = web.Application()
     app.router.add_get("/v1/models", models_list)
@@ -148,6 +159,49 @@ def test_a_batch_is_taken_in_order_without_documents_that_stopped_waiting():
         return [(i.index, i.text) for i in batch] + [(-1, i.text) for i in waiting]
 
     assert asyncio.run(run()) == [(0, "a"), (1, "b"), (0, "c"), (-1, "d")]
+
+
+@pytest.mark.parametrize(
+    ("waiting", "out", "now"),
+    [(8, 1, True), (9, 1, True), (3, 0, True), (3, 1, False), (0, 0, False)],
+    ids=["full-while-another-is-out", "more-than-full", "partial-when-none-is-out",
+         "partial-waits-while-another-is-out", "nothing-to-send"],
+)
+def test_a_request_goes_when_full_or_when_the_server_has_nothing_else(waiting, out, now):
+    assert send_now(waiting, 8, out) is now
+
+
+def test_passages_arriving_while_a_request_is_out_wait_to_share_the_next():
+    async def run() -> list[int]:
+        inputs: list[int] = []
+        answered = asyncio.Event()
+
+        async def embeddings(request: web.Request) -> web.Response:
+            body = await request.json()
+            inputs.append(len(body["input"]))
+            if len(inputs) == 1:
+                await answered.wait()  # the first request stays out
+            data = [{"index": i, "embedding": [1.0, 0.0]} for i in range(len(body["input"]))]
+            return web.json_response({"data": data})
+
+        async with stand_in_async(embeddings) as url:
+            client = EmbeddingClient(url, batch=8, in_flight=2)
+            await client.connect()
+            first = asyncio.create_task(client.embed_documents(["a", "b", "c"]))
+            async with asyncio.timeout(10):
+                while not inputs:
+                    await asyncio.sleep(0.01)
+            later = []
+            for d in range(2):  # each arrives with a slot free, and a request out
+                later.append(asyncio.create_task(client.embed_documents([f"{d}x", f"{d}y"])))
+                for _ in range(20):
+                    await asyncio.sleep(0)
+            answered.set()
+            await asyncio.gather(first, *later)
+            await client.close()
+        return inputs
+
+    assert asyncio.run(run()) == [3, 4], "the second request carries both later documents"
 
 
 def b64(v: list[float]) -> str:

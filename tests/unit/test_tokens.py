@@ -1,3 +1,4 @@
+import re
 import unicodedata
 from collections import Counter
 
@@ -53,3 +54,22 @@ def test_counts_are_the_words_counted_in_their_order(text):
 
 def test_counts_drop_single_letters_but_not_single_digits():
     assert counts("a 2 b 2 ab ab ²") == Counter({"2": 3, "ab": 2})
+
+
+def regex_words(text):
+    """The rule as a regular expression over the folded text (what counting did before
+    ASCII text was split on its translated spaces)."""
+    return [w for w in re.findall(r"[^\W_]+", fold(text)) if len(w) > 1 or w.isdigit()]
+
+
+@hypothesis.settings(max_examples=500)
+@hypothesis.given(st.text(alphabet=st.characters(max_codepoint=127)))
+def test_ascii_text_has_the_words_the_regular_expression_finds(text):
+    assert words(text) == regex_words(text)
+    assert list(counts(text).items()) == list(Counter(regex_words(text)).items())
+
+
+def test_every_ascii_character_splits_or_joins_words_as_the_regular_expression_says():
+    every = "".join(f"ab{chr(c)}cd{chr(c)}1{chr(c)}" for c in range(128))
+    assert words(every) == regex_words(every)
+    assert words("snake_case CamelCase x\x1fy\x00z2 9") == ["snake", "case", "camelcase", "z2", "9"]

@@ -211,6 +211,22 @@ def _terms_blob(term_ids: npt.NDArray[np.int32], counts: npt.NDArray[np.int32]) 
     return np.concatenate([term_ids, counts]).astype("<i4").tobytes()
 
 
+def _terms_blobs(
+    term_ids: npt.NDArray[np.int32], counts: npt.NDArray[np.int32], sizes: npt.NDArray[np.int64]
+) -> list[bytes]:
+    """Each chunk's `_terms_blob`, for a document's flat columns, laid out in one array
+    (a few array operations a document rather than a few a chunk)."""
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    owner = np.repeat(np.arange(len(sizes)), sizes)
+    at = starts[owner] + np.arange(len(term_ids))  # chunk k's ids from 2 × its start
+    laid = np.empty(2 * len(term_ids), dtype="<i4")
+    laid[at] = term_ids
+    laid[at + sizes[owner]] = counts
+    raw = laid.tobytes()
+    return [raw[8 * a : 8 * b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+
 class StoreUnavailable(Exception):
     """The index cannot be opened where it is (a folder not writable, a missing mount):
     the message names the path, since the fix is there, not in the index."""
@@ -446,29 +462,25 @@ class Store:
             ids.update(found)
             added += new
         term_ids = np.fromiter(map(ids.__getitem__, terms.words), np.int32, len(terms.words))
-        ends = np.cumsum(terms.sizes)
-        starts = ends - terms.sizes
         file_id = self._upsert_file(db, document.record)
         db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
-        vectors = (
-            [None] * len(document.chunks) if document.vectors is None
-            else list(document.vectors.astype("<f4"))
-        )
+        n = len(document.chunks)
+        blobs = _terms_blobs(term_ids, terms.counts, terms.sizes)
+        vectors: Sequence[bytes | None] = [None] * n
+        if document.vectors is not None:
+            raw = document.vectors.astype("<f4").tobytes()
+            width = 4 * document.vectors.shape[1]
+            vectors = [raw[i * width : (i + 1) * width] for i in range(n)]
         db.executemany(
             "INSERT INTO chunks (id, file_id, ord, headings, page, line, text, terms, vector)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (
-                    first_id + ord_, file_id, ord_, headings, c.page, c.line, c.text,
-                    _terms_blob(term_ids[a:b], terms.counts[a:b]),
-                    None if v is None else v.tobytes(),
+                (first_id + ord_, file_id, ord_, headings, c.page, c.line, c.text, blob, v)
+                for ord_, (c, headings, blob, v) in enumerate(
+                    zip(document.chunks, document.headings, blobs, vectors, strict=True)
                 )
-                for ord_, (c, headings, v, a, b) in enumerate(zip(
-                    document.chunks, document.headings, vectors, starts.tolist(), ends.tolist(),
-                    strict=True,
-                ))
             ],
-        )  # fmt: skip
+        )
         return Written(file_id, first_id, term_ids)
 
     @staticmethod

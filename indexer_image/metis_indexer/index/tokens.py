@@ -16,6 +16,13 @@ import numpy as np
 import numpy.typing as npt
 
 _WORD = re.compile(r"[^\W_]+")
+_ASCII_WORDS = str.maketrans(
+    {chr(c): chr(c).lower() if chr(c).isalnum() else " " for c in range(128)}
+)
+"""ASCII text's letters and digits lower-cased, every other character a space. In ASCII,
+`_WORD` matches runs of `[A-Za-z0-9]` and nothing else, so splitting the translated text
+finds the same words in the same order, in a third of the time: a pass counts every
+chunk's words, and most chunks are ASCII."""
 
 
 @functools.cache
@@ -45,16 +52,23 @@ def _kept(w: str) -> bool:
     return len(w) > 1 or w.isdigit()
 
 
+def _found(text: str) -> list[str]:
+    """Every run of letters and digits of the folded text, single letters included."""
+    if text.isascii():
+        return text.translate(_ASCII_WORDS).split()
+    return _WORD.findall(fold(text))
+
+
 def words(text: str) -> list[str]:
     """The words of `text`, in order, as the keyword index stores them."""
-    return [w for w in _WORD.findall(fold(text)) if _kept(w)]
+    return [w for w in _found(text) if _kept(w)]
 
 
 def counts(text: str) -> Counter[str]:
     """`Counter(words(text))`, counted before single letters are dropped: the rule is
     then tested once per distinct word rather than once per word (a pass counts the
     words of every chunk)."""
-    found = Counter(_WORD.findall(fold(text)))
+    found = Counter(_found(text))
     for w in [w for w in found if not _kept(w)]:
         del found[w]
     return found

@@ -109,7 +109,11 @@ class ReaderPool:
         if workers < 1:
             raise ValueError(f"a reader pool needs at least 1 worker, not {workers}")
         self.limits = limits or Limits()
-        self._context = multiprocessing.get_context("spawn")  # no fork from a threaded process
+        # Workers are forked from a server process that imported the program and this
+        # module once (never from this threaded process): a spawned worker imported them
+        # itself, about a second of CPU each, and so did each one that replaced a killed worker.
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(["__main__", __name__])
         self._lock = threading.Lock()
         self._pending: collections.deque[_Task] = collections.deque()
         self._ids = itertools.count()
