@@ -40,8 +40,9 @@ class IndexerSettings:
 
     index_storage: str = _env("METIS_INDEX_STORAGE", "10Gi")
     """Size asked for each base's own drive (PVC `metis-<name>`), a Kubernetes
-    quantity. An index takes about 5 KB a chunk at 1024 dimensions: 10 GiB holds
-    about two million chunks. Read when the drive is created, never changed after."""
+    quantity. An index takes about 12 KB a chunk at 1024 dimensions (a million int8
+    chunks: 6.9 GB of SQLite and a 5.2 GB load snapshot, bench/results/search-million.md):
+    10 GiB holds about 850,000 chunks. Read when the drive is created, never changed after."""
 
     storage_class: str = _env("METIS_STORAGE_CLASS", "")
     """StorageClass of the index drives; empty: the cluster's default."""
