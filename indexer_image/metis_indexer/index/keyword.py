@@ -62,9 +62,7 @@ class Segment:
         keys = (terms.astype(np.int64) << 32) | np.arange(len(terms), dtype=np.int64)
         order = np.sort(keys) & 0xFFFF_FFFF  # the stable argsort, 3 × faster: keys are unique
         terms, rows, tfs = terms[order], rows[order], tfs[order]
-        first = np.ones(len(terms), dtype=bool)  # terms are sorted: each term's first posting
-        first[1:] = terms[1:] != terms[:-1]
-        starts = np.flatnonzero(first)
+        starts = np.flatnonzero(_firsts(terms))
         unique = terms[starts]
         indptr = np.append(starts, len(terms)).astype(np.int64)
         narrow = np.uint8 if len(tfs) == 0 or int(tfs.max()) <= 255 else np.uint16
@@ -96,9 +94,15 @@ def document_frequencies(
     """How many distinct documents hold each term, from (term, file) pairs of live postings."""
     span = int(files.max()) + 1 if len(files) else 1
     keys = np.sort(terms.astype(np.int64) * span + files)  # np.unique is ~30 × slower here
-    first = np.ones(len(keys), dtype=bool)
-    first[1:] = keys[1:] != keys[:-1]
-    return np.bincount(keys[first] // span, minlength=n_terms).astype(np.float64)
+    return np.bincount(keys[_firsts(keys)] // span, minlength=n_terms).astype(np.float64)
+
+
+def _firsts(ordered: npt.NDArray[np.integer]) -> npt.NDArray[np.bool_]:
+    """Where each run of equal values of a sorted array begins: what `np.unique` finds,
+    without the sort it would do again."""
+    first = np.ones(len(ordered), dtype=bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return first
 
 
 def idf(n_docs: int, df: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

@@ -122,6 +122,8 @@ class Index:
         ("row_line", np.int32),
         ("row_headings", np.int32),
     )
+    SAVED_FIELDS = tuple(name for name, _ in ROW_FIELDS if name != "alive")
+    """The row fields a snapshot keeps: every row a load reads is alive."""
 
     def __init__(self, folder: Path, vector_kind: held.Kind = "float32") -> None:
         self.store = Store(folder)
@@ -200,7 +202,7 @@ class Index:
         """What a load from the store built, for the next load (every row is live)."""
         n = self.n_rows
         arrays: dict[str, npt.ArrayLike] = {
-            name: getattr(self, name)[:n] for name, _ in self.ROW_FIELDS if name != "alive"
+            name: getattr(self, name)[:n] for name in self.SAVED_FIELDS
         }
         arrays.update(self.keyword.snapshot_parts(n))
         if self.dimensions:
@@ -219,9 +221,8 @@ class Index:
         index: other dimensions, a part missing or cut short, vectors held the other way,
         or its files replaced by another indexer's load meanwhile."""
         n = int(manifest["rows"])
-        row_names = [name for name, _ in self.ROW_FIELDS if name != "alive"]
         if manifest.get("dimensions") != self.dimensions or any(
-            name not in arrays or len(arrays[name]) != n for name in row_names
+            name not in arrays or len(arrays[name]) != n for name in self.SAVED_FIELDS
         ):
             return False
         self._clear_memory()
@@ -229,7 +230,7 @@ class Index:
             self._ensure_capacity(n)
             if self.dimensions and not self.vectors.from_snapshot(arrays, n):
                 raise KeyError("vectors")
-            for name in row_names:
+            for name in self.SAVED_FIELDS:
                 getattr(self, name)[:n] = arrays[name]
             for stored in manifest["headings"]:
                 self._heading_id(stored)

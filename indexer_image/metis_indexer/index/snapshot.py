@@ -38,13 +38,9 @@ Tag = tuple[str, int]
 """The database's id and generation a snapshot was built at."""
 
 
-def matches(manifest: Mapping[str, Any], tag: Tag, rows: int | None = None) -> bool:
-    """Whether a manifest is of this database at this generation (and of `rows` rows)."""
-    return (
-        manifest.get("id") == tag[0]
-        and manifest.get("generation") == tag[1]
-        and (rows is None or manifest.get("rows") == rows)
-    )
+def matches(manifest: Mapping[str, Any], tag: Tag) -> bool:
+    """Whether a manifest is of this database at this generation."""
+    return manifest.get("id") == tag[0] and manifest.get("generation") == tag[1]
 
 
 def read(folder: Path, tag: Tag) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]] | None:
