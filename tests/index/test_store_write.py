@@ -3,11 +3,18 @@ the blob one chunk alone would give (what `load_chunks` reads back)."""
 
 from __future__ import annotations
 
+import time
+
 import hypothesis
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 
+from metis_indexer.index import store
+from metis_indexer.index.memory import Index
 from metis_indexer.index.store import _terms_blob, _terms_blobs
+
+from .helpers import chunk, new_index, record
 
 
 @hypothesis.given(st.lists(st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(1, 999)),
@@ -21,3 +28,77 @@ def test_a_documents_blobs_are_each_chunks_own(chunks):
                     np.array([n for _, n in c], dtype=np.int32))
         for c in chunks
     ]
+
+
+def _stored_words(index) -> list[set[str]]:
+    """Each chunk's words as the store holds them: its term ids read back through `terms`."""
+    db = index.store._reader
+    word = dict(db.execute("SELECT id, word FROM terms"))
+    out = []
+    for (blob,) in db.execute("SELECT terms FROM chunks ORDER BY id"):
+        ids = np.frombuffer(blob, dtype="<i4")[: len(blob) // 8]
+        out.append({word[int(i)] for i in ids})
+    return out
+
+
+@pytest.mark.parametrize("kept", [store.WRITTEN_WORDS, 4], ids=["every-word", "a-few-words"])
+def test_words_keep_their_ids_across_documents_and_restarts(tmp_path, monkeypatch, kept):
+    """The writer names new words without asking SQLite while it holds every word on disk
+    (`kept` large), and looks them up once it cannot (`kept` small): either way a word has
+    one id, and a restarted writer goes on from the words on disk."""
+    monkeypatch.setattr(store, "WRITTEN_WORDS", kept)
+    texts = ["alpha beta gamma", "beta delta", "gamma epsilon alpha zeta", "eta theta beta"]
+    index = new_index(tmp_path)
+    for i, text in enumerate(texts[:2]):
+        index.put_document(record(f"{i}.md"), [chunk(text)], None)
+    index.store.close()
+    index = Index(tmp_path)
+    index.load()
+    for i, text in enumerate(texts[2:], start=2):
+        index.put_document(record(f"{i}.md"), [chunk(text)], None)
+    db = index.store._reader
+    words = [w for (w,) in db.execute("SELECT word FROM terms")]
+    assert sorted(words) == sorted({w for t in texts for w in t.split()})
+    assert _stored_words(index) == [set(t.split()) for t in texts]
+    assert index.store._every_word == (kept > 4)
+
+
+def test_a_document_that_fails_takes_back_the_words_it_named(tmp_path):
+    """A document rolled back leaves no word behind in the writer's ids either: the next
+    document that brings the word writes it."""
+    index = new_index(tmp_path)
+    index.put_document(record("a.md"), [chunk("alpha")], None)
+    bad = (record("b.md"), [chunk("omega")], np.zeros((2, 8), dtype=np.float32))  # 2 vectors
+    good = (record("c.md"), [chunk("alpha psi")], None)
+    errors = index.put_documents([bad, good])
+    assert errors[0] is not None and errors[1] is None
+    assert "omega" not in index.store._written_words
+    index.put_document(record("d.md"), [chunk("omega")], None)
+    assert _stored_words(index)[-1] == {"omega"}
+
+
+def test_the_log_is_copied_into_the_database_by_the_checkpointer(tmp_path, monkeypatch):
+    """SQLite's own checkpoints are off for the writer (the log would grow with every chunk
+    written); once the log holds `CHECKPOINT_BYTES`, the checkpointer's thread copies it,
+    and a later write starts it over, empty."""
+    monkeypatch.setattr(store, "CHECKPOINT_BYTES", 256 * 1024)
+    index = new_index(tmp_path, dim=1024)
+    wal = tmp_path / "index.sqlite3-wal"
+    rng = np.random.default_rng(3)
+    big = 0
+    while wal.stat().st_size < store.CHECKPOINT_BYTES:  # 8 vectors of 4 KB a document
+        index.put_document(record(f"{big}.md", chunks=8),
+                           [chunk(f"text {big} {j}") for j in range(8)],
+                           rng.standard_normal((8, 1024)).astype(np.float32))
+        big += 1
+    small = 0
+    deadline = time.monotonic() + 30
+    while wal.stat().st_size >= store.CHECKPOINT_BYTES:  # the checkpointer's thread may lag
+        assert time.monotonic() < deadline, "the log was never copied and started over"
+        index.put_document(record(f"small-{small}.md"), [chunk(f"small {small}")], None)
+        small += 1
+    assert small >= 1
+    index.store.close()
+    again = Index(tmp_path)
+    again.load()
+    assert again.chunk_count == 8 * big + small

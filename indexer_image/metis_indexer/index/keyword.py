@@ -54,13 +54,19 @@ class Segment:
         rows: npt.NDArray[np.int32],
         terms: npt.NDArray[np.int32],
         tfs: npt.NDArray[np.integer],
+        runs: bool = False,
     ) -> Segment:
         """Group (row, term, tf) triples by term. A stable sort keeps each term's rows in
         the order they came, ascending in practice (a batch of new rows, segments merged
         oldest first, a renumbering that keeps order); nothing depends on that order, as a
-        term holds a row once and scores are summed per row."""
+        term holds a row once and scores are summed per row.
+
+        `runs`: the triples come as a few runs each grouped by term already (segments being
+        merged), which numpy's stable sort (timsort) merges in linear time: 2-4 × faster
+        there than its quicksort, and slower on unordered triples."""
         keys = (terms.astype(np.int64) << 32) | np.arange(len(terms), dtype=np.int64)
-        order = np.sort(keys) & 0xFFFF_FFFF  # the stable argsort, 3 × faster: keys are unique
+        # keys are unique, so sorting them is the stable argsort (3 × faster than argsort)
+        order = np.sort(keys, kind="stable" if runs else None) & 0xFFFF_FFFF
         terms, rows, tfs = terms[order], rows[order], tfs[order]
         starts = np.flatnonzero(_firsts(terms))
         unique = terms[starts]
@@ -85,7 +91,7 @@ def _merged(segments: Sequence[Segment], alive: npt.NDArray[np.bool_]) -> Segmen
     terms = np.concatenate([np.repeat(s.terms, np.diff(s.indptr)) for s in segments])
     tfs = np.concatenate([s.tfs for s in segments])
     keep = alive[rows]
-    return Segment.build(rows[keep], terms[keep], tfs[keep])
+    return Segment.build(rows[keep], terms[keep], tfs[keep], runs=True)
 
 
 def document_frequencies(
@@ -241,7 +247,8 @@ class KeywordIndex:
         if self.segments:
             seg = self.segments[0]
             term_of = np.repeat(seg.terms, np.diff(seg.indptr))
-            self.segments = [Segment.build(new_row[seg.rows].astype(np.int32), term_of, seg.tfs)]
+            self.segments = [Segment.build(new_row[seg.rows].astype(np.int32), term_of, seg.tfs,
+                                          runs=True)]
 
     def snapshot_parts(self, n: int) -> dict[str, npt.NDArray[Any]]:
         """The postings (one segment after a load) and the first n rows' lengths and files."""
