@@ -122,7 +122,7 @@ def test_adding_one_row_at_a_time_keeps_few_segments_and_exact_scores(docs):
             partial = dense(index, vocab.lookup(q), alive)[:31]
             want = reference_scores(docs[:31], q, doc_of(range(31)))
             assert np.allclose(partial, want, rtol=1e-4, atol=1e-5)
-        assert len(index.segments) <= math.log2(r + 1) + 1
+        assert len(index.segments) <= 3 * math.log(r + 1, 4) + 1
     assert np.allclose(dense(index, vocab.lookup(q), alive),
                        reference_scores(docs, q, doc_of(range(len(docs)))), rtol=1e-4, atol=1e-5)
 
@@ -154,18 +154,27 @@ def test_the_lengths_grow_with_the_rows_and_keep_what_they_held():
     assert len(index.files) == 4097 and index.files[0] == 7 and index.files[1500] == 8
 
 
-def test_segments_merge_while_the_newest_is_at_least_half_the_one_before():
+def test_four_segments_merge_while_the_oldest_is_at_most_twice_the_newest():
     index = KeywordIndex()
-    alive = np.ones(8, dtype=bool)
-    for rows in ([0, 1, 2, 3], [4, 5]):
-        index.add(rows, np.zeros(len(rows), np.int32), np.ones(len(rows), np.int32),
-                  np.ones(len(rows), np.int64), np.asarray(rows, np.int64))
-    index.compact(alive)
-    assert [len(s.rows) for s in index.segments] == [6], "2 of 4 is half: merged"
-    index.add([6, 7], np.zeros(2, np.int32), np.ones(2, np.int32), np.ones(2, np.int64),
-              np.array([6, 7]))
-    index.compact(alive)
-    assert [len(s.rows) for s in index.segments] == [6, 2], "2 of 6 is less: kept apart"
+    alive = np.ones(16, dtype=bool)
+    start = 0
+
+    def add(n: int) -> None:
+        nonlocal start
+        rows = list(range(start, start + n))
+        start += n
+        index.add(rows, np.zeros(n, np.int32), np.ones(n, np.int32), np.ones(n, np.int64),
+                  np.asarray(rows, np.int64))
+        index.compact(alive)
+
+    for n in (4, 2, 2):
+        add(n)
+    assert [len(s.rows) for s in index.segments] == [4, 2, 2], "three are not merged"
+    add(2)
+    assert [len(s.rows) for s in index.segments] == [10], "4 is twice 2: merged"
+    for n in (2, 2, 1):
+        add(n)
+    assert [len(s.rows) for s in index.segments] == [10, 2, 2, 1], "10 is more than twice 1: kept apart"
 
 
 def test_renumbering_rows_keeps_each_live_row_s_score(docs):

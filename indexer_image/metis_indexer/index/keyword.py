@@ -30,6 +30,10 @@ K1 = 1.2
 """Term-frequency saturation: Lucene's default."""
 B = 0.75
 """Length normalisation: Lucene's default."""
+MERGE_FAN_IN = 4
+"""Segments merged at once. Two at a time (a binary counter) wrote each posting about 10 times
+while writing 100,000 chunks in groups of 16 documents, 2.2 s of the build; four, about 5 times,
+for at most three segments of each size (a query looks a term up in each: microseconds)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -222,14 +226,15 @@ class KeywordIndex:
         self._generation += 1
 
     def compact(self, alive: npt.NDArray[np.bool_]) -> None:
-        """Merge the newest segment into the one before while it is at least half its size.
+        """Merge the newest `MERGE_FAN_IN` segments into one while the oldest of them is at
+        most twice the size of the newest.
 
-        Like a binary counter, this keeps about log2(n) segments and writes each
-        posting O(log n) times, where merging everything on each add would be O(n²).
+        Like a counter in base 4, this keeps about 3 log4(n) segments and writes each
+        posting about log4(n) times, where merging everything on each add would be O(n²).
         """
-        segs = self.segments
-        while len(segs) >= 2 and 2 * len(segs[-1].rows) >= len(segs[-2].rows):
-            segs[-2:] = [_merged(segs[-2:], alive)]
+        segs, f = self.segments, MERGE_FAN_IN
+        while len(segs) >= f and len(segs[-f].rows) <= 2 * len(segs[-1].rows):
+            segs[-f:] = [_merged(segs[-f:], alive)]
 
     def merge(self, alive: npt.NDArray[np.bool_]) -> None:
         """Everything in one segment, without dead rows (after a load, or to renumber)."""
