@@ -174,7 +174,7 @@ def test_four_segments_merge_while_the_oldest_is_at_most_twice_the_newest():
     assert [len(s.rows) for s in index.segments] == [10], "4 is twice 2: merged"
     for n in (2, 2, 1):
         add(n)
-    assert [len(s.rows) for s in index.segments] == [10, 2, 2, 1], "10 is more than twice 1: kept apart"
+    assert [len(s.rows) for s in index.segments] == [10, 2, 2, 1], "10 > twice 1: kept apart"
 
 
 def test_renumbering_rows_keeps_each_live_row_s_score(docs):

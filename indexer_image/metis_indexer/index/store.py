@@ -340,8 +340,8 @@ class Store:
         self._words_generation = 0
         self._written_words: dict[str, int] = {}
         """Ids of words on disk (or in the transaction being written), for the writer only."""
-        self._every_word = False
-        """Whether `_written_words` holds every word on disk."""
+        self._every_word: bool | None = None
+        """Whether `_written_words` holds every word on disk (None: not written yet)."""
         self._wal = self.path.with_name(self.path.name + "-wal")
         self._checkpointer = Checkpointer(self._connect)
 
@@ -537,7 +537,7 @@ class Store:
         terms = document.terms
         missing = set(terms.words).difference(ids)
         if missing:
-            found, new = self._word_ids(db, missing, all_new=self._every_word)
+            found, new = self._word_ids(db, missing, all_new=bool(self._every_word))
             ids.update(found)
             added += new
         term_ids = np.fromiter(map(ids.__getitem__, terms.words), np.int32, len(terms.words))
@@ -563,18 +563,17 @@ class Store:
         return Written(file_id, first_id, term_ids)
 
     def _know_words(self, db: sqlite3.Connection) -> None:
-        """Start the writer's word ids over when they grew past `WRITTEN_WORDS`; started
-        over (or first used), they take every word on disk when that many fit."""
+        """The writer's word ids: on its first write, every word on disk when that many fit
+        in `WRITTEN_WORDS`; emptied once they grow past it (words are looked up from then)."""
         words = self._written_words
-        if len(words) > WRITTEN_WORDS:
+        if self._every_word is None:
+            count = int(db.execute("SELECT COUNT(*) FROM terms").fetchone()[0])
+            self._every_word = count <= WRITTEN_WORDS
+            if self._every_word:
+                words.update(db.execute("SELECT word, id FROM terms"))
+        elif len(words) > WRITTEN_WORDS:
             words.clear()
             self._every_word = False
-        if words:
-            return
-        count = int(db.execute("SELECT COUNT(*) FROM terms").fetchone()[0])
-        if count <= WRITTEN_WORDS:
-            words.update(db.execute("SELECT word, id FROM terms"))
-            self._every_word = True
 
     @staticmethod
     def _word_ids(
@@ -721,7 +720,7 @@ class Store:
                 self._know_words(db)
                 missing = {w for _, counts in chunks for w in counts if w not in words}
                 if missing:
-                    found, added = self._word_ids(db, missing, all_new=self._every_word)
+                    found, added = self._word_ids(db, missing, all_new=bool(self._every_word))
                     words.update(found)
                 db.executemany(
                     "UPDATE chunks SET terms = ? WHERE id = ?",
