@@ -3,6 +3,7 @@ the blob one chunk alone would give (what `load_chunks` reads back)."""
 
 from __future__ import annotations
 
+import pickle
 import time
 
 import hypothesis
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from metis_indexer.index import store
 from metis_indexer.index.memory import Index
-from metis_indexer.index.store import _terms_blob, _terms_blobs
+from metis_indexer.index.store import Terms, _terms_blob, _terms_blobs
 
 from .helpers import chunk, new_index, record
 
@@ -28,6 +29,19 @@ def test_a_documents_blobs_are_each_chunks_own(chunks):
                     np.array([n for _, n in c], dtype=np.int32))
         for c in chunks
     ]
+
+
+@hypothesis.given(st.lists(st.dictionaries(st.text("abcé", min_size=1, max_size=3),
+                                          st.integers(1, 9), max_size=5), max_size=6))
+def test_a_documents_words_are_named_once_and_pickle_whole(chunks):
+    terms = Terms.of(chunks)
+    assert [terms.words[i] for i in terms.which] == [w for c in chunks for w in c]
+    assert len(terms.words) == len({w for c in chunks for w in c})
+    assert terms.counts.tolist() == [n for c in chunks for n in c.values()]
+    assert terms.sizes.tolist() == [len(c) for c in chunks]
+    again = pickle.loads(pickle.dumps(terms))
+    assert again.words == terms.words and again.which.tolist() == terms.which.tolist()
+    assert again.counts.tolist() == terms.counts.tolist()
 
 
 def _stored_words(index) -> list[set[str]]:

@@ -54,6 +54,7 @@ def test_a_worker_can_count_the_words_of_its_chunks_as_the_index_does(pool):
         assert chunks == chunk_document(readers.read_document(path, kind), 800, 100)
         here = count_words(chunks)
         assert terms.words == here.words and len(terms.words) > 0
+        assert terms.which.tolist() == here.which.tolist()
         assert terms.counts.tolist() == here.counts.tolist()
         assert terms.sizes.tolist() == here.sizes.tolist() == [
             len(texts.counted(c.title, c.headings, c.text)) for c in chunks

@@ -121,35 +121,45 @@ class FileRecord:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Terms:
     """A document's words as the keyword index stores them, flat: chunk i has `sizes[i]`
-    (word, count) pairs, in `words` and `counts`. Flat arrays rather than a mapping per
-    chunk: they cross from the reader workers, where words are counted, cheaply."""
+    (word, count) pairs, pair j being (`words[which[j]]`, `counts[j]`). Flat arrays rather
+    than a mapping per chunk: they cross from the reader workers, where words are counted,
+    cheaply. `words` holds each of the document's words once (about half its pairs at 1,200
+    characters a chunk), so the writer names each word once a document."""
 
     words: list[str]
+    which: npt.NDArray[np.int32]
     counts: npt.NDArray[np.int32]
     sizes: npt.NDArray[np.int64]
 
     @classmethod
     def of(cls, counted: Iterable[Mapping[str, int]]) -> Terms:
         """Each chunk's word counts, in order, made flat."""
-        words: list[str] = []
+        pairs: list[str] = []
         counts: list[int] = []
         sizes: list[int] = []
         for chunk in counted:
-            words += chunk.keys()
+            pairs += chunk.keys()
             counts += chunk.values()
             sizes.append(len(chunk))
-        return cls(words, np.array(counts, dtype=np.int32), np.array(sizes, dtype=np.int64))
+        words = list(dict.fromkeys(pairs))
+        at = {w: i for i, w in enumerate(words)}
+        which = np.fromiter(map(at.__getitem__, pairs), np.int32, len(pairs))
+        return cls(words, which, np.array(counts, dtype=np.int32),
+                   np.array(sizes, dtype=np.int64))
 
     def __reduce__(self) -> tuple[object, ...]:
         """Pickled with its words as one string (a word never holds a newline): a string
         per word took as long to pickle and unpickle as counting the words did."""
-        return _joined_terms, ("\n".join(self.words), self.counts, self.sizes)
+        return _joined_terms, ("\n".join(self.words), self.which, self.counts, self.sizes)
 
 
 def _joined_terms(
-    joined: str, counts: npt.NDArray[np.int32], sizes: npt.NDArray[np.int64]
+    joined: str,
+    which: npt.NDArray[np.int32],
+    counts: npt.NDArray[np.int32],
+    sizes: npt.NDArray[np.int64],
 ) -> Terms:
-    return Terms(joined.split("\n") if joined else [], counts, sizes)
+    return Terms(joined.split("\n") if joined else [], which, counts, sizes)
 
 
 class Cited(Protocol):
@@ -540,7 +550,8 @@ class Store:
             found, new = self._word_ids(db, missing, all_new=bool(self._every_word))
             ids.update(found)
             added += new
-        term_ids = np.fromiter(map(ids.__getitem__, terms.words), np.int32, len(terms.words))
+        named = np.fromiter(map(ids.__getitem__, terms.words), np.int32, len(terms.words))
+        term_ids = named[terms.which]
         file_id = self._upsert_file(db, document.record)
         db.execute("DELETE FROM chunks WHERE file_id = ?", (file_id,))
         n = len(document.chunks)
