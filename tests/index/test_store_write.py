@@ -116,3 +116,17 @@ def test_the_log_is_copied_into_the_database_by_the_checkpointer(tmp_path, monke
     again = Index(tmp_path)
     again.load()
     assert again.chunk_count == 8 * big + small
+
+
+def test_the_writer_lets_go_of_its_words_when_a_pass_settles(tmp_path):
+    """The writer's word ids are a pass's working set: gone once the pass settles, and the
+    next write reads them again, so a word it had named keeps its id."""
+    index = new_index(tmp_path)
+    index.put_document(record("a.md"), [chunk("alpha beta")], None)
+    assert index.store._written_words
+    index.settle()
+    assert not index.store._written_words
+    index.put_document(record("b.md"), [chunk("beta gamma")], None)
+    words = [w for (w,) in index.store._reader.execute("SELECT word FROM terms")]
+    assert sorted(words) == ["alpha", "beta", "gamma"]
+    assert _stored_words(index) == [{"alpha", "beta"}, {"beta", "gamma"}]

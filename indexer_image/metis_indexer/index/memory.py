@@ -349,7 +349,9 @@ class Index:
     def settle(self) -> None:
         """Renew BM25's cached weights once a pass has stopped changing rows, so idle searches
         sum cached weights again. The weighing runs outside the lock: searches go on
-        meanwhile, and the result is dropped if a document came or went."""
+        meanwhile, and the result is dropped if a document came or went. The store's
+        writer lets go of its word ids too."""
+        self.store.forget_written_words()
         with self.lock:
             if self.keyword.weighed:
                 return
