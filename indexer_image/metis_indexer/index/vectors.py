@@ -61,6 +61,46 @@ def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) ->
     return rows[np.lexsort((rows, -scores[rows]))].tolist()
 
 
+def best(
+    rows: npt.NDArray[np.int64], scores: npt.NDArray[np.float32], k: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """The k best of `rows` by score, ties to the lower row, in no order: `top`'s rows
+    without its sort, for sets that are merged again."""
+    if len(rows) <= k:
+        return rows, scores
+    kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+    above = np.flatnonzero(scores > kth)
+    tied = np.flatnonzero(scores == kth)
+    tied = tied[np.argsort(rows[tied], kind="stable")[: k - len(above)]]
+    keep = np.concatenate((above, tied))
+    return rows[keep], scores[keep]
+
+
+class Best:
+    """The k best rows of one scan thread's share so far (ties: lower row), kept as each
+    block's scores come, while they are fresh in cache. A row below the worst of them
+    is out at once (k rows beat it), so a block costs one comparison once k are held;
+    the best k of all rows are among the threads' own best k."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.rows = np.zeros(0, dtype=np.int64)
+        self.scores = np.zeros(0, dtype=np.float32)
+        self.floor = -np.inf
+
+    def add(self, at: int, scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_]) -> None:
+        """Rows at, at + 1, … of `scores`, those `mask` lets through: after every row held."""
+        new = np.flatnonzero(mask & (scores >= self.floor))
+        if len(new) == 0:
+            return
+        self.rows, self.scores = best(
+            np.concatenate((self.rows, new + at)), np.concatenate((self.scores, scores[new])),
+            self.k,
+        )
+        if len(self.rows) == self.k:
+            self.floor = float(self.scores.min())
+
+
 class Vectors(Protocol):
     """Dense rows, grown and compacted in step with the index's other row fields."""
 
@@ -292,27 +332,26 @@ class Int8Vectors:
         if self.dim_scale is None or n == 0 or not mask.any():
             return []
         want = max(RESCORE_MIN, 4 * k)
-        found: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]] = []
+        shares = [Best(want) for _ in range(THREADS)]
 
-        def best_of(at: int, scores: npt.NDArray[np.float32]) -> None:
-            """A piece's own best rows, taken in the scan's thread while its scores are
-            fresh in cache: the best `want` of all are among them."""
-            rows = np.asarray(top(scores, mask[at : at + len(scores)], want), dtype=np.int64)
-            found.append((rows + at, scores[rows]))
+        def keep(part: int, at: int, scores: npt.NDArray[np.float32]) -> None:
+            shares[part].add(at, scores, mask[at : at + len(scores)])
 
-        self._scan(query, n, best_of)
-        rows = np.concatenate([r for r, _ in found])
-        order = np.lexsort((rows, -np.concatenate([s for _, s in found])))
-        candidates = rows[order[:want]]
+        self._scan(query, n, keep)
+        candidates, _ = best(
+            np.concatenate([s.rows for s in shares]), np.concatenate([s.scores for s in shares]),
+            want,
+        )
+        candidates = np.sort(candidates)
         scores = self.exact(candidates) @ query
-        best = np.lexsort((candidates, -scores))[:k]
-        return [(int(candidates[i]), float(scores[i])) for i in best]
+        order = np.lexsort((candidates, -scores))[:k]
+        return [(int(candidates[i]), float(scores[i])) for i in order]
 
     def scan(self, query: npt.NDArray[np.float32], n: int) -> npt.NDArray[np.float32]:
         """Each of the first n rows' approximate score: int8 query · int8 codes, scaled."""
         out = np.zeros(n, dtype=np.float32)
 
-        def keep(at: int, scores: npt.NDArray[np.float32]) -> None:
+        def keep(_part: int, at: int, scores: npt.NDArray[np.float32]) -> None:
             out[at : at + len(scores)] = scores
 
         self._scan(query, n, keep)
@@ -322,11 +361,12 @@ class Int8Vectors:
         self,
         query: npt.NDArray[np.float32],
         n: int,
-        take: Callable[[int, npt.NDArray[np.float32]], None],
+        take: Callable[[int, int, npt.NDArray[np.float32]], None],
     ) -> None:
         """Hands each packed block's and the tail's approximate scores (of rows below n) to
-        `take` with the piece's first row. The pieces are split between `THREADS` threads
-        by rows (numkong lets go of the interpreter lock), so is what `take` does."""
+        `take` with the number of the thread's share and the piece's first row. The pieces
+        are split between `THREADS` threads by rows, in order within a share (numkong lets
+        go of the interpreter lock), so is what `take` does."""
         assert self.dim_scale is not None
         z = query * self.dim_scale
         zmax = float(np.abs(z).max()) or 1.0
@@ -338,7 +378,8 @@ class Int8Vectors:
         pieces.append((len(self.blocks) * self.block, self.tail[: self.tail_rows]))
         pieces = [(at, codes) for at, codes in pieces if at < n]
 
-        def run(part: list[tuple[int, numkong.PackedMatrix | npt.NDArray[np.int8]]]) -> None:
+        def run(share: int, part: list[tuple[int, numkong.PackedMatrix | npt.NDArray[np.int8]]]
+                ) -> None:
             for at, codes in part:
                 if isinstance(codes, numkong.PackedMatrix):
                     raw = np.asarray(numkong.dots_packed(q, codes))[0]
@@ -347,12 +388,13 @@ class Int8Vectors:
                 else:
                     continue
                 end = min(at + len(raw), n)  # exact in float32: |a dot| < 2^24 at 1,024
-                take(at, raw[: end - at].astype(np.float32) * self.row_scale[at:end] * factor)
+                take(share, at,
+                     raw[: end - at].astype(np.float32) * self.row_scale[at:end] * factor)
 
         sizes = [self.block if isinstance(c, numkong.PackedMatrix) else len(c) for _, c in pieces]
         parts = split(pieces, sizes, THREADS)
-        later = [_pool().submit(run, part) for part in parts[1:]]
-        run(parts[0])
+        later = [_pool().submit(run, share, part) for share, part in enumerate(parts[1:], 1)]
+        run(0, parts[0])
         for done in later:
             done.result()
 
