@@ -15,13 +15,14 @@ each vector by its own largest magnitude, so no later vector is ever clipped.
 from __future__ import annotations
 
 import functools
+import itertools
 import mmap
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import numkong
 import numpy as np
@@ -40,7 +41,7 @@ RESCORE_MIN = 400
 BLOCK = 16_384
 """Rows of a packed block of codes (16 MiB at 1,024 dimensions): small enough that the
 unpacked tail, scanned the slower way, stays a small share of a large index, and that
-blocks split evenly between threads."""
+threads claiming blocks one at a time end together."""
 
 THREADS = min(2, os.cpu_count() or 1)
 """Threads one int8 scan runs on: two halved the scan on the project's 2-core machines;
@@ -364,9 +365,11 @@ class Int8Vectors:
         take: Callable[[int, int, npt.NDArray[np.float32]], None],
     ) -> None:
         """Hands each packed block's and the tail's approximate scores (of rows below n) to
-        `take` with the number of the thread's share and the piece's first row. The pieces
-        are split between `THREADS` threads by rows, in order within a share (numkong lets
-        go of the interpreter lock), so is what `take` does."""
+        `take` with the number of the thread and the piece's first row. Up to `THREADS`
+        threads claim the pieces one at a time, in order (numkong lets go of the
+        interpreter lock; so is what `take` does): a thread slowed by other work (the
+        keyword leg beside, another process) leaves more pieces to the others, where
+        halves fixed in advance would wait for the slower one."""
         assert self.dim_scale is not None
         z = query * self.dim_scale
         zmax = float(np.abs(z).max()) or 1.0
@@ -378,9 +381,13 @@ class Int8Vectors:
         pieces.append((len(self.blocks) * self.block, self.tail[: self.tail_rows]))
         pieces = [(at, codes) for at, codes in pieces if at < n]
 
-        def run(share: int, part: list[tuple[int, numkong.PackedMatrix | npt.NDArray[np.int8]]]
-                ) -> None:
-            for at, codes in part:
+        claims = itertools.count()  # its next() is one step under the interpreter lock
+
+        def run(share: int) -> None:
+            for i in claims:
+                if i >= len(pieces):
+                    return
+                at, codes = pieces[i]
                 if isinstance(codes, numkong.PackedMatrix):
                     raw = np.asarray(numkong.dots_packed(q, codes))[0]
                 elif len(codes):
@@ -391,12 +398,11 @@ class Int8Vectors:
                 take(share, at,
                      raw[: end - at].astype(np.float32) * self.row_scale[at:end] * factor)
 
-        sizes = [self.block if isinstance(c, numkong.PackedMatrix) else len(c) for _, c in pieces]
-        parts = split(pieces, sizes, THREADS)
-        later = [_pool().submit(run, share, part) for share, part in enumerate(parts[1:], 1)]
-        run(0, parts[0])
+        later = [_pool().submit(run, share) for share in range(1, min(THREADS, len(pieces)))]
+        run(0)
         for done in later:
-            done.result()
+            if not done.cancel():  # one still waiting for a thread would claim nothing
+                done.result()
 
     def exact(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         """The float32 vectors of `rows`, read through memory maps."""
@@ -441,26 +447,10 @@ def _read_rows(mapped: npt.NDArray[Any], start: int, end: int) -> npt.NDArray[An
     return rows.reshape(end - start, *mapped.shape[1:])
 
 
-T = TypeVar("T")
-
-
-def split(items: Sequence[T], sizes: Sequence[int], parts: int) -> list[list[T]]:
-    """`items` in order, cut into at most `parts` runs of about equal total size (each run
-    at least one item): the scan's share of work for each thread."""
-    total = sum(sizes)
-    runs: list[list[T]] = [[]]
-    done = 0
-    for item, size in zip(items, sizes, strict=True):
-        if runs[-1] and len(runs) < parts and done >= total * len(runs) / parts:
-            runs.append([])
-        runs[-1].append(item)
-        done += size
-    return runs
-
-
 @functools.cache
 def _pool() -> ThreadPoolExecutor:
-    """The threads a scan shares its blocks with (the caller's thread is one more)."""
+    """The threads a scan shares its blocks with (the caller's thread is one more). A
+    thread still busy with another scan claims no block of this one."""
     return ThreadPoolExecutor(max_workers=max(THREADS - 1, 1), thread_name_prefix="int8-scan")
 
 
