@@ -540,12 +540,31 @@ class Reading:
 
 
 def top_positive(scores: npt.NDArray[np.float32], k: int) -> list[int]:
-    """Rows of the k best scores above 0, best first (ties: lower row first)."""
-    rows = np.arange(len(scores))
-    if len(scores) > k:
-        rows = np.argpartition(-scores, k - 1)[:k]
-    rows = rows[scores[rows] > 0]
+    """Rows of the k best scores above 0, best first (ties: lower row first, at the cut
+    too: texts repeated across files score alike)."""
+    rows = _reaching(scores, k)
+    rows, _ = held.best(rows, scores[rows], k)
     return rows[np.lexsort((rows, -scores[rows]))].tolist()
+
+
+SAMPLE = 64
+"""`_reaching` samples every 64th score."""
+
+
+def _reaching(scores: npt.NDArray[np.float32], k: int) -> npt.NDArray[np.int64]:
+    """Rows above 0 among which the k best are, ascending: those reaching a floor that
+    about 4k rows reach by a sample's count, when at least k do; else every row above 0.
+    At a large index most rows hold some word of a question (65% at a million chunks),
+    and ranking them all took 4.4 ms a question there, ranking these 1.4 ms."""
+    wanted = -(-4 * k // SAMPLE)
+    sample = scores[::SAMPLE]
+    if len(sample) > wanted:
+        floor = np.partition(sample, len(sample) - wanted)[len(sample) - wanted]
+        if floor > 0:
+            rows = np.flatnonzero(scores >= floor)
+            if len(rows) >= k:
+                return rows
+    return np.flatnonzero(scores > 0)
 
 
 def count_words(chunks: Sequence[Chunk]) -> Terms:
