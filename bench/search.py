@@ -220,8 +220,9 @@ def million_report(r: dict[str, object]) -> str:
     ]
     lines += _step_rows(steps, {
         "scan": "int8 scan (every row's approximate score)",
-        "dense": "int8 dense step (scan, top 400, exact rescoring, top 50)",
-        "keyword": "keyword step",
+        "dense": "int8 dense step (scan, top 400, exact rescoring, top 50; the keyword step "
+                 "runs beside it)",
+        "keyword": "keyword step (beside the dense step, on the same 2 cores)",
         "hybrid": "whole hybrid search (no model calls; texts, snippets, citations)",
     })
     lines += [

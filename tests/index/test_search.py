@@ -9,7 +9,7 @@ import pytest
 
 from metis_indexer.errors import BadRequest, Unavailable
 from metis_indexer.schema import SearchRequest, parse_body
-from metis_indexer.search.hybrid import Models, leg_size, rerank_size, search
+from metis_indexer.search.hybrid import Models, leg_size, rank, rerank_size, search, where
 
 from .helpers import DIM, axis, chunk, new_index, record
 
@@ -262,3 +262,30 @@ def test_a_search_at_each_bound_is_answered(index, length, top_k):
     assert a.results == [] and a.warnings == []
     a = ask(index, Models(embed=embed_as(axis(0))), query="v" * length, top_k=top_k)
     assert len(a.results) == min(top_k, 5)
+
+
+@pytest.mark.parametrize("filters", [None, {"sources": ["odd"]}])
+def test_the_legs_run_side_by_side_with_the_answers_of_one_after_the_other(tmp_path, filters):
+    """rank runs the keyword leg on another thread while the dense leg runs: the same rows,
+    scores and ranks as each leg asked alone, and each leg's time."""
+    rng = np.random.default_rng(5)
+    words = ["vacation", "days", "gpu", "bus", "leave", "note", "manual", "paid", "sick"]
+    index = new_index(tmp_path, dim=32, vectors="int8")
+    for i in range(300):
+        text = " ".join(rng.choice(words, 6))
+        index.put_document(
+            record(f"f{i}.md", source="odd" if i % 2 else "even"), [chunk(text)],
+            rng.standard_normal((1, 32)).astype(np.float32),
+        )
+    req = parse_body(SearchRequest, json.dumps({"query": "paid sick days", "filters": filters}))
+    for q in rng.standard_normal((5, 32)).astype(np.float32):
+        q /= np.linalg.norm(q)
+        ranked = rank(index, req, q)
+        allowed = index.allowed(where(req.filters))
+        k = leg_size(req.top_k)
+        dense = index.dense(q, allowed, k)
+        keyword = index.by_words(["paid", "sick", "days"], None if filters is None else allowed, k)
+        assert len(dense) == k and len(keyword) == k
+        assert ranked.dense == {r: (s, i) for i, (r, s) in enumerate(dense, start=1)}
+        assert ranked.keyword == {r: (s, i) for i, (r, s) in enumerate(keyword, start=1)}
+        assert ranked.took.dense > 0 and ranked.took.keyword > 0

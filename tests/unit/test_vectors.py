@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
+from metis_indexer.index import vectors
 from metis_indexer.index.vectors import (
     RESCORE_MIN,
+    Best,
     FloatVectors,
     Int8Vectors,
+    best,
     calibrate,
     encode,
-    split,
     top,
 )
 
@@ -148,24 +152,9 @@ def test_rows_without_vectors_before_the_first_put_score_zero_and_rows_only_grow
         int8.put(3, rows[:1])
 
 
-@pytest.mark.parametrize(
-    ("sizes", "parts", "want"),
-    [
-        ([4, 4, 4, 4], 2, [[0, 1], [2, 3]]),
-        ([4, 4, 4, 1], 2, [[0, 1], [2, 3]]),
-        ([4, 0], 2, [[0], [1]]),
-        ([4], 2, [[0]]),
-        ([4, 4, 4], 1, [[0, 1, 2]]),
-        ([1, 1, 1, 1, 1, 1], 3, [[0, 1], [2, 3], [4, 5]]),
-    ],
-)
-def test_a_scan_is_split_into_runs_of_about_equal_rows(sizes, parts, want):
-    assert split(list(range(len(sizes))), sizes, parts) == want
-
-
 def test_the_best_rows_of_each_piece_hold_the_best_rows_of_all(tmp_path):
-    """nearest takes each block's own best candidates in the scan's threads: the same
-    candidates, so the same answers, as the best of one whole scan."""
+    """nearest keeps each scan thread's running best candidates as its blocks come: the
+    same candidates, so the same answers, as the best of one whole scan."""
     rng = np.random.default_rng(13)
     rows = units(rng.standard_normal((3000, 32)))
     int8 = Int8Vectors(32, tmp_path, block=256)
@@ -178,3 +167,50 @@ def test_the_best_rows_of_each_piece_hold_the_best_rows_of_all(tmp_path):
         order = np.lexsort((candidates, -scores))[:30]
         want = [(int(candidates[i]), float(scores[i])) for i in order]
         assert int8.nearest(q, mask, 30) == want
+
+
+def by_score_then_row(rows: np.ndarray, scores: np.ndarray, k: int) -> list[int]:
+    """The k best rows, ties to the lower row: a whole sort, the reference."""
+    return sorted(rows[np.lexsort((rows, -scores))[:k]].tolist())
+
+
+@pytest.mark.parametrize("k", [1, 7, 40, 100, 150])
+def test_the_best_k_break_ties_at_the_cut_by_the_lower_row(k):
+    """Scores of a few values: the k-th is nearly always one of many equal scores."""
+    rng = np.random.default_rng(k)
+    rows = rng.permutation(150).astype(np.int64)
+    scores = rng.integers(0, 6, 150).astype(np.float32)
+    got, got_scores = best(rows, scores, k)
+    assert sorted(got.tolist()) == by_score_then_row(rows, scores, k)
+    assert np.array_equal(got_scores, scores[np.argsort(rows)][got])
+
+
+def test_a_running_best_over_blocks_is_the_best_of_them_all():
+    rng = np.random.default_rng(21)
+    scores = rng.integers(0, 40, 5000).astype(np.float32)  # ties everywhere
+    mask = rng.random(5000) < 0.8
+    running = Best(60)
+    for at in range(0, 5000, 333):
+        running.add(at, scores[at : at + 333], mask[at : at + 333])
+    allowed = np.flatnonzero(mask)
+    assert sorted(running.rows.tolist()) == by_score_then_row(allowed, scores[allowed], 60)
+    assert np.array_equal(running.scores, scores[running.rows])
+
+
+def test_a_scan_whose_other_thread_is_busy_is_scanned_by_its_own(tmp_path):
+    """Blocks are claimed one at a time: a pool thread held by other work claims none, and
+    the caller's thread scans them all."""
+    rng = np.random.default_rng(22)
+    rows = units(rng.standard_normal((1000, 16)))
+    int8 = Int8Vectors(16, tmp_path, block=64)
+    int8.ensure_capacity(1000, 0)
+    int8.put(0, rows)
+    q = rows[3]
+    release = threading.Event()
+    busy = [vectors._pool().submit(release.wait) for _ in range(vectors.THREADS - 1)]
+    try:
+        assert np.array_equal(int8.scan(q, 1000), reference_scan(int8, rows, q))
+        assert int8.nearest(q, np.ones(1000, bool), 1)[0][0] == 3
+    finally:
+        release.set()
+    assert all(done.result() for done in busy)

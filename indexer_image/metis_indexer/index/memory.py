@@ -17,7 +17,7 @@ import gc
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -440,10 +440,14 @@ class Index:
     def chunk_count(self) -> int:
         return self.n_rows - self.dead
 
-    def reading(self) -> threading.RLock:
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Reading]:
         """Hold it across reads whose row numbers must agree (a pass's write or a
-        compaction moves rows)."""
-        return self.lock
+        compaction moves rows). What it yields reads without taking the lock again, so
+        other threads may read for the holder (a search's two legs at once) until the
+        block ends."""
+        with self.lock:
+            yield Reading(self)
 
     def vector_coverage(self) -> tuple[bool, int]:
         """Whether any row has a vector, and how many live chunks have none yet (indexed
@@ -454,44 +458,19 @@ class Index:
             return bool(has.any()), int(np.count_nonzero(self.alive[:n] & ~has))
 
     def allowed(self, where: Where | None) -> npt.NDArray[np.bool_]:
-        """Live rows of the files `where` lets through: filters apply before anything is
-        ranked."""
-        with self.lock:
-            n = self.n_rows
-            mask = self.alive[:n].copy()
-            if where is None:
-                return mask
-            ok_ids = [
-                fid
-                for fid, f in self.files.items()
-                if (where.kinds is None or f.record.kind in where.kinds)
-                and (where.sources is None or f.record.source in where.sources)
-                and (where.path_prefix is None or f.record.path.startswith(where.path_prefix))
-            ]
-            if not ok_ids:
-                return np.zeros(n, dtype=bool)
-            file_ok = np.zeros(max(self.files) + 1, dtype=bool)
-            file_ok[ok_ids] = True
-            return mask & file_ok[self.row_file[:n]]
+        """Live rows of the files `where` lets through (`Reading.allowed`)."""
+        with self.reading() as read:
+            return read.allowed(where)
 
     def dense(self, vector: npt.NDArray[np.float32], allowed: npt.NDArray[np.bool_], k: int) -> Leg:
-        """The k allowed rows nearest a unit vector (cosine), best first; exact float32
-        scores either way the vectors are held."""
-        with self.lock:
-            return self.vectors.nearest(vector, allowed & self.has_vector[: self.n_rows], k)
+        """The k allowed rows nearest a unit vector (`Reading.dense`)."""
+        with self.reading() as read:
+            return read.dense(vector, allowed, k)
 
     def by_words(self, words: Sequence[str], allowed: npt.NDArray[np.bool_] | None, k: int) -> Leg:
-        """The k rows of best BM25 score above 0 for `words`, best first; `allowed`:
-        only those rows (None: every live row)."""
-        with self.lock:
-            scores = self.keyword.scores(self.store.word_ids(words), self.alive, self.dead == 0)
-            if scores is None:
-                return []
-            scores = scores[: self.n_rows]
-            if allowed is not None:  # without filters, `scores` is 0 for dead rows
-                scores[~allowed] = 0
-            rows = top_positive(scores, k)
-            return list(zip(rows, scores[rows].tolist(), strict=True)) if rows else []
+        """The k rows of best BM25 score above 0 for `words` (`Reading.by_words`)."""
+        with self.reading() as read:
+            return read.by_words(words, allowed, k)
 
     def cited(self, rows: Sequence[int]) -> list[Cited]:
         """Each row's file record, page, line and headings."""
@@ -514,13 +493,80 @@ class Index:
         return {ids[cid]: text for cid, text in by_id.items()}
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reading:
+    """The index's search reads while `Index.reading` holds its lock: they take no lock
+    themselves, so any thread may make them for the holder, until its block ends."""
+
+    index: Index
+
+    def allowed(self, where: Where | None) -> npt.NDArray[np.bool_]:
+        """Live rows of the files `where` lets through: filters apply before anything is
+        ranked."""
+        ix = self.index
+        n = ix.n_rows
+        mask = ix.alive[:n].copy()
+        if where is None:
+            return mask
+        ok_ids = [
+            fid
+            for fid, f in ix.files.items()
+            if (where.kinds is None or f.record.kind in where.kinds)
+            and (where.sources is None or f.record.source in where.sources)
+            and (where.path_prefix is None or f.record.path.startswith(where.path_prefix))
+        ]
+        if not ok_ids:
+            return np.zeros(n, dtype=bool)
+        file_ok = np.zeros(max(ix.files) + 1, dtype=bool)
+        file_ok[ok_ids] = True
+        return mask & file_ok[ix.row_file[:n]]
+
+    def dense(self, vector: npt.NDArray[np.float32], allowed: npt.NDArray[np.bool_], k: int) -> Leg:
+        """The k allowed rows nearest a unit vector (cosine), best first; exact float32
+        scores either way the vectors are held."""
+        ix = self.index
+        return ix.vectors.nearest(vector, allowed & ix.has_vector[: ix.n_rows], k)
+
+    def by_words(self, words: Sequence[str], allowed: npt.NDArray[np.bool_] | None, k: int) -> Leg:
+        """The k rows of best BM25 score above 0 for `words`, best first; `allowed`:
+        only those rows (None: every live row)."""
+        ix = self.index
+        scores = ix.keyword.scores(ix.store.word_ids(words), ix.alive, ix.dead == 0)
+        if scores is None:
+            return []
+        scores = scores[: ix.n_rows]
+        if allowed is not None:  # without filters, `scores` is 0 for dead rows
+            scores[~allowed] = 0
+        rows = top_positive(scores, k)
+        return list(zip(rows, scores[rows].tolist(), strict=True)) if rows else []
+
+
 def top_positive(scores: npt.NDArray[np.float32], k: int) -> list[int]:
-    """Rows of the k best scores above 0, best first (ties: lower row first)."""
-    rows = np.arange(len(scores))
-    if len(scores) > k:
-        rows = np.argpartition(-scores, k - 1)[:k]
-    rows = rows[scores[rows] > 0]
+    """Rows of the k best scores above 0, best first (ties: lower row first, at the cut
+    too: texts repeated across files score alike)."""
+    rows = _reaching(scores, k)
+    rows, _ = held.best(rows, scores[rows], k)
     return rows[np.lexsort((rows, -scores[rows]))].tolist()
+
+
+SAMPLE = 64
+"""`_reaching` samples every 64th score."""
+
+
+def _reaching(scores: npt.NDArray[np.float32], k: int) -> npt.NDArray[np.int64]:
+    """Rows above 0 among which the k best are, ascending: those reaching a floor that
+    about 4k rows reach by a sample's count, when at least k do; else every row above 0.
+    At a large index most rows hold some word of a question (65% at a million chunks),
+    and ranking them all took 4.4 ms a question there, ranking these 1.4 ms."""
+    wanted = -(-4 * k // SAMPLE)
+    sample = scores[::SAMPLE]
+    if len(sample) > wanted:
+        floor = np.partition(sample, len(sample) - wanted)[len(sample) - wanted]
+        if floor > 0:
+            rows = np.flatnonzero(scores >= floor)
+            if len(rows) >= k:
+                return rows
+    return np.flatnonzero(scores > 0)
 
 
 def count_words(chunks: Sequence[Chunk]) -> Terms:

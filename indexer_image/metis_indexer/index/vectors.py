@@ -15,13 +15,14 @@ each vector by its own largest magnitude, so no later vector is ever clipped.
 from __future__ import annotations
 
 import functools
+import itertools
 import mmap
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import numkong
 import numpy as np
@@ -40,7 +41,7 @@ RESCORE_MIN = 400
 BLOCK = 16_384
 """Rows of a packed block of codes (16 MiB at 1,024 dimensions): small enough that the
 unpacked tail, scanned the slower way, stays a small share of a large index, and that
-blocks split evenly between threads."""
+threads claiming blocks one at a time end together."""
 
 THREADS = min(2, os.cpu_count() or 1)
 """Threads one int8 scan runs on: two halved the scan on the project's 2-core machines;
@@ -59,6 +60,46 @@ def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) ->
     if len(rows) > k:
         rows = rows[np.argpartition(-scores[rows], k - 1)[:k]]
     return rows[np.lexsort((rows, -scores[rows]))].tolist()
+
+
+def best(
+    rows: npt.NDArray[np.int64], scores: npt.NDArray[np.float32], k: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """The k best of `rows` by score, ties to the lower row, in no order: `top`'s rows
+    without its sort, for sets that are merged again."""
+    if len(rows) <= k:
+        return rows, scores
+    kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+    above = np.flatnonzero(scores > kth)
+    tied = np.flatnonzero(scores == kth)
+    tied = tied[np.argsort(rows[tied], kind="stable")[: k - len(above)]]
+    keep = np.concatenate((above, tied))
+    return rows[keep], scores[keep]
+
+
+class Best:
+    """The k best rows of one scan thread's share so far (ties: lower row), kept as each
+    block's scores come, while they are fresh in cache. A row below the worst of them
+    is out at once (k rows beat it), so a block costs one comparison once k are held;
+    the best k of all rows are among the threads' own best k."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.rows = np.zeros(0, dtype=np.int64)
+        self.scores = np.zeros(0, dtype=np.float32)
+        self.floor = -np.inf
+
+    def add(self, at: int, scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_]) -> None:
+        """Rows at, at + 1, … of `scores`, those `mask` lets through: after every row held."""
+        new = np.flatnonzero(mask & (scores >= self.floor))
+        if len(new) == 0:
+            return
+        self.rows, self.scores = best(
+            np.concatenate((self.rows, new + at)), np.concatenate((self.scores, scores[new])),
+            self.k,
+        )
+        if len(self.rows) == self.k:
+            self.floor = float(self.scores.min())
 
 
 class Vectors(Protocol):
@@ -298,27 +339,26 @@ class Int8Vectors:
         if self.dim_scale is None or n == 0 or not mask.any():
             return []
         want = max(RESCORE_MIN, 4 * k)
-        found: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]] = []
+        shares = [Best(want) for _ in range(THREADS)]
 
-        def best_of(at: int, scores: npt.NDArray[np.float32]) -> None:
-            """A piece's own best rows, taken in the scan's thread while its scores are
-            fresh in cache: the best `want` of all are among them."""
-            rows = np.asarray(top(scores, mask[at : at + len(scores)], want), dtype=np.int64)
-            found.append((rows + at, scores[rows]))
+        def keep(part: int, at: int, scores: npt.NDArray[np.float32]) -> None:
+            shares[part].add(at, scores, mask[at : at + len(scores)])
 
-        self._scan(query, n, best_of)
-        rows = np.concatenate([r for r, _ in found])
-        order = np.lexsort((rows, -np.concatenate([s for _, s in found])))
-        candidates = rows[order[:want]]
+        self._scan(query, n, keep)
+        candidates, _ = best(
+            np.concatenate([s.rows for s in shares]), np.concatenate([s.scores for s in shares]),
+            want,
+        )
+        candidates = np.sort(candidates)
         scores = self.exact(candidates) @ query
-        best = np.lexsort((candidates, -scores))[:k]
-        return [(int(candidates[i]), float(scores[i])) for i in best]
+        order = np.lexsort((candidates, -scores))[:k]
+        return [(int(candidates[i]), float(scores[i])) for i in order]
 
     def scan(self, query: npt.NDArray[np.float32], n: int) -> npt.NDArray[np.float32]:
         """Each of the first n rows' approximate score: int8 query · int8 codes, scaled."""
         out = np.zeros(n, dtype=np.float32)
 
-        def keep(at: int, scores: npt.NDArray[np.float32]) -> None:
+        def keep(_part: int, at: int, scores: npt.NDArray[np.float32]) -> None:
             out[at : at + len(scores)] = scores
 
         self._scan(query, n, keep)
@@ -328,11 +368,14 @@ class Int8Vectors:
         self,
         query: npt.NDArray[np.float32],
         n: int,
-        take: Callable[[int, npt.NDArray[np.float32]], None],
+        take: Callable[[int, int, npt.NDArray[np.float32]], None],
     ) -> None:
         """Hands each packed block's and the tail's approximate scores (of rows below n) to
-        `take` with the piece's first row. The pieces are split between `THREADS` threads
-        by rows (numkong lets go of the interpreter lock), so is what `take` does."""
+        `take` with the number of the thread and the piece's first row. Up to `THREADS`
+        threads claim the pieces one at a time, in order (numkong lets go of the
+        interpreter lock; so is what `take` does): a thread slowed by other work (the
+        keyword leg beside, another process) leaves more pieces to the others, where
+        halves fixed in advance would wait for the slower one."""
         assert self.dim_scale is not None
         z = query * self.dim_scale
         zmax = float(np.abs(z).max()) or 1.0
@@ -344,8 +387,13 @@ class Int8Vectors:
         pieces.append((len(self.blocks) * self.block, self.tail[: self.tail_rows]))
         pieces = [(at, codes) for at, codes in pieces if at < n]
 
-        def run(part: list[tuple[int, numkong.PackedMatrix | npt.NDArray[np.int8]]]) -> None:
-            for at, codes in part:
+        claims = itertools.count()  # its next() is one step under the interpreter lock
+
+        def run(share: int) -> None:
+            for i in claims:
+                if i >= len(pieces):
+                    return
+                at, codes = pieces[i]
                 if isinstance(codes, numkong.PackedMatrix):
                     raw = np.asarray(numkong.dots_packed(q, codes))[0]
                 elif len(codes):
@@ -353,14 +401,14 @@ class Int8Vectors:
                 else:
                     continue
                 end = min(at + len(raw), n)  # exact in float32: |a dot| < 2^24 at 1,024
-                take(at, raw[: end - at].astype(np.float32) * self.row_scale[at:end] * factor)
+                take(share, at,
+                     raw[: end - at].astype(np.float32) * self.row_scale[at:end] * factor)
 
-        sizes = [self.block if isinstance(c, numkong.PackedMatrix) else len(c) for _, c in pieces]
-        parts = split(pieces, sizes, THREADS)
-        later = [_pool().submit(run, part) for part in parts[1:]]
-        run(parts[0])
+        later = [_pool().submit(run, share) for share in range(1, min(THREADS, len(pieces)))]
+        run(0)
         for done in later:
-            done.result()
+            if not done.cancel():  # one still waiting for a thread would claim nothing
+                done.result()
 
     def exact(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         """The float32 vectors of `rows`, read through memory maps."""
@@ -405,26 +453,10 @@ def _read_rows(mapped: npt.NDArray[Any], start: int, end: int) -> npt.NDArray[An
     return rows.reshape(end - start, *mapped.shape[1:])
 
 
-T = TypeVar("T")
-
-
-def split(items: Sequence[T], sizes: Sequence[int], parts: int) -> list[list[T]]:
-    """`items` in order, cut into at most `parts` runs of about equal total size (each run
-    at least one item): the scan's share of work for each thread."""
-    total = sum(sizes)
-    runs: list[list[T]] = [[]]
-    done = 0
-    for item, size in zip(items, sizes, strict=True):
-        if runs[-1] and len(runs) < parts and done >= total * len(runs) / parts:
-            runs.append([])
-        runs[-1].append(item)
-        done += size
-    return runs
-
-
 @functools.cache
 def _pool() -> ThreadPoolExecutor:
-    """The threads a scan shares its blocks with (the caller's thread is one more)."""
+    """The threads a scan shares its blocks with (the caller's thread is one more). A
+    thread still busy with another scan claims no block of this one."""
     return ThreadPoolExecutor(max_workers=max(THREADS - 1, 1), thread_name_prefix="int8-scan")
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent import futures
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +21,7 @@ from metis_indexer import texts
 from metis_indexer.errors import BadRequest, Unavailable
 from metis_indexer.index import tokens
 from metis_indexer.index.memory import Index, Where
+from metis_indexer.index.vectors import Leg
 from metis_indexer.schema import (
     Citation,
     Filters,
@@ -102,22 +105,47 @@ def rank(
     keyword: dict[int, tuple[float, int]] = {}
     k = leg_size(req.top_k)
     files = where(req.filters)
-    with index.reading():  # both legs see the same rows
-        allowed = index.allowed(files)
+    with index.reading() as read:  # both legs see the same rows
+        allowed = read.allowed(files)
+        by_vector: Callable[[], Leg] | None = None
+        by_words: Callable[[], Leg] | None = None
         if query_vector is not None:
-            t = time.perf_counter()
-            leg = index.dense(query_vector, allowed, k)
-            dense = {r: (v, i) for i, (r, v) in enumerate(leg, start=1)}
-            took.dense = _ms(t)
+            by_vector = functools.partial(read.dense, query_vector, allowed, k)
         if req.mode != "dense":
-            t = time.perf_counter()
-            leg = index.by_words(tokens.words(req.query), None if files is None else allowed, k)
-            keyword = {r: (v, i) for i, (r, v) in enumerate(leg, start=1)}
-            took.keyword = _ms(t)
+            by_words = functools.partial(
+                read.by_words, tokens.words(req.query), None if files is None else allowed, k
+            )
+        if by_vector is not None and by_words is not None:
+            beside = _beside().submit(_timed, by_words)
+            try:
+                dense, took.dense = _timed(by_vector)
+            finally:
+                futures.wait([beside])  # it reads under this block's lock: it ends first
+            keyword, took.keyword = beside.result()
+        elif by_vector is not None:
+            dense, took.dense = _timed(by_vector)
+        elif by_words is not None:
+            keyword, took.keyword = _timed(by_words)
     t = time.perf_counter()
     fused = fusion.reciprocal_rank([list(leg) for leg in (keyword, dense) if leg])
     took.fuse = _ms(t)
     return Ranked([r for r, _ in fused], dict(fused), dense, keyword, took)
+
+
+def _timed(leg: Callable[[], Leg]) -> tuple[dict[int, tuple[float, int]], float]:
+    """A leg's rows with their scores and ranks, and its milliseconds."""
+    t = time.perf_counter()
+    rows = {r: (v, i) for i, (r, v) in enumerate(leg(), start=1)}
+    return rows, _ms(t)
+
+
+@functools.cache
+def _beside() -> futures.ThreadPoolExecutor:
+    """The thread a search's keyword leg runs on while its dense leg runs on the caller's:
+    the int8 scan lets go of the interpreter lock, and the keyword leg fits in the time
+    the scan's threads wait on memory. One is enough: only the holder of the index's read
+    lock gives it work, and waits for it."""
+    return futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="keyword-leg")
 
 
 async def search(
