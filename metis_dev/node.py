@@ -277,7 +277,13 @@ def cni_config(work: Path) -> dict[str, Any]:
 
 def kubelet_config(work: Path, port: int, healthz_port: int) -> dict[str, Any]:
     """The kubelet's settings for a node on a shared machine: cgroupfs without QoS
-    cgroups, no eviction of a busy disk, pod DNS at the bridge."""
+    cgroups, no eviction of a busy disk, pod DNS at the bridge.
+
+    In-place pod resizing is off: nothing here resizes a pod, and without QoS cgroups the
+    kubelet's resize path reads a pod cgroup that its no-op manager never made (nil) and
+    panics (kubernetes/kubernetes#137999). It did, once, at a starting indexer pod whose
+    resources it had no record of ("Missing actuated resource record"), taking the node
+    down for the rest of a test run."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -305,6 +311,7 @@ def kubelet_config(work: Path, port: int, healthz_port: int) -> dict[str, Any]:
         "imageGCHighThresholdPercent": 100,
         "localStorageCapacityIsolation": False,
         "serializeImagePulls": False,
+        "featureGates": {"InPlacePodVerticalScaling": False},
     }
 
 

@@ -121,6 +121,14 @@ def test_the_kubelet_finds_pods_dns_at_the_bridge(tmp_path: Path) -> None:
     assert plugin["ipam"]["ranges"] == [[{"subnet": node.POD_CIDR, "gateway": node.GATEWAY}]]
 
 
+def test_the_kubelet_never_resizes_pods_in_place(tmp_path: Path) -> None:
+    """Without QoS cgroups, the kubelet's in-place resize path dereferences a pod cgroup
+    config its no-op manager leaves nil and crashes (kubernetes/kubernetes#137999)."""
+    config = node.kubelet_config(tmp_path, 10250, 10248)
+    assert config["cgroupsPerQOS"] is False
+    assert config["featureGates"] == {"InPlacePodVerticalScaling": False}
+
+
 def test_a_model_service_points_at_the_host_on_the_bridge() -> None:
     service, endpoints = node.model_service("demo", "bge-m3", 41234)
     assert "selector" not in service["spec"]  # no pod backs it: the host does
