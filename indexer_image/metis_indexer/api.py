@@ -21,12 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import (
+    ContentEncodingError,
+    ContentLengthError,
+    HttpProcessingError,
+    LineTooLong,
+    TransferEncodingError,
+)
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from metis_indexer import config as config_mod
 from metis_indexer import console, mcp
-from metis_indexer.errors import BadRequest, Conflict, Refusal, Unauthorized
+from metis_indexer.errors import BadRequest, Conflict, Refusal, TimedOut, Unauthorized
 from metis_indexer.schema import (
     DocumentsPage,
     DocumentsQuery,
@@ -41,6 +50,7 @@ from metis_indexer.schema import (
     SearchRequest,
     StatusAnswer,
     check_k,
+    check_search,
     parse_body,
     parse_query,
 )
@@ -51,6 +61,13 @@ log = logging.getLogger("metis.api")
 
 MAX_BODY = 64 * 1024
 """Bytes a request body may have: a 4,000-character question fits many times over."""
+BODY_SECONDS = 30.0
+"""Seconds a body may take to arrive whole once its request has begun."""
+MAX_LINE = 8190
+"""Bytes of the request line (aiohttp's default): past it, 414."""
+MAX_FIELD = 16384
+"""Bytes of one header (a long bearer token or cookie fits): past it, 431. It differs
+from MAX_LINE so that the limit aiohttp's parser names tells which one was crossed."""
 
 
 @dataclasses.dataclass
@@ -113,46 +130,91 @@ def answer(model: BaseModel, status: int = 200, *, exclude_none: bool = False) -
 
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every answer in the API's shape, counted by route and status."""
     try:
-        return await handler(request)
+        response = await handler(request)
     except Refusal as e:
-        return error(e.status, e.code, e.message, dict(e.headers))
-    except web.HTTPRequestEntityTooLarge:
-        return error(413, "INVALID_BODY", f"the body is larger than {MAX_BODY} bytes")
-    except web.HTTPMethodNotAllowed as e:
-        allowed = ", ".join(sorted(e.allowed_methods))
-        return error(405, "METHOD_NOT_ALLOWED",
-                     f"{request.method} is not allowed on {request.path}; {allowed} are",
-                     {"Allow": allowed})
-    except web.HTTPNotFound:
-        return error(404, "NOT_FOUND", f"no route {request.method} {request.path}")
+        response = error(e.status, e.code, e.message, dict(e.headers))
+    except web.HTTPException as e:
+        response = _http_error(request, e)
     except Exception:
         log.exception("error handling %s %s", request.method, request.path)
-        return error(500, "INTERNAL", "the indexer failed on this request; see its log")
+        response = error(500, "INTERNAL", "the indexer failed on this request; see its log")
+    route = request.match_info.route.name or "none"
+    request.app[indexer_key].metrics.requests.labels(route=route, code=response.status).inc()
+    return response
+
+
+def _http_error(request: web.Request, e: web.HTTPException) -> web.Response:
+    """aiohttp's own refusals (no route, a method the route lacks, a body too large or
+    undecodable) in the API's shape."""
+    if isinstance(e, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(e.allowed_methods))
+        return error(405, "METHOD_NOT_ALLOWED",
+                     f"{request.method} is not allowed on {request.path}; it takes {allowed}",
+                     {"Allow": allowed})
+    if isinstance(e, web.HTTPNotFound):
+        return error(404, "NOT_FOUND", f"no route {request.method} {request.path}")
+    if isinstance(e, web.HTTPRequestEntityTooLarge):
+        return error(413, "INVALID_BODY", f"the body is larger than {MAX_BODY} bytes")
+    return error(e.status, "INVALID_BODY" if e.status < 500 else "INTERNAL", e.reason)
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body, at most MAX_BODY bytes, within BODY_SECONDS: a client that sends
+    half a body holds one waiting request, not a worker, and not for ever. A body that
+    cannot be decoded (a broken `Content-Encoding`, a chunked body cut short) is
+    INVALID_BODY naming why."""
+    if (request.content_length or 0) > MAX_BODY:  # refused before waiting for it
+        raise web.HTTPRequestEntityTooLarge(MAX_BODY, request.content_length or 0)
+    try:
+        async with asyncio.timeout(BODY_SECONDS):
+            return await request.read()
+    except TimeoutError:
+        raise TimedOut("REQUEST_TIMEOUT",
+                         f"the body did not arrive whole within {BODY_SECONDS:g} s") from None
+    except web.RequestPayloadError as e:
+        why = e.__cause__ or e
+        encoding = request.headers.get("Content-Encoding")
+        said = f" (Content-Encoding: {encoding})" if encoding else ""
+        raise BadRequest("INVALID_BODY",
+                         f"the body could not be read{said}: {_words(why)}") from None
+
+
+def _words(e: BaseException) -> str:
+    """An aiohttp error's message without its status prefix ("400, message: ...")."""
+    text = str(getattr(e, "message", "") or e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+async def searched(indexer: Indexer, asked: bytes | SearchRequest) -> SearchAnswer:
+    """A search from its body (or an already parsed request: the console's), every
+    outcome counted in `metis_searches_total`: ok, degraded (answered without a model),
+    error (refused, 4xx or 503) and failed (the indexer broke: 500)."""
+    count = indexer.metrics.searches
+    try:
+        req = asked if isinstance(asked, SearchRequest) else parse_body(SearchRequest, asked)
+    except BadRequest:
+        count.labels(mode="unknown", outcome="error").inc()  # no mode to name: not a search
+        raise
+    try:
+        result = await indexer.search(check_search(req))
+    except Refusal:
+        count.labels(mode=req.mode, outcome="error").inc()
+        raise
+    except Exception:
+        count.labels(mode=req.mode, outcome="failed").inc()
+        raise
+    count.labels(mode=req.mode, outcome="degraded" if result.warnings and result.results
+                 else "ok").inc()  # fmt: skip
+    for step, ms in result.took:
+        indexer.metrics.search_seconds.labels(step=step, mode=result.mode).observe(ms / 1000.0)
+    return result
 
 
 async def search(request: web.Request) -> web.Response:
-    indexer = request.app[indexer_key]
-    try:
-        req = parse_body(SearchRequest, await request.read())
-    except BadRequest:
-        indexer.metrics.searches.labels(mode="unknown", outcome="error").inc()
-        raise
-    try:
-        result = await indexer.search(req)
-    except Refusal:
-        indexer.metrics.searches.labels(mode=req.mode, outcome="error").inc()
-        raise
-    _observe(indexer, req, result)
+    result = await searched(request.app[indexer_key], await read_body(request))
     return answer(result, exclude_none=True)  # a score a step did not give is absent (spec 002)
-
-
-def _observe(indexer: Indexer, req: SearchRequest, result: SearchAnswer) -> None:
-    m = indexer.metrics
-    outcome = "degraded" if result.warnings and result.results else "ok"
-    m.searches.labels(mode=req.mode, outcome=outcome).inc()
-    for step, ms in result.took:
-        m.search_seconds.labels(step=step, mode=result.mode).observe(ms / 1000.0)
 
 
 async def status(request: web.Request) -> web.Response:
@@ -166,7 +228,7 @@ async def documents(request: web.Request) -> web.Response:
 
 async def reindex(request: web.Request) -> web.Response:
     request.app[costly_key].authorize(request)
-    req = parse_body(ReindexRequest, await request.read())
+    req = parse_body(ReindexRequest, await read_body(request))
     request.app[indexer_key].request_pass(full=req.full)
     return answer(ReindexAnswer(accepted=True, full=req.full), status=202)
 
@@ -178,7 +240,7 @@ async def evaluate(request: web.Request) -> web.Response:
     twice by a retry racing it."""
     costly = request.app[costly_key]
     operator = costly.authorize(request)
-    req = parse_body(EvaluateRequest, await request.read())
+    req = parse_body(EvaluateRequest, await read_body(request))
     check_k("k", req.k)
     if costly.evaluation is not None:
         raise Conflict("EVALUATION_RUNNING",
@@ -221,9 +283,13 @@ EVALUATE_400 = ("EVAL_EMPTY", "EVAL_FILE", "EVAL_CASE_INVALID", "EVAL_TOO_LARGE"
 CODES = ("QUERY_EMPTY", "QUERY_TOO_LONG", "TOP_K_OUT_OF_RANGE", "INVALID_BODY",
          "NO_EMBEDDING_MODEL", "EVAL_EMPTY", "EVAL_FILE", "EVAL_CASE_INVALID", "EVAL_TOO_LARGE",
          "UNAUTHORIZED", "NOT_FOUND", "METHOD_NOT_ALLOWED", "STANDBY", "EVALUATION_RUNNING",
-         "KNOWLEDGE_BASE_NOT_READY", "EMBEDDING_MODEL_UNAVAILABLE", "INTERNAL")
-"""Every code the indexer answers (spec 001's, plus NOT_FOUND, METHOD_NOT_ALLOWED,
-UNAUTHORIZED, EVALUATION_RUNNING and INTERNAL)."""
+         "KNOWLEDGE_BASE_NOT_READY", "EMBEDDING_MODEL_UNAVAILABLE", "INTERNAL",
+         "REQUEST_TIMEOUT", "INVALID_REQUEST", "URI_TOO_LONG", "HEADERS_TOO_LARGE",
+         "FORBIDDEN", "MISDIRECTED_REQUEST")
+"""Every code the indexer answers: spec 001's, plus NOT_FOUND, METHOD_NOT_ALLOWED,
+UNAUTHORIZED, EVALUATION_RUNNING and INTERNAL; REQUEST_TIMEOUT (a body too slow);
+INVALID_REQUEST, URI_TOO_LONG and HEADERS_TOO_LARGE (what the HTTP parser refuses);
+FORBIDDEN and MISDIRECTED_REQUEST (the MCP transport's Origin and Host checks)."""
 
 
 def openapi_document(*, token: bool = False) -> dict[str, Any]:
@@ -265,7 +331,13 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
         "info": {
             "title": "Metis indexer", "version": "1",
             "description": "Any route answers 404 NOT_FOUND for a path it does not have and "
-                           "405 METHOD_NOT_ALLOWED (with Allow) for a method it does not take.",
+                           "405 METHOD_NOT_ALLOWED (with Allow) for a method it does not take; "
+                           f"408 REQUEST_TIMEOUT for a body not whole within {BODY_SECONDS:g} "
+                           "s; 400 INVALID_REQUEST, 414 URI_TOO_LONG (a request line over "
+                           f"{MAX_LINE} bytes) and 431 HEADERS_TOO_LARGE (a header over "
+                           f"{MAX_FIELD} bytes) for what is not valid HTTP. Every error is "
+                           "JSON: {\"error\": {\"code\", \"message\"}}. MCP (Streamable "
+                           "HTTP, stateless, JSON answers) is served at POST /mcp.",
         },
         "paths": {
             "/v1/search": {"post": {
@@ -358,6 +430,76 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/openapi.json", openapi, name="openapi")
 
 
+class _Connection(RequestHandler):
+    """aiohttp's connection, answering what its HTTP parser refuses (a request line or a
+    header too long, a malformed request, a broken chunked body) in the API's error
+    shape: aiohttp answers those in text/plain before any middleware, and offers no hook
+    for it (aio-libs/aiohttp#3287)."""
+
+    count: Callable[[int], None] = staticmethod(lambda status: None)
+
+    def handle_error(
+        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            raise ConnectionError("the answer had begun; no error can follow it")
+        status, code, said = parser_refusal(status, exc)
+        log.info("refused a request from %s: %s (%s)", request.remote, said, _words(exc)
+                 if exc else status)  # fmt: skip
+        response = error(status, code, said)
+        response.force_close()
+        self.count(status)
+        return response
+
+
+def parser_refusal(status: int, exc: BaseException | None) -> tuple[int, str, str]:
+    """Status, code and words for what aiohttp's protocol could not hand to a route. The
+    two line limits differ, so the limit a `LineTooLong` names says which was crossed."""
+    if isinstance(exc, LineTooLong):
+        if str(exc.args[1]) == str(MAX_FIELD):
+            return 431, "HEADERS_TOO_LARGE", f"a header is longer than {MAX_FIELD:,} bytes"
+        return 414, "URI_TOO_LONG", f"the request line is longer than {MAX_LINE:,} bytes"
+    if isinstance(exc, ContentEncodingError):
+        return 400, "INVALID_BODY", f"the body is not what its Content-Encoding says: {_words(exc)}"
+    if isinstance(exc, TransferEncodingError | ContentLengthError):
+        return 400, "INVALID_BODY", f"the body was cut short or malformed: {_words(exc)}"
+    if isinstance(exc, HttpProcessingError) or status == 400:
+        return 400, "INVALID_REQUEST", f"the request is not valid HTTP/1.1: {_words(exc)}" \
+            if exc else "the request is not valid HTTP/1.1"
+    return status, "INTERNAL", "the indexer failed on this request; see its log"
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        connection = _Connection(self, loop=self._loop, **self._kwargs)
+        connection.count = self.count
+        return connection
+
+    def count(self, status: int) -> None:
+        """Set by `runner`: counts a refusal that reached no route."""
+
+
+def runner(app: web.Application) -> web.AppRunner:
+    """The app's runner: no access log, a request whose client went away is cancelled
+    (it stops costing model time), the line limits above, and the parser's refusals in
+    the API's shape, counted."""
+    metrics = app[indexer_key].metrics
+
+    class Runner(web.AppRunner):
+        async def _make_server(self) -> web.Server:
+            made = await super()._make_server()
+            server = _Server(made.request_handler, request_factory=made.request_factory,
+                             handler_cancellation=made.handler_cancellation,
+                             **made._kwargs)  # fmt: skip
+            server.count = lambda status: metrics.requests.labels(  # type: ignore[method-assign]
+                route="none", code=status).inc()
+            return server
+
+    return Runner(app, access_log=None, handler_cancellation=True,
+                  max_line_size=MAX_LINE, max_field_size=MAX_FIELD)
+
+
 def create_app(
     indexer: Indexer, *, token: str | None = None, config_path: Path | None = None
 ) -> web.Application:
@@ -378,7 +520,7 @@ def create_app(
 
     async def ask(req: SearchRequest) -> SearchAnswer | ErrorBody:
         try:
-            return await indexer.search(req)
+            return await searched(indexer, req)
         except Refusal as e:
             return ErrorBody(code=e.code, message=e.message)
 
@@ -397,5 +539,5 @@ def create_app(
         app.cleanup_ctx.append(following)
     setup_routes(app)
     console.add_search_page(app, ask, indexer.config.name)
-    mcp.mount(app, indexer, _observe)
+    mcp.mount(app, indexer, functools.partial(searched, indexer), read_body)
     return app

@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="passages per embeddings request, across documents (1-2048)")
     serve.add_argument("--vectors", choices=limits.VECTOR_KINDS, default=limits.VECTORS_DEFAULT,
                        help="vectors in memory: float32, or int8 rescored exactly from disk")
+    serve.add_argument("--check-seconds", type=float, default=60.0,
+                       help="seconds between looks of the integrity check, which reads a few "
+                            "pages more of the index file each look")
 
     def client(name: str, help_: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_)
@@ -122,6 +125,7 @@ def serve_config(args: argparse.Namespace) -> IndexerConfig:
         "workers": args.workers,
         "embedding_batch": args.embedding_batch,
         "vectors": args.vectors,
+        "check_seconds": args.check_seconds,
     }
     if args.embedding:
         raw["embedding"] = {"url": args.embedding, "name": args.embedding}
@@ -134,22 +138,20 @@ def serve_config(args: argparse.Namespace) -> IndexerConfig:
 
 
 async def _serve(cfg: IndexerConfig, config_path: Path | None) -> None:
-    from metis_indexer.api import create_app
+    from metis_indexer.api import create_app, runner
     from metis_indexer.service import Indexer
 
     indexer = Indexer(cfg)
     if sys.stderr.isatty():
         indexer.on_progress = _progress_bar
     token = os.environ.get(TOKEN_ENV) or None
-    # handler_cancellation: a request whose client went away stops costing model time.
-    runner = web.AppRunner(create_app(indexer, token=token, config_path=config_path),
-                           access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port)
+    running = runner(create_app(indexer, token=token, config_path=config_path))
+    await running.setup()
+    site = web.TCPSite(running, cfg.host, cfg.port)
     await site.start()
     print(f"metis: serving {cfg.name} on http://{cfg.host}:{cfg.port}", flush=True)
     await _signalled()
-    await runner.cleanup()
+    await running.cleanup()
 
 
 async def _signalled() -> None:

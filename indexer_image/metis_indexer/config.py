@@ -93,6 +93,9 @@ class IndexerConfig(_Model):
     vectors: limits.VectorKind = limits.VECTORS_DEFAULT
     """How vectors are held in memory: float32, or int8 codes (a quarter of the memory)
     scanned for candidates that are rescored exactly from float32 vectors on disk."""
+    check_seconds: float = Field(default=60.0, gt=0, le=86_400)
+    """Seconds between looks of the integrity check (a few pages of the index file more
+    each look: `Store.sweep`)."""
     revisions: dict[str, str] = Field(default_factory=dict)
     generation: int | None = None
     """The base's metadata.generation this configuration was written for (by the operator):

@@ -7,6 +7,7 @@ The core raises these; the HTTP app's one middleware turns them into
      ├── BadRequest            400  QUERY_EMPTY, QUERY_TOO_LONG, TOP_K_OUT_OF_RANGE,
      │                              INVALID_BODY, NO_EMBEDDING_MODEL, EVAL_*
      ├── Unauthorized          401  UNAUTHORIZED (a costly route without the operator's token)
+     ├── TimedOut              408  REQUEST_TIMEOUT (a body that did not arrive whole in time)
      ├── Unavailable           503  KNOWLEDGE_BASE_NOT_READY, EMBEDDING_MODEL_UNAVAILABLE
      └── Conflict              409  STANDBY, EVALUATION_RUNNING
 """
@@ -39,6 +40,10 @@ class Unauthorized(Refusal):
 
     status = 401
     headers = MappingProxyType({"WWW-Authenticate": "Bearer"})
+
+
+class TimedOut(Refusal):
+    status = 408
 
 
 class Unavailable(Refusal):

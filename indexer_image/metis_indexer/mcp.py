@@ -12,18 +12,21 @@ back as tool errors with the API's code.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any, Literal, get_args
 
 from aiohttp import web
-from aiohttp_asgi import ASGIResource
+from aiohttp_asgi.resource import ASGIContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
-from pydantic import ValidationError
+from pydantic import ValidationError, WithJsonSchema
 
 from metis_indexer import schema
+from metis_indexer.documents import Kind
 from metis_indexer.errors import Refusal
 from metis_indexer.service import Indexer
 
@@ -31,11 +34,30 @@ PATH = "/mcp"
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
                             open_world_hint=False)  # fmt: skip
 
-Observe = Callable[[Indexer, schema.SearchRequest, schema.SearchAnswer], None]
-"""What the HTTP search does with an answer (its metrics); MCP searches count the same."""
+KINDS = [k.value for k in Kind]
 
 
-def server(indexer: Indexer, observe: Observe) -> MCPServer:
+def _raw(described: dict[str, Any]) -> Any:
+    """A tool parameter the SDK hands over as sent, described by this JSON Schema: the
+    API's own strict parser then judges it (`"5"` and `true` are not a top_k) and refuses
+    it with the API's code and words, not the SDK's lax coercion."""
+    return Annotated[Any, WithJsonSchema(described)]
+
+
+Query = _raw({"type": "string"})
+TopK = _raw({"type": "integer", "minimum": 1, "maximum": schema.TOP_K_MAX})
+ModeArg = _raw({"type": "string", "enum": list(get_args(schema.Mode))})
+Rerank = _raw({"type": ["boolean", "null"]})
+PathPrefix = _raw({"type": ["string", "null"]})
+Kinds = _raw({"type": ["array", "null"], "items": {"type": "string", "enum": KINDS}})
+Sources = _raw({"type": ["array", "null"], "items": {"type": "string"}})
+
+
+Ask = Callable[[bytes], Awaitable[schema.SearchAnswer]]
+"""The HTTP API's search from a body: parsed, checked and counted as the API does."""
+
+
+def server(indexer: Indexer, ask: Ask) -> MCPServer:
     """The tools of one indexer."""
     name = f"metis-{indexer.config.name}"
     mcp = MCPServer(
@@ -52,13 +74,13 @@ def server(indexer: Indexer, observe: Observe) -> MCPServer:
 
     @mcp.tool(annotations=READ_ONLY)
     async def search(
-        query: str,
-        top_k: int = 5,
-        mode: schema.Mode = "hybrid",
-        rerank: bool | None = None,
-        path_prefix: str | None = None,
-        kinds: list[Literal["md", "txt", "html", "pdf", "docx"]] | None = None,
-        sources: list[str] | None = None,
+        query: Query,
+        top_k: TopK = 5,
+        mode: ModeArg = "hybrid",
+        rerank: Rerank = None,
+        path_prefix: PathPrefix = None,
+        kinds: Kinds = None,
+        sources: Sources = None,
     ) -> dict[str, Any]:
         """Search the knowledge base's documents for passages that answer `query` (a
         question or keywords, up to 4,000 characters). Returns up to `top_k` (1-50)
@@ -77,13 +99,9 @@ def server(indexer: Indexer, observe: Observe) -> MCPServer:
         if filters:
             body["filters"] = filters
         try:
-            req = schema.check_search(schema.parse_body(schema.SearchRequest,
-                                                        json.dumps(body).encode()))  # fmt: skip
-            result = await indexer.search(req)
+            result = await ask(json.dumps(body).encode())
         except Refusal as e:
-            indexer.metrics.searches.labels(mode=mode, outcome="error").inc()
             raise ToolError(f"{e.code}: {e.message}") from None
-        observe(indexer, req, result)
         return dict(result.model_dump(mode="json", exclude_none=True))
 
     @mcp.tool(annotations=READ_ONLY)
@@ -116,21 +134,96 @@ def server(indexer: Indexer, observe: Observe) -> MCPServer:
     return mcp
 
 
-class _Resource(ASGIResource):
-    """aiohttp-asgi's resource for `/mcp` alone: its prefix match would also take `/mcpx`
-    from the API's own 404."""
+class _Exchange(ASGIContext):
+    """One `POST /mcp` handed to the SDK's ASGI app, as an ASGI server would hand it.
 
-    def raw_match(self, path: str) -> bool:
-        return path == PATH
+    aiohttp-asgi's own receive answers `http.request` with an empty body forever once the
+    body is read, and never `http.disconnect`, without ever suspending: an app that
+    listens for the disconnect (sse-starlette does) then spins the event loop, and the
+    whole indexer with it (issue 24). Here the body, read whole and bounded beforehand,
+    is one message; the next receive waits until the answer is sent or the client has
+    gone, then says `http.disconnect`. An error the SDK answers in plain text (its
+    transport checks: Host, Origin, Content-Type, size) is answered in the API's error
+    shape; its JSON-RPC errors are MCP's own and pass as they are.
+    """
+
+    def __init__(self, app: Any, request: web.Request, body: bytes) -> None:
+        super().__init__(app, request, PATH)
+        self._body: bytes | None = body
+        self._answered = asyncio.Event()
+        self._refusal: int | None = None
+        """The status of a plain-text error being rewritten (its body is dropped)."""
+
+    async def on_receive(self) -> dict[str, Any]:
+        if self._body is not None:
+            body, self._body = self._body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        while not self._answered.is_set() and not _gone(self.request):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._answered.wait(), DISCONNECT_LOOK)
+        return {"type": "http.disconnect"}
+
+    async def on_send(self, payload: dict[str, Any]) -> None:
+        kind = payload["type"]
+        if kind == "http.response.start" and payload["status"] >= 400:
+            headers = {k.lower(): v for k, v in payload.get("headers", ())}
+            if not headers.get(b"content-type", b"").startswith(b"application/json"):
+                self._refusal = int(payload["status"])
+                return
+        if self._refusal is not None and kind == "http.response.body":
+            if not payload.get("more_body", False):
+                await self._refuse(self._refusal)
+            return
+        await super().on_send(payload)
+        if kind == "http.response.body" and not payload.get("more_body", False):
+            self._answered.set()
+
+    async def _refuse(self, status: int) -> None:
+        """The SDK's plain-text refusal, in the API's shape (its words are kept)."""
+        code, why = REFUSALS.get(status, ("INVALID_BODY", "the request is refused"))
+        self.response = web.json_response(
+            {"error": {"code": code, "message": f"{PATH}: {why}"}}, status=status
+        )
+        await self.response.prepare(self.request)
+        await self.response.write_eof()
+        self._answered.set()
 
 
-def mount(app: web.Application, indexer: Indexer, observe: Observe) -> None:
-    """Serve `server(indexer)` at /mcp of `app`, its session manager running with the app.
-    On loopback the SDK's DNS-rebinding protection admits only loopback Host headers."""
-    mcp = server(indexer, observe)
+REFUSALS: dict[int, tuple[str, str]] = {
+    400: ("INVALID_BODY", "the body must be JSON (Content-Type: application/json)"),
+    403: ("FORBIDDEN", "the request's Origin is not allowed (DNS-rebinding protection)"),
+    413: ("INVALID_BODY", "the body is too large"),
+    421: ("MISDIRECTED_REQUEST",
+          "the request's Host is not one this indexer answers (DNS-rebinding protection)"),
+}
+"""What each plain-text refusal of the SDK's transport checks means."""
+
+DISCONNECT_LOOK = 1.0
+"""Seconds between looks at whether the client of an unanswered MCP request has gone."""
+
+
+def _gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+def mount(app: web.Application, indexer: Indexer, ask: Ask,
+          read_body: Callable[[web.Request], Awaitable[bytes]]) -> None:
+    """Serve `server(indexer)` at `POST /mcp` of `app`, its session manager running with
+    the app. Stateless with JSON answers, the transport needs no GET stream and no
+    DELETE of a session: those are answered 405 with `Allow: POST` (the MCP transport
+    spec allows it), by the router like any method a route lacks. `read_body`: the
+    API's own bounded, deadlined read. On loopback the SDK's DNS-rebinding protection
+    admits only loopback Host headers."""
+    mcp = server(indexer, ask)
     mcp.streamable_http_app(json_response=True, stateless_http=True, host=indexer.config.host)
     manager = mcp.session_manager
-    app.router.register_resource(_Resource(manager.handle_request, root_path=PATH))
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await read_body(request)
+        return await _Exchange(manager.handle_request, request, body).get_response()
+
+    app.router.add_post(PATH, handle, name="mcp")
 
     async def running(_: web.Application) -> AsyncIterator[None]:
         async with manager.run():

@@ -26,6 +26,8 @@ class Metrics:
     embed_seconds: Histogram
     embed_failures: Counter
     index_rebuilds: Counter
+    index_damage: Counter
+    requests: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -38,8 +40,8 @@ class Metrics:
             ),
             searches=Counter(
                 "metis_searches_total",
-                "Searches by mode asked and outcome (ok, degraded: answered without a model, "
-                "error: refused).", ["mode", "outcome"], registry=r,
+                "Searches by mode asked and outcome (ok; degraded: answered without a model; "
+                "error: refused; failed: the indexer broke).", ["mode", "outcome"], registry=r,
             ),
             documents=Gauge("metis_documents", "Documents indexed.", registry=r),
             chunks=Gauge("metis_chunks", "Chunks indexed.", registry=r),
@@ -59,6 +61,17 @@ class Metrics:
                 "metis_index_rebuilds_total",
                 "Times a damaged index was moved aside and rebuilt from the sources.",
                 registry=r,
+            ),
+            index_damage=Counter(
+                "metis_index_damage_found_total",
+                "Times damage to the index file was met, by what met it (start, pass, search, "
+                "check: the integrity check that reads a few pages a minute).",
+                ["found_by"], registry=r,
+            ),
+            requests=Counter(
+                "metis_http_requests_total",
+                "HTTP requests answered, by route (none: refused before any route) and status.",
+                ["route", "code"], registry=r,
             ),
             embed_seconds=Histogram(
                 "metis_embedding_request_seconds", "Latency of embedding requests for passages.",

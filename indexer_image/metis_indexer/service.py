@@ -83,6 +83,11 @@ class Indexer:
         """The phase a pass was in when its model fell silent (it shows `waiting`)."""
         self._notes: list[str] = []
         """What a person should know until the indexer restarts (an index rebuilt)."""
+        self._damage: str | None = None
+        """Damage met outside the pass loop (a search, the integrity check), said in the
+        status until the pass loop has rebuilt the index."""
+        self._damage_error: Exception | None = None
+        self._checking: asyncio.Task[None] | None = None
         self.metrics.set_phase("loading")
 
     def _clients_for(self, config: IndexerConfig) -> None:
@@ -100,12 +105,14 @@ class Indexer:
     async def start(self) -> None:
         self._pool = ReaderPool(self.config.workers)
         self._task = asyncio.create_task(self._run(), name="metis-passes")
+        self._checking = asyncio.create_task(self._check_pages(), name="metis-integrity")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._checking, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._pool is not None:
             await asyncio.to_thread(self._pool.close)
         for client in (self.embedder, self.reranker):
@@ -123,6 +130,8 @@ class Indexer:
             await self._stand_by()
         delay = WAIT_FIRST
         while True:
+            if self._damage_error is not None:
+                await self._rebuild(self._damage_error)
             full, self._full = self._full, False
             self._wake.clear()
             watch = asyncio.create_task(self._watch_model(), name="metis-model-watch")
@@ -132,6 +141,7 @@ class Indexer:
                 raise
             except Exception as e:  # a pass that breaks must not end the service
                 if store.trouble(e) == "damaged":
+                    self.metrics.index_damage.labels(found_by="pass").inc()
                     await self._rebuild(e)
                     continue
                 self._set_phase("waiting", self._stopped_because(e))
@@ -168,6 +178,7 @@ class Indexer:
             except sqlite3.DatabaseError as e:
                 if store.trouble(e) != "damaged":
                     raise
+                self.metrics.index_damage.labels(found_by="start").inc()
                 await self._rebuild(e)
                 return
             await asyncio.sleep(delay)
@@ -199,7 +210,41 @@ class Indexer:
             f"the index was damaged ({error}) and rebuilt from the sources at {now()}; "
             f"the damaged file is kept as {aside.name}"
         )
+        self._damage = self._damage_error = None
         self._set_phase("loading", "")
+
+    def _damaged(self, error: sqlite3.DatabaseError, found_by: str) -> None:
+        """Damage met outside the pass loop: counted each time, said in the status, and the
+        pass loop woken to rebuild the index (at once when idle, else when its pass ends:
+        a pass's own writes meet the damage too, or finish first)."""
+        self.metrics.index_damage.labels(found_by=found_by).inc()
+        if self._damage_error is not None:
+            return
+        by = "a search" if found_by == "search" else "the integrity check"
+        log.error("the index is damaged (%s), met by %s: rebuilding it from the sources",
+                  error, by)
+        self._damage_error = error
+        self._damage = (
+            f"the index is damaged ({error}; met by {by} at {now()}): it is being rebuilt "
+            "from the sources"
+        )
+        self._wake.set()
+
+    async def _check_pages(self) -> None:
+        """The integrity check: every `check_seconds`, a few pages more of the index file
+        are read (`Store.sweep`), so damage on a page that no search reads is found too,
+        without reading a large index whole (what SQLite's quick check at start does)."""
+        while True:
+            await asyncio.sleep(self.config.check_seconds)
+            if not self.loaded or self._damage_error is not None:
+                continue
+            checked = self.index.store
+            try:
+                await asyncio.to_thread(checked.sweep)
+            except sqlite3.DatabaseError as e:
+                if store.trouble(e) != "damaged" or checked is not self.index.store:
+                    continue  # not damage, or the index was rebuilt meanwhile
+                self._damaged(e, "check")
 
     def _take_index(self) -> bool:
         """Become the one indexer writing this index folder (a lock the system drops when
@@ -418,7 +463,7 @@ class Indexer:
             "generation": self.config.generation,
             "indexed_generation": s.indexed_generation,
             "last_pass": {"read": s.read, "unchanged": s.unchanged, "dropped": s.dropped},
-            "warnings": [*s.problems, *self._notes],
+            "warnings": [*s.problems, *self._notes, *([self._damage] if self._damage else [])],
         })  # fmt: skip
 
     def empty_warning(self) -> str:
@@ -446,7 +491,21 @@ class Indexer:
                 "KNOWLEDGE_BASE_NOT_READY",
                 f"the index is not serving yet: it is {self.state.phase}",
             )
-        return await search.search(self.index, req, self._models(), self.empty_warning())
+        return await self._searched(req, self._models())
+
+    async def _searched(self, req: SearchRequest, models: search.Models) -> SearchAnswer:
+        """A search of the index; damage it meets is a 503 and schedules the rebuild."""
+        try:
+            return await search.search(self.index, req, models, self.empty_warning())
+        except sqlite3.DatabaseError as e:
+            if store.trouble(e) != "damaged":
+                raise
+            self._damaged(e, "search")
+            raise Unavailable(
+                "KNOWLEDGE_BASE_NOT_READY",
+                f"the index is damaged ({e}): it is being rebuilt from the sources, and "
+                "searches answer from what is read again meanwhile",
+            ) from None
 
     def documents(self, page: int, page_size: int, state: str | None) -> DocumentsPage:
         if page < 1:
@@ -491,7 +550,7 @@ class Indexer:
 
         async def ask(question: str, way: evaluation.Way) -> SearchAnswer:
             req = SearchRequest(query=question, top_k=50, mode=way.mode, rerank=way.rerank)
-            return await search.search(self.index, req, models, self.empty_warning())
+            return await self._searched(req, models)
 
         ways = evaluation.ways(self.embedder is not None, self.reranker is not None)
         return await evaluation.evaluate(cases, k, ask, ways, now)

@@ -278,6 +278,31 @@ class IndexDamaged(sqlite3.DatabaseError):
     """SQLite's integrity check found the file damaged."""
 
 
+SWEEP_ROWS = 256
+"""Rows of each table and entries of each index the integrity check reads a look: a few
+MB at most (chunks with their texts, words and vectors)."""
+
+SWEEPS: tuple[tuple[str, str, int], ...] = (
+    ("chunks", "SELECT id, file_id, ord, headings, page, line, text, terms, vector "
+               "FROM chunks WHERE id > ? ORDER BY id LIMIT ?", 1),
+    ("chunks_by_file", "SELECT file_id, id FROM chunks INDEXED BY chunks_by_file "
+                       "WHERE (file_id, id) > (?, ?) ORDER BY file_id, id LIMIT ?", 2),
+    ("terms", "SELECT id, word FROM terms WHERE id > ? ORDER BY id LIMIT ?", 1),
+    ("terms by word", "SELECT word FROM terms INDEXED BY sqlite_autoindex_terms_1 "
+                      "WHERE word > ? ORDER BY word LIMIT ?", 1),
+    ("files", "SELECT id, * FROM files WHERE id > ? ORDER BY id LIMIT ?", 1),
+    ("files by path", "SELECT source, path FROM files INDEXED BY sqlite_autoindex_files_1 "
+                      "WHERE (source, path) > (?, ?) ORDER BY source, path LIMIT ?", 2),
+)
+"""What the integrity check walks, each in the order of its own B-tree (so a look reads
+its next pages): the tables by row id, each index by its key. A statement's first
+columns are its key; `?`s before LIMIT take the key where the last look stopped."""
+
+_SWEEP_START: dict[int, tuple[object, ...]] = {1: (-1,), 2: (-1, -1)}
+"""Keys below every real one: ids are never negative, and SQLite orders any number before
+any text."""
+
+
 class Checkpointer:
     """Copies the write-ahead log into the database on a thread and connection of its own.
 
@@ -354,6 +379,8 @@ class Store:
         """Whether `_written_words` holds every word on disk (None: not written yet)."""
         self._wal = self.path.with_name(self.path.name + "-wal")
         self._checkpointer = Checkpointer(self._connect)
+        self._swept: dict[str, tuple[object, ...]] = {}
+        """Where the integrity check's last look stopped, by what it walks (`SWEEPS`)."""
 
     @property
     def _writer(self) -> sqlite3.Connection:
@@ -393,6 +420,18 @@ class Store:
         rows = self._writer.execute("PRAGMA quick_check").fetchall()
         if [r[0] for r in rows] != ["ok"]:
             raise IndexDamaged(f"database disk image is malformed: {rows[0][0]}")
+
+    def sweep(self, rows: int = SWEEP_ROWS) -> None:
+        """Reads the next `rows` rows of every table and index, whole, from where the last
+        look stopped, starting over after the last: damage on a page that no search reads
+        is met within `pages / rows` looks, at a few MB a look. Raises what SQLite raises
+        for a damaged page (`trouble` says "damaged")."""
+        db = self._reader
+        for name, sql, width in SWEEPS:
+            after = self._swept.get(name, _SWEEP_START[width])
+            found = db.execute(sql, (*after, rows)).fetchall()
+            self._swept[name] = tuple(found[-1][:width]) if len(found) == rows else \
+                _SWEEP_START[width]
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)

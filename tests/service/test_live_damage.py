@@ -1,0 +1,114 @@
+"""An index file damaged while its indexer runs (issue 24), with a real `metis serve`:
+pages of the chunks' table overwritten on disk under a ready indexer. A search that meets
+the damage answers 503 in the spec's shape (never 500), the status says so, and the index
+is moved aside and rebuilt from the sources; damage on pages no search reads is found by
+the integrity check, which reads a few pages more every `--check-seconds`."""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+from pathlib import Path
+
+import httpx
+
+from tests.support.processes import Process, indexer, running, wait_ready
+
+from .test_service import perf_drive
+
+QUESTIONS = ("enhancement proposal", "python version", "the standard library", "import module",
+             "backwards compatibility", "rationale", "reference implementation", "unicode",
+             "syntax", "exceptions")  # fmt: skip
+
+
+def damage_chunk_pages(index: Path, pages: int = 40) -> list[int]:
+    """Random bytes over `pages` leaf and overflow pages of the chunks' table, after the log
+    is copied into the file (so what a reader reads next is the file's page, not a newer
+    copy in the log), as a failing disk or a stray writer would leave them. Then a
+    transaction, so that the indexer's readers read those pages from the file again rather
+    than from their caches (as they do after any write)."""
+    db = sqlite3.connect(index)
+    try:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+        found = [row[0] for row in db.execute(
+            "SELECT pageno FROM dbstat WHERE name = 'chunks' AND pagetype IN ('leaf', 'overflow')")]
+    finally:
+        db.close()
+    chosen = sorted(random.Random(24).sample(found, min(pages, len(found))))
+    with index.open("r+b") as f:
+        for page in chosen:
+            f.seek((page - 1) * size)
+            f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+    db = sqlite3.connect(index)
+    try:  # a write of another page: every reader drops the pages it kept in memory
+        with db:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('test-touched', '1')")
+    finally:
+        db.close()
+    return chosen
+
+
+def metric(p: Process, name: str) -> float:
+    total = 0.0
+    for line in p.get("/metrics").text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def rebuilt(p: Process, before: dict) -> dict:
+    """The status once the damaged index was rebuilt and read again whole."""
+    return p.wait_status(
+        "the index rebuilt from the sources",
+        lambda s: s["phase"] == "ready" and s["documents"] == before["documents"]
+        and any("rebuilt from the sources" in w for w in s["warnings"]),
+        timeout=300,
+    )
+
+
+def test_a_search_that_meets_damage_answers_503_and_the_index_is_rebuilt(tmp_path):
+    drive = perf_drive(tmp_path, files=40)
+    index_dir = tmp_path / "index"
+    p = indexer({"peps": drive}, index_dir, None, extra=("--check-seconds", "3600"))
+    with running(p):
+        before = wait_ready(p)
+        damage_chunk_pages(index_dir / "index.sqlite3")
+        answers = [httpx.post(f"{p.base_url}/v1/search", timeout=60,
+                              json={"query": q, "mode": "keyword", "top_k": 50})
+                   for q in QUESTIONS for _ in range(4)]  # fmt: skip
+        statuses = [a.status_code for a in answers]
+        assert set(statuses) <= {200, 503}, [a.text for a in answers if a.status_code != 200]
+        refused = [a.json()["error"] for a in answers if a.status_code == 503]
+        assert refused, "no search met the damaged pages"
+        assert {e["code"] for e in refused} == {"KNOWLEDGE_BASE_NOT_READY"}
+        assert all("the index is damaged" in e["message"] for e in refused)
+        assert metric(p, 'metis_index_damage_found_total{found_by="search"}') >= 1
+        assert metric(p, 'metis_searches_total{mode="hybrid",outcome="error"}') == 0
+        assert metric(p, 'metis_searches_total{mode="keyword",outcome="error"}') == len(refused)
+
+        after = rebuilt(p, before)
+        assert after["chunks"] == before["chunks"] and after["failed"] == 0
+        assert after["last_pass"]["read"] == before["documents"], "read again from the sources"
+        assert metric(p, "metis_index_rebuilds_total") == 1
+        for q in QUESTIONS:
+            found = p.post("/v1/search", {"query": q, "mode": "keyword", "top_k": 50})
+            assert found.status_code == 200, found.text
+    assert (index_dir / "index.sqlite3.damaged").exists(), "kept for a person to look at"
+
+
+def test_damage_no_search_reads_is_found_by_the_integrity_check(tmp_path):
+    drive = perf_drive(tmp_path, files=40)
+    index_dir = tmp_path / "index"
+    p = indexer({"peps": drive}, index_dir, None, extra=("--check-seconds", "0.5"))
+    with running(p):
+        before = wait_ready(p)
+        damage_chunk_pages(index_dir / "index.sqlite3", pages=3)
+        after = rebuilt(p, before)
+        assert after["chunks"] == before["chunks"]
+        assert metric(p, 'metis_index_damage_found_total{found_by="check"}') >= 1
+        assert metric(p, 'metis_index_damage_found_total{found_by="search"}') == 0
+        assert "met by the integrity check" in p.log()
