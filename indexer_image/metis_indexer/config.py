@@ -88,8 +88,10 @@ class IndexerConfig(_Model):
     port: int = Field(default=7700, ge=0, le=65535)
     workers: int = Field(default=2, ge=1, le=64)
     embedding_batch: int = Field(default=64, ge=1, le=2048)
-    """Passages per embeddings request, filled across documents: fewer for a server
-    that limits its batches (TEI's --max-client-batch-size), more for a large GPU."""
+    """The most passages per embeddings request, filled across documents: fewer for a
+    server that limits its batches (TEI's --max-client-batch-size), more for a large GPU.
+    Below it, requests are sized to the server's pace (`clients.batch_size`), so a slow
+    server is sent small ones and a question never queues long behind them."""
     vectors: limits.VectorKind = limits.VECTORS_DEFAULT
     """How vectors are held in memory: float32, or int8 codes (a quarter of the memory)
     scanned for candidates that are rescored exactly from float32 vectors on disk."""

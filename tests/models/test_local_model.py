@@ -29,6 +29,7 @@ from metis_indexer.models.localmodel.encoder import (
     Encoder,
     ModelNotInstalled,
     model_dir,
+    slices,
 )
 from tests.support.model_server import start_model_server
 
@@ -239,6 +240,86 @@ def test_health_answers_while_a_batch_runs(model_server: str) -> None:
     # A blocked loop would answer /health only after the batch: once or twice in all, one of
     # them taking about the whole batch. Relative to the batch, so slow shared cores pass.
     assert len(latencies) >= 3 and max(latencies) < batch / 2, (latencies, batch)
+
+
+def _work(health: httpx.Response) -> dict:
+    """The server's count of requests of each kind waiting, started and answered."""
+    assert health.status_code == 200
+    return health.json()["work"]
+
+
+def test_questions_are_answered_while_a_batch_runs(model_server: str) -> None:
+    """A question sent while a batch runs is answered before the batch: it runs on the
+    quick lane's own session. On one worker it would wait for the whole batch."""
+
+    async def scenario() -> tuple[int, dict, dict]:
+        async with httpx.AsyncClient(base_url=model_server, timeout=120) as client:
+            before = _work(await client.get("/health"))
+            batch = asyncio.create_task(
+                client.post("/v1/embeddings", json={"input": _long_texts(64)})
+            )
+            answered = 0
+            while not batch.done():
+                question = await client.post("/v1/embeddings", json={"input": "a question?"})
+                assert question.status_code == 200
+                answered += not batch.done()
+            assert (await batch).status_code == 200
+            return answered, before, _work(await client.get("/health"))
+
+    answered, before, after = asyncio.run(scenario())
+    assert answered >= 5, "questions answered while the batch was still running"
+    assert after["bulk"]["answered"] - before["bulk"]["answered"] == 1
+    assert after["quick"]["answered"] - before["quick"]["answered"] >= answered
+
+
+def test_a_rerank_goes_ahead_of_a_batch_between_its_slices(model_server: str) -> None:
+    """A rerank too big for the quick lane shares the batch's session, and runs ahead of
+    its remaining slices: each rerank waits one slice, not the batch."""
+    documents = _long_texts(7)  # with the query: one slice, hundreds of tokens
+
+    async def scenario() -> tuple[int, dict, dict]:
+        async with httpx.AsyncClient(base_url=model_server, timeout=120) as client:
+            before = _work(await client.get("/health"))
+            batch = asyncio.create_task(
+                client.post("/v1/embeddings", json={"input": _long_texts(64)})
+            )
+            async with asyncio.timeout(120):
+                while not _work(await client.get("/health"))["bulk"]["started"]:
+                    await asyncio.sleep(0.01)  # pacing the polls of the batch's start
+            answered = 0
+            while not batch.done():
+                rerank = await client.post(
+                    "/v1/rerank", json={"query": "line length", "documents": documents}
+                )
+                assert rerank.status_code == 200 and len(rerank.json()["results"]) == 7
+                answered += not batch.done()
+            assert (await batch).status_code == 200
+            return answered, before, _work(await client.get("/health"))
+
+    answered, before, after = asyncio.run(scenario())
+    assert answered >= 3, "reranks answered while the batch was still running"
+    assert after["rerank"]["answered"] - before["rerank"]["answered"] >= answered
+    assert after["bulk"]["answered"] - before["bulk"]["answered"] == 1
+
+
+@pytest.mark.parametrize(
+    ("route", "tokens", "kind"),
+    [("embeddings", 12, "quick"), ("rerank", 128, "quick"), ("embeddings", 129, "bulk"),
+     ("rerank", 129, "rerank"), ("embeddings", 16384, "bulk")],
+    ids=["question", "small-rerank", "passages", "rerank", "pass-batch"],
+)
+def test_work_is_quick_when_small_and_else_by_route(route, tokens, kind) -> None:
+    assert server.kind_of(route, tokens) == kind
+
+
+def test_slices_run_similar_lengths_together_and_cover_every_text() -> None:
+    assert slices([5, 1, 9, 3, 7], 2) == [[1, 3], [0, 4], [2]]
+    assert slices([], 8) == []
+
+
+def test_another_session_gives_the_same_vectors(encoder: Encoder) -> None:
+    texts = [*_long_texts(3), "a cat sat on the mat"]
+    np.testing.assert_allclose(encoder.another(1).embed(texts), encoder.embed(texts), atol=1e-6)
 
 
 def test_cli_prints_its_address_and_stops_cleanly_on_sigterm(model_cache_home: Path) -> None:

@@ -19,12 +19,18 @@ import pytest
 from aiohttp import web
 
 from metis_indexer.models.clients import (
+    IN_FLIGHT,
+    MIN_BATCH,
+    REQUEST_SECONDS,
     EmbeddingClient,
     ModelRefused,
     _Asked,
     _Item,
     base64_rows,
+    batch_size,
     decode_embeddings,
+    in_flight,
+    paced,
     send_now,
     take_batch,
 )
@@ -57,7 +63,8 @@ def documents() -> list[list[str]]:
 def test_passages_of_many_documents_share_requests_and_get_their_own_vectors(models):
     async def run() -> tuple[list[np.ndarray], list[np.ndarray], list[dict]]:
         http, bodies = recording()
-        client = EmbeddingClient(models.base_url, client=http, batch=8, in_flight=1)
+        client = EmbeddingClient(models.base_url, client=http, batch=8, min_batch=8,
+                                 in_flight=1)
         await client.connect()
         together = await asyncio.gather(*(client.embed_documents(d) for d in documents()))
         batched = list(bodies)
@@ -162,13 +169,145 @@ def test_a_batch_is_taken_in_order_without_documents_that_stopped_waiting():
 
 
 @pytest.mark.parametrize(
-    ("waiting", "out", "now"),
-    [(8, 1, True), (9, 1, True), (3, 0, True), (3, 1, False), (0, 0, False)],
+    ("waiting", "out", "limit", "now"),
+    [(8, 1, 2, True), (9, 1, 2, True), (3, 0, 2, True), (3, 1, 2, False), (0, 0, 2, False),
+     (8, 1, 1, False), (3, 0, 1, True)],
     ids=["full-while-another-is-out", "more-than-full", "partial-when-none-is-out",
-         "partial-waits-while-another-is-out", "nothing-to-send"],
+         "partial-waits-while-another-is-out", "nothing-to-send", "full-but-one-is-the-limit",
+         "partial-with-one-as-the-limit"],
 )
-def test_a_request_goes_when_full_or_when_the_server_has_nothing_else(waiting, out, now):
-    assert send_now(waiting, 8, out) is now
+def test_a_request_goes_when_full_or_when_the_server_has_nothing_else(waiting, out, limit, now):
+    assert send_now(waiting, 8, out, limit) is now
+
+
+@pytest.mark.parametrize(
+    ("pace", "ceiling", "size"),
+    [(None, 64, MIN_BATCH), (None, 1, 1), (1e-5, 64, 64), (0.0, 64, 64),
+     (REQUEST_SECONDS / 20, 64, 20), (REQUEST_SECONDS / 20, 16, 16),
+     (REQUEST_SECONDS / 3.5, 64, 3), (5.0, 64, MIN_BATCH), (5.0, 1, 1)],
+    ids=["first-request", "first-below-the-floor", "fast-server", "instant-server",
+         "paced", "paced-past-the-ceiling", "cpu-server", "crawling-server",
+         "ceiling-below-the-floor"],
+)
+def test_a_pass_request_carries_what_the_server_answers_in_request_seconds(pace, ceiling, size):
+    assert batch_size(pace, ceiling) == size
+
+
+def test_a_floor_as_high_as_the_ceiling_fixes_the_size():
+    assert {batch_size(pace, 8, floor=8) for pace in (None, 1e-6, 0.1, 5.0)} == {8}
+
+
+def test_the_pace_follows_the_server_within_a_request_or_two():
+    assert paced(None, 2.0, 8) == 0.25
+    assert paced(0.25, 0.5, 8) == pytest.approx((0.25 + 0.0625) / 2)
+
+
+@pytest.mark.parametrize(
+    ("took", "now", "want"),
+    [(REQUEST_SECONDS / 2, 2, 1), (REQUEST_SECONDS * 4, 2, 1),
+     (REQUEST_SECONDS / 5, 1, IN_FLIGHT), (REQUEST_SECONDS / 3, 1, 1),
+     (REQUEST_SECONDS / 3, 2, 2)],
+    ids=["slow-goes-to-one", "crawling", "fast-goes-back-to-two", "between-stays-one",
+         "between-stays-two"],
+)
+def test_one_request_is_out_where_a_request_takes_longer_than_a_question_should_wait(
+    took, now, want
+):
+    assert in_flight(took / 8, 8, now) == want
+
+
+class Serializing:
+    """A server that embeds one request at a time, first come first served, as a plain
+    model server does: a stand-in in front of the real local model (which does not
+    serialize), keeping the order it took and answered requests in."""
+
+    def __init__(self, model_url: str) -> None:
+        self.model_url = model_url
+        self.events: list[tuple[str, str, int]] = []
+        """("arrived" or "answered", "question" or "pass", texts), in order."""
+
+    def handler(self, http: httpx.AsyncClient) -> Callable[[web.Request], Awaitable[web.Response]]:
+        one_at_a_time = asyncio.Lock()
+
+        async def embeddings(request: web.Request) -> web.Response:
+            body = await request.read()
+            texts = json.loads(body)["input"]
+            who = "question" if any("question" in t for t in texts) else "pass"
+            self.events.append(("arrived", who, len(texts)))
+            async with one_at_a_time:
+                answer = await http.post(f"{self.model_url}/v1/embeddings", content=body,
+                                         headers={"Content-Type": "application/json"})
+            self.events.append(("answered", who, len(texts)))
+            return web.Response(body=answer.content, status=answer.status_code,
+                                content_type="application/json")
+
+        return embeddings
+
+
+def waited_behind(events: list[tuple[str, str, int]]) -> list[tuple[int, int]]:
+    """For each question, the pass's requests answered between its arrival and its answer,
+    and their passages: what it waited behind."""
+    waits: list[tuple[int, int]] = []
+    waiting: tuple[int, int] | None = None
+    for what, who, texts in events:
+        if who == "question":
+            if what == "arrived":
+                waiting = (0, 0)
+            elif waiting is not None:
+                waits.append(waiting)
+                waiting = None
+        elif what == "answered" and waiting is not None:
+            waiting = (waiting[0] + 1, waiting[1] + texts)
+    return waits
+
+
+def test_what_a_question_waited_behind_is_read_from_the_order_of_events():
+    events = [("arrived", "pass", 8), ("arrived", "question", 1), ("answered", "pass", 8),
+              ("arrived", "pass", 5), ("answered", "question", 1), ("answered", "pass", 5),
+              ("arrived", "question", 1), ("answered", "question", 1)]
+    assert waited_behind(events) == [(1, 8), (0, 0)]
+
+
+SMALL = 16
+"""Passages of a small request: a quarter of what the pass sent before (64)."""
+
+
+def test_a_question_waits_behind_one_small_request_at_a_serializing_server():
+    """The pass's requests are sized to the real model's pace (one thread: a passage of 256
+    tokens takes a tenth of a second or more on CPUs of these machines' class, so a few a
+    request), and only one is out at a time: at a server that takes one request at a
+    time, a question waits behind at most one small request. With requests of 64, it
+    waited behind 64 passages (seconds)."""
+    passages = [f"passage {i}: " + "words of a long passage " * 60 for i in range(136)]
+    model = start_model_server(threads=1)
+
+    async def run() -> tuple[list[tuple[str, str, int]], int]:
+        async with httpx.AsyncClient(timeout=120) as forward:
+            serializing = Serializing(model.base_url)
+            async with stand_in_async(serializing.handler(forward)) as url:
+                client = EmbeddingClient(url)
+                await client.connect()
+                document = asyncio.create_task(client.embed_documents(passages))
+                async with asyncio.timeout(120):
+                    while not any(e[:2] == ("answered", "pass") for e in serializing.events):
+                        await asyncio.sleep(0.01)  # pacing the polls of the first answer
+                asked = 0
+                while not document.done():
+                    await client.embed_query("a question about the passages")
+                    asked += 1
+                vectors = await document
+                await client.close()
+        assert vectors.shape == (136, 384)
+        return serializing.events, asked
+
+    try:
+        events, asked = asyncio.run(run())
+    finally:
+        model.stop()
+    waits = waited_behind(events)
+    assert len(waits) == asked, waits
+    assert all(requests <= 1 and passages <= SMALL for requests, passages in waits), waits
+    assert asked >= 3, "questions asked while the pass's requests were out"
 
 
 def test_passages_arriving_while_a_request_is_out_wait_to_share_the_next():
@@ -185,7 +324,7 @@ def test_passages_arriving_while_a_request_is_out_wait_to_share_the_next():
             return web.json_response({"data": data})
 
         async with stand_in_async(embeddings) as url:
-            client = EmbeddingClient(url, batch=8, in_flight=2)
+            client = EmbeddingClient(url, batch=8, min_batch=8, in_flight=2)
             await client.connect()
             first = asyncio.create_task(client.embed_documents(["a", "b", "c"]))
             async with asyncio.timeout(10):

@@ -32,12 +32,21 @@ import orjson
 from metis_indexer.models.prefixes import default_prefixes
 
 BATCH = 64
-"""Passages per embeddings request, filled across documents: large enough to amortise
-a request, small enough to retry."""
-IN_FLIGHT_PASSAGES = 128
-"""Passages of a pass out at a server at once (in requests of `batch`, at least one):
-enough to keep it busy, few enough that a question's embedding, which queues behind
-them at a server that embeds one request at a time, is answered within seconds."""
+"""The most passages in one embeddings request, filled across documents: large enough
+to amortise a request at a fast server, small enough to retry."""
+MIN_BATCH = 2
+"""The fewest passages in a full request, and what a pass's first request carries while
+the server's pace is unknown. A CPU server embeds requests of 2 about as fast as of 8
+(bench/results/preemption.md)."""
+REQUEST_SECONDS = 0.25
+"""How long a pass's request should take, answer included: a question queues behind
+what the pass has out at a server that embeds one request at a time, so about this
+long, whatever the server's speed (down to MIN_BATCH passages)."""
+IN_FLIGHT = 2
+"""A pass's requests out at once where requests are quick: the second keeps the server
+busy while the first's answer travels. One where a request takes half of
+REQUEST_SECONDS or more: the round trip is then a few hundredths of it, and a question
+waits behind one request, not two."""
 QUERY_IN_FLIGHT = 8
 """Questions embedded at once. Their own slots: a search never queues behind a pass."""
 RERANK_IN_FLIGHT = 4
@@ -126,7 +135,8 @@ async def discover(client: httpx.AsyncClient, base_url: str) -> ModelInfo:
 
 
 class EmbeddingClient:
-    """Embeds passages in batches, a few requests in flight, retrying with backoff."""
+    """Embeds passages in batches sized to the server's pace, one or two requests in
+    flight, retrying with backoff."""
 
     def __init__(
         self,
@@ -136,6 +146,7 @@ class EmbeddingClient:
         document_prefix: str | None = None,
         client: httpx.AsyncClient | None = None,
         batch: int = BATCH,
+        min_batch: int = MIN_BATCH,
         in_flight: int | None = None,
         retries: int = RETRIES,
         backoff: float = BACKOFF,
@@ -147,7 +158,11 @@ class EmbeddingClient:
         self.dimensions: int | None = None
         self._client = client or httpx.AsyncClient(timeout=TIMEOUT)
         self._batch = batch
-        self._slots = asyncio.Semaphore(in_flight or max(1, IN_FLIGHT_PASSAGES // batch))
+        self._min_batch = min_batch
+        self._fixed_in_flight = in_flight
+        self._in_flight = in_flight or IN_FLIGHT
+        self._pace: float | None = None
+        """Seconds a passage of the pass took at the server, as a moving average."""
         self._query_slots = asyncio.Semaphore(QUERY_IN_FLIGHT)
         self._sent: dict[int, float] = {}
         self._ids = itertools.count()
@@ -214,9 +229,10 @@ class EmbeddingClient:
         """Vectors of passages, in order, with the document prefix.
 
         Passages wait in one queue with those of other documents being embedded, and go
-        out in requests of up to `batch` passages, IN_FLIGHT_PASSAGES at once: a pass's
-        requests are full even where its documents are short. A document is refused
-        (ModelRefused) only for its own passages.
+        out in requests sized to the server's pace (`batch_size`, at most `batch`), one
+        or two at once (`in_flight`): a pass's requests are full even where its
+        documents are short. A document is refused (ModelRefused) only for its own
+        passages.
         """
         if self.model is None:
             await self.connect()
@@ -233,13 +249,12 @@ class EmbeddingClient:
         return await asked.done  # cancelled with its document: its passages are not sent
 
     async def _send(self) -> None:
-        """Fill requests from the queue as slots free up; a request that is not full goes
-        only when no other is out (`send_now`), so the server is never idle for it."""
+        """Fill requests from the queue as requests come back; a request that is not full
+        goes only when no other is out (`send_now`), so the server is never idle for it."""
         while True:
-            await self._slots.acquire()
             while not (
-                send_now(len(self._waiting), self._batch, self._out)
-                and (batch := take_batch(self._waiting, self._batch))
+                send_now(len(self._waiting), self._size(), self._out, self._in_flight)
+                and (batch := take_batch(self._waiting, self._size()))
             ):
                 self._arrived.clear()
                 await self._arrived.wait()
@@ -255,8 +270,10 @@ class EmbeddingClient:
             groups = [batch]
             while groups:
                 group = groups.pop()
+                started = time.monotonic()
                 try:
                     vectors = await self._embed_batch([item.text for item in group], self._retries)
+                    self._paced(time.monotonic() - started, len(group))
                 except ModelRefused as e:
                     owners = list(dict.fromkeys(item.asked for item in group))
                     if len(owners) == 1:
@@ -276,8 +293,16 @@ class EmbeddingClient:
             raise
         finally:
             self._out -= 1
-            self._slots.release()
             self._arrived.set()  # a request that waited to be full may go now
+
+    def _size(self) -> int:
+        return batch_size(self._pace, self._batch, self._min_batch)
+
+    def _paced(self, seconds: float, passages: int) -> None:
+        """Learn the server's pace from a request's answer, and size what follows by it."""
+        self._pace = paced(self._pace, seconds, passages)
+        if self._fixed_in_flight is None:
+            self._in_flight = in_flight(self._pace, self._size(), self._in_flight)
 
     async def embed_query(self, text: str) -> npt.NDArray[np.float32]:
         """A question's vector, with the query prefix; one try (searches have a deadline)."""
@@ -388,13 +413,45 @@ class _Item:
     text: str
 
 
-def send_now(waiting: int, batch: int, out: int) -> bool:
-    """Whether a request goes now with what waits: when it is full, or when no other
-    request is out. A request sent the moment a slot freed carried about half a batch (a
-    pass sent nearly twice the requests full ones would be, and a request costs the
-    indexer's process milliseconds); one that waits while another is out keeps the server
-    as busy, and fills meanwhile."""
-    return waiting >= batch or (waiting > 0 and out == 0)
+def send_now(waiting: int, batch: int, out: int, limit: int) -> bool:
+    """Whether a request goes now with what waits: with fewer than `limit` out, when it is
+    full, or when no other request is out. A request sent the moment a slot freed carried
+    about half a batch (a pass sent nearly twice the requests full ones would be, and a
+    request costs the indexer's process milliseconds); one that waits while another is
+    out keeps the server as busy, and fills meanwhile."""
+    return out < limit and (waiting >= batch or (waiting > 0 and out == 0))
+
+
+def paced(pace: float | None, seconds: float, passages: int) -> float:
+    """Seconds a passage takes at the server, averaged with the last request's (`seconds`
+    for `passages`, answer included), so a server that slows down is followed within a
+    request or two."""
+    now = seconds / passages
+    return now if pace is None else (pace + now) / 2
+
+
+def batch_size(pace: float | None, ceiling: int, floor: int = MIN_BATCH) -> int:
+    """Passages for a pass's next request: as many as the server answers in about
+    REQUEST_SECONDS at its `pace`, from `floor` (or `ceiling` where that is fewer) to
+    `ceiling`. The first request carries `floor`: a slow server's pace is not known yet,
+    and a fast one answers so soon that the next is full size."""
+    floor = min(floor, ceiling)
+    if pace is None:
+        return floor
+    return max(floor, min(ceiling, int(REQUEST_SECONDS / max(pace, 1e-9))))
+
+
+def in_flight(pace: float, batch: int, now: int) -> int:
+    """A pass's requests out at once: one where a request of `batch` takes half of
+    REQUEST_SECONDS or more at `pace`, IN_FLIGHT where it takes under a quarter, else
+    `now` (with two out, a request takes up to twice as long at a server that embeds one
+    at a time: without the margin it would flap)."""
+    took = pace * batch
+    if took >= REQUEST_SECONDS / 2:
+        return 1
+    if took < REQUEST_SECONDS / 4:
+        return IN_FLIGHT
+    return now
 
 
 def take_batch(waiting: collections.deque[_Item], size: int) -> list[_Item]:

@@ -10,9 +10,10 @@ installs it. The heavy imports (onnxruntime, tokenizers, onnx) happen in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +81,17 @@ class Encoded:
 class Encoder:
     """The tokenizer and the onnxruntime session; `embed` is thread-safe."""
 
-    def __init__(self, tokenizer: Any, session: Any, batch_size: int = DEFAULT_BATCH) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        new_session: Callable[[int], Any],
+        threads: int,
+        batch_size: int = DEFAULT_BATCH,
+    ) -> None:
         self._tokenizer = tokenizer
-        self._session = session
+        self._new_session = new_session
+        """A session of the graph on n threads."""
+        self._session = new_session(threads)
         self.batch_size = batch_size
         self.model_id = MODEL_ID
         self.dimensions = DIMENSIONS
@@ -114,44 +123,43 @@ class Encoder:
 
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         # Trap: the shipped tokenizer.json truncates and pads to 128 tokens. Long
-        # chunks then drift (cosine down to 0.69); pad per batch in `_run` instead.
+        # chunks then drift (cosine down to 0.69); pad per batch in `run` instead.
         tokenizer.enable_truncation(MAX_TOKENS)
         tokenizer.no_padding()
 
         model, from_cache = graph.cached_graph(path, cache_dir)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or default_threads()
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # Idle worker threads must not spin on cores shared with the callers.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(
-            model, sess_options=options, providers=["CPUExecutionProvider"]
-        )
-
-        encoder = cls(tokenizer, session, batch_size)
+        new_session = functools.partial(_session, ort, model)
+        encoder = cls(tokenizer, new_session, threads or default_threads(), batch_size)
         encoder.graph_from_cache = from_cache
         encoder.load_seconds = time.perf_counter() - started
         return encoder
 
+    def another(self, threads: int) -> Encoder:
+        """The same tokenizer and graph on a session of its own with `threads` threads:
+        one that runs beside this one (the server's quick lane), each with its own
+        buffers."""
+        return type(self)(self._tokenizer, self._new_session, threads, self.batch_size)
+
     def encode(self, texts: Sequence[str]) -> Encoded:
         """Embed `texts` in order, counting the tokens read (after truncation)."""
-        vectors = np.zeros((len(texts), DIMENSIONS), dtype=np.float32)
-        if not texts:
-            return Encoded(vectors, 0)
-        ids = [e.ids for e in self._tokenizer.encode_batch(list(texts))]
-        # Similar lengths share a batch, so little compute goes to padding.
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start : start + self.batch_size]
-            vectors[batch] = self._run([ids[i] for i in batch])
+        ids = self.tokenize(texts)
+        vectors = np.zeros((len(ids), DIMENSIONS), dtype=np.float32)
+        for part in slices([len(i) for i in ids], self.batch_size):
+            vectors[part] = self.run([ids[i] for i in part])
         return Encoded(vectors, sum(len(i) for i in ids))
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit vectors (float32, len(texts) × 384), row i for texts[i]."""
         return self.encode(texts).vectors
 
-    def _run(self, batch: list[list[int]]) -> np.ndarray:
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's token ids, truncated to the model's window."""
+        if not texts:
+            return []
+        return [e.ids for e in self._tokenizer.encode_batch(list(texts))]
+
+    def run(self, batch: list[list[int]]) -> np.ndarray:
+        """One forward pass: the vectors of `batch` (token ids), padded to its longest."""
         width = max(len(ids) for ids in batch)
         input_ids = np.zeros((len(batch), width), dtype=np.int64)
         mask = np.zeros((len(batch), width), dtype=np.int64)
@@ -160,3 +168,21 @@ class Encoder:
             mask[row, : len(ids)] = 1
         (out,) = self._session.run(["embeddings"], {"input_ids": input_ids, "attention_mask": mask})
         return out
+
+
+def slices(lengths: Sequence[int], size: int) -> list[list[int]]:
+    """The texts' indices in batches of `size` for `Encoder.run`, shortest texts first:
+    similar lengths share a batch, so little compute goes to padding."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[start : start + size] for start in range(0, len(order), size)]
+
+
+def _session(ort: Any, model: str | bytes, threads: int) -> Any:
+    """An onnxruntime (`ort`) session of the graph on `threads` CPU threads."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # Idle worker threads must not spin on cores shared with the callers.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])

@@ -6,14 +6,17 @@
 - `POST /v1/embeddings`: OpenAI (vLLM, Infinity, TEI's OpenAI route).
 - `POST /v1/rerank`: Cohere/Jina (vLLM, Infinity). `POST /rerank`: TEI's own shape,
   with TEI's error shape.
-- `GET /health`.
+- `GET /health`, with the work of each kind waiting, started and answered.
 
 The `model` field of a request is accepted whatever it says (as TEI does) and the
-answer names the model that really ran. Inference runs on one worker thread:
-the onnxruntime session already uses every core it is given, and a second
-concurrent batch would only fight it for them. Waiting requests run smallest
-first, so a question is not queued behind an indexer's batches (what a
-production server's dynamic batching achieves).
+answer names the model that really ran. A question never waits for an indexer's
+batch (what a production server's dynamic batching achieves):
+- quick work (a question: a few tokens) runs at once on a one-thread session of its
+  own, beside whatever else runs; it takes milliseconds, so it takes little from it;
+- everything else runs on the main session, whose threads use every core given:
+  one thread feeds it a slice (the encoder's batch of 8) at a time, reranks ahead of
+  batches, so a rerank waits at most one slice of a batch. Two batches at once would
+  only fight for the cores.
 """
 
 from __future__ import annotations
@@ -21,17 +24,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import collections
 import concurrent.futures
-import heapq
+import dataclasses
 import itertools
 import logging
 import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from aiohttp import web
@@ -42,6 +46,7 @@ from metis_indexer.models.localmodel.encoder import (
     Encoded,
     Encoder,
     ModelNotInstalled,
+    slices,
 )
 
 RERANKER_ID = "all-MiniLM-L6-v2-cosine-reranker"
@@ -52,15 +57,6 @@ DEFAULT_MAX_INPUTS = 2048
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 log = logging.getLogger(__name__)
-
-
-class TextEncoder(Protocol):
-    """What the app needs of an encoder (`Encoder`, or a stand-in in tests)."""
-
-    model_id: str
-    dimensions: int
-
-    def encode(self, texts: Sequence[str]) -> Encoded: ...
 
 
 class _Body(BaseModel):
@@ -101,52 +97,149 @@ class _BadRequest(Exception):
         self.param = param
 
 
-class SmallestFirst:
-    """One model thread; of the requests waiting, the one with fewest texts runs next
-    (ties in arrival order). A request cancelled while it waits is never run."""
+Kind = Literal["quick", "rerank", "bulk"]
+"""What a request's work is, which decides where and when it runs."""
+KINDS: tuple[Kind, ...] = ("quick", "rerank", "bulk")
+QUICK_TOKENS = 128
+"""Work of at most this many tokens (a question, or a few) is quick: it runs on a session
+of its own at once, beside any batch, in milliseconds."""
+QUICK_THREADS = 1
+"""The quick session's threads: a question is too small to share out."""
+_RANKS: dict[Kind, int] = {"quick": 0, "rerank": 0, "bulk": 1}
+"""Lower runs first on a session: a rerank (a question's) goes ahead of a batch's slices."""
 
-    def __init__(self) -> None:
-        self._waiting: list[tuple[int, int, concurrent.futures.Future[Any], Callable[[], Any]]] = []
+
+def kind_of(route: Literal["embeddings", "rerank"], tokens: int) -> Kind:
+    """Quick when small; else a rerank, which a question waits for, or bulk (an indexer's
+    passages, which can wait a slice or two)."""
+    if tokens <= QUICK_TOKENS:
+        return "quick"
+    return "rerank" if route == "rerank" else "bulk"
+
+
+@dataclasses.dataclass(eq=False)
+class _Job:
+    """One request's texts, run a slice (the encoder's batch) at a time."""
+
+    kind: Kind
+    order: int
+    ids: list[list[int]]
+    left: collections.deque[list[int]]
+    """Slices not run yet: indices into `ids`."""
+    vectors: np.ndarray
+    future: concurrent.futures.Future[Encoded]
+    started: bool = False
+
+    def precedence(self) -> tuple[int, int]:
+        return _RANKS[self.kind], self.order
+
+
+class _Lane:
+    """One session and its thread. A job runs a slice at a time, and after each slice the
+    job of lowest rank (then the earliest) runs next: what arrives while a batch runs
+    waits one slice, not the batch. A job cancelled while it waits is never run; those
+    left at shutdown are cancelled, or fail if started."""
+
+    def __init__(self, encoder: Encoder, name: str) -> None:
+        self._encoder = encoder
+        self._jobs: list[_Job] = []
         self._order = itertools.count()
         self._ready = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="metis-model", daemon=True)
+        self._counts = {kind: dict.fromkeys(("waiting", "started", "answered"), 0)
+                        for kind in KINDS}
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, size: int, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    def submit(self, kind: Kind, ids: list[list[int]]) -> concurrent.futures.Future[Encoded]:
+        future: concurrent.futures.Future[Encoded] = concurrent.futures.Future()
+        parts = slices([len(i) for i in ids], self._encoder.batch_size)
+        vectors = np.zeros((len(ids), self._encoder.dimensions), dtype=np.float32)
         with self._ready:
-            heapq.heappush(self._waiting, (size, next(self._order), future, fn))
+            if self._closed:
+                raise RuntimeError("the model server is stopping")
+            job = _Job(kind, next(self._order), ids, collections.deque(parts), vectors, future)
+            self._jobs.append(job)
+            self._counts[kind]["waiting"] += 1
             self._ready.notify()
         return future
+
+    def counts(self) -> dict[Kind, dict[str, int]]:
+        with self._ready:
+            return {kind: dict(counts) for kind, counts in self._counts.items()}
 
     def shutdown(self) -> None:
         with self._ready:
             self._closed = True
-            for _, _, future, _ in self._waiting:
-                future.cancel()
-            self._waiting.clear()
             self._ready.notify()
         self._thread.join()
 
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while not self._waiting and not self._closed:
+    def _next(self) -> tuple[_Job, list[int]] | None:
+        """The job to run a slice of, and the slice; None once closed."""
+        with self._ready:
+            while True:
+                while not self._jobs and not self._closed:
                     self._ready.wait()
                 if self._closed:
-                    return
-                _, _, future, fn = heapq.heappop(self._waiting)
-            if not future.set_running_or_notify_cancel():
-                continue
+                    for left in self._jobs:
+                        if not left.future.cancel():
+                            left.future.set_exception(RuntimeError("the model server stopped"))
+                    self._jobs.clear()
+                    return None
+                job = min(self._jobs, key=_Job.precedence)
+                if not job.started:
+                    self._counts[job.kind]["waiting"] -= 1
+                    if not job.future.set_running_or_notify_cancel():
+                        self._jobs.remove(job)
+                        continue
+                    job.started = True
+                    self._counts[job.kind]["started"] += 1
+                return job, job.left.popleft()
+
+    def _finish(self, job: _Job) -> None:
+        with self._ready:
+            self._jobs.remove(job)
+            self._counts[job.kind]["started"] -= 1
+            self._counts[job.kind]["answered"] += 1
+
+    def _run(self) -> None:
+        while (picked := self._next()) is not None:
+            job, part = picked
             try:
-                future.set_result(fn())
+                job.vectors[part] = self._encoder.run([job.ids[i] for i in part])
             except BaseException as e:
-                future.set_exception(e)
+                self._finish(job)
+                job.future.set_exception(e)
+                continue
+            if not job.left:
+                self._finish(job)
+                job.future.set_result(Encoded(job.vectors, sum(len(i) for i in job.ids)))
 
 
-_ENCODER = web.AppKey("encoder", TextEncoder)
-_EXECUTOR = web.AppKey("executor", SmallestFirst)
+class Scheduler:
+    """Quick work on a session of its own; reranks and batches share the main session's
+    thread, a slice at a time, reranks first."""
+
+    def __init__(self, encoder: Encoder, quick: Encoder) -> None:
+        self._main = _Lane(encoder, "metis-model")
+        self._quick = _Lane(quick, "metis-model-quick")
+
+    def submit(self, kind: Kind, ids: list[list[int]]) -> concurrent.futures.Future[Encoded]:
+        return (self._quick if kind == "quick" else self._main).submit(kind, ids)
+
+    def work(self) -> dict[Kind, dict[str, int]]:
+        """Requests of each kind waiting, started (a slice run, not all) and answered."""
+        main, quick = self._main.counts(), self._quick.counts()
+        return {kind: {k: main[kind][k] + quick[kind][k] for k in main[kind]} for kind in KINDS}
+
+    def shutdown(self) -> None:
+        self._quick.shutdown()
+        self._main.shutdown()
+
+
+_ENCODER = web.AppKey("encoder", Encoder)
+_QUICK = web.AppKey("quick", Encoder)
+_SCHEDULER = web.AppKey("scheduler", Scheduler)
 _MAX_INPUTS = web.AppKey("max_inputs", int)
 _CREATED = web.AppKey("created", int)
 
@@ -210,17 +303,23 @@ def _check_count(request: web.Request, n: int, param: str) -> None:
         raise _BadRequest(f"{param} has {n} items; this server takes at most {limit}", param)
 
 
-async def _encode(request: web.Request, texts: list[str]) -> Encoded:
-    """Run the model on the worker thread, keeping the event loop free for /health."""
+async def _encode(
+    request: web.Request, texts: list[str], route: Literal["embeddings", "rerank"]
+) -> Encoded:
+    """Tokenize and run the model off the event loop, keeping it free for /health."""
     app = request.app
-    encoder = app[_ENCODER]
-    return await asyncio.wrap_future(
-        app[_EXECUTOR].submit(len(texts), lambda: encoder.encode(texts))
-    )
+    ids = await asyncio.to_thread(app[_ENCODER].tokenize, texts)
+    kind = kind_of(route, sum(len(i) for i in ids))
+    return await asyncio.wrap_future(app[_SCHEDULER].submit(kind, ids))
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "model": request.app[_ENCODER].model_id})
+    """`work`: the requests of each kind waiting, started and answered (the order the
+    model took them in, for whoever watches it)."""
+    app = request.app
+    return web.json_response(
+        {"status": "ok", "model": app[_ENCODER].model_id, "work": app[_SCHEDULER].work()}
+    )
 
 
 async def models(request: web.Request) -> web.Response:
@@ -268,7 +367,7 @@ async def embeddings(request: web.Request) -> web.Response:
             f"dimensions: this model gives {encoder.dimensions}, not {body.dimensions}",
             "dimensions",
         )
-    encoded = await _encode(request, texts)
+    encoded = await _encode(request, texts, "embeddings")
     if body.encoding_format == "base64":
         rows: list[Any] = [
             base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in encoded.vectors
@@ -284,7 +383,7 @@ async def embeddings(request: web.Request) -> web.Response:
 
 async def _scores(request: web.Request, query: str, texts: list[str]) -> tuple[np.ndarray, int]:
     """Cosine of each text with the query; vectors are unit length, so a dot product."""
-    encoded = await _encode(request, [query, *texts])
+    encoded = await _encode(request, [query, *texts], "rerank")
     return encoded.vectors[1:] @ encoded.vectors[0], encoded.tokens
 
 
@@ -323,24 +422,27 @@ async def tei_rerank(request: web.Request) -> web.Response:
 
 
 def create_app(
-    encoder: TextEncoder,
+    encoder: Encoder,
+    quick: Encoder,
     *,
     max_inputs: int = DEFAULT_MAX_INPUTS,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> web.Application:
-    """The aiohttp application serving `encoder`; caps inputs per request and body size."""
+    """The aiohttp application serving `encoder`, with `quick` (another session of it) for
+    quick work; caps inputs per request and body size."""
     app = web.Application(middlewares=[_errors], client_max_size=max_body_bytes)
     app[_ENCODER] = encoder
+    app[_QUICK] = quick
     app[_MAX_INPUTS] = max_inputs
     app[_CREATED] = int(time.time())
 
-    async def executor(app: web.Application) -> AsyncIterator[None]:
-        pool = SmallestFirst()
-        app[_EXECUTOR] = pool
+    async def scheduler(app: web.Application) -> AsyncIterator[None]:
+        work = Scheduler(app[_ENCODER], app[_QUICK])
+        app[_SCHEDULER] = work
         yield
-        await asyncio.to_thread(pool.shutdown)
+        await asyncio.to_thread(work.shutdown)
 
-    app.cleanup_ctx.append(executor)
+    app.cleanup_ctx.append(scheduler)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/embeddings", embeddings)
@@ -379,7 +481,7 @@ def serve(
     and `OSError` when the address cannot be bound.
     """
     encoder = Encoder.load(threads=threads)
-    asyncio.run(_run(create_app(encoder), host, port))
+    asyncio.run(_run(create_app(encoder, encoder.another(QUICK_THREADS)), host, port))
 
 
 def main(argv: list[str] | None = None) -> int:
