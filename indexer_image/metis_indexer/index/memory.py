@@ -5,12 +5,15 @@ with float32 on disk; grown by doubling, viewed as `[:n_rows]`), BM25 postings, 
 per-row citation fields as small arrays. Text stays on disk and is read only for the
 few chunks a search returns or reranks.
 A replaced or dropped document's rows are marked dead and reclaimed by
-`compact` once they are many.
+`compact` once they are a share of the rows (`compaction_capacity`), in the write path
+and again once a pass has stopped: a base read again and again holds what a fresh
+load of it would, within a few percent (issue 24: it grew with every full reindex).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import dataclasses
 import gc
@@ -32,6 +35,51 @@ from metis_indexer.index.store import ChunkBatch, FileRecord, Store, Stored, Ter
 from metis_indexer.index.vectors import Leg
 
 log = logging.getLogger(__name__)
+
+MIN_ROWS = 1024
+"""Rows the row arrays have room for at least."""
+WRITE_SHARE = 4
+"""While a pass writes, dead rows are reclaimed once they are a quarter of the rows (and
+at least `MIN_ROWS`): each compaction then reclaims as many rows as a quarter of what it
+copies, so a pass's compactions cost a few copies of the index, and the dense scan
+passes over the dead rows in pieces meanwhile (`vectors.allowed_spans`)."""
+IDLE_SHARE = 16
+"""Once a pass has stopped, dead rows are reclaimed once they are a sixteenth of the
+rows, or the arrays hold room for a sixteenth more than they need: what the next pass
+edits is a small share, and what memory holds is then within about 6 % of a fresh
+load's."""
+
+
+def compaction_capacity(n_rows: int, dead: int, capacity: int, idle: bool) -> int | None:
+    """The capacity to compact the rows to now, or None to leave them as they are.
+
+    While writing (`idle` False): room for a half more than the live rows, so that the rest
+    of a full reindex fills it without growing before the next compaction (at a quarter
+    dead, the rows are a third more than the live ones). Once idle: room for a thirty-
+    second more, so that the edits of a few files fit without growing (a fresh load has
+    room for its rows alone). Arrays of `MIN_ROWS` or fewer rows are left with their dead
+    rows: they would be as large without them, and scanning them costs microseconds."""
+    live = n_rows - dead
+    if not idle:
+        if dead >= MIN_ROWS and dead * WRITE_SHARE >= n_rows:
+            return max(MIN_ROWS, live + live // 2)
+        return None
+    fit = max(MIN_ROWS, live + live // 32)
+    spare = capacity * IDLE_SHARE > fit * (IDLE_SHARE + 1)
+    if spare or (n_rows > MIN_ROWS and dead * IDLE_SHARE >= n_rows):
+        return fit
+    return None
+
+
+def grown(capacity: int, needed: int, dead: int) -> int:
+    """The capacity rows grow to when `needed` rows are more than it holds. With no dead
+    row the index grows: doubling keeps appends cheap. With dead rows a pass replaces
+    documents, and a compaction reclaims the dead before the live rows are a half more
+    (`compaction_capacity`): room for that, and an eighth more than is needed now."""
+    if dead == 0:
+        return max(needed, 2 * capacity, MIN_ROWS)
+    live = needed - dead
+    return max(needed + needed // 8, live + live // 2, MIN_ROWS)
 
 
 @dataclasses.dataclass(slots=True)
@@ -130,6 +178,10 @@ class Index:
         self.folder = folder
         self.vector_kind: held.Kind = vector_kind
         self.lock = threading.RLock()
+        """Held by searches (`reading`) and by the writes that change what they read."""
+        self._writes = threading.RLock()
+        """Held by whatever changes the rows, around `lock` (never inside it): a compaction
+        builds its arrays holding this alone, while searches go on reading."""
         self.dimensions = 0
         self._clear_memory()
 
@@ -161,7 +213,7 @@ class Index:
         """Read the whole index into memory, sized exactly: from the snapshot the last load
         saved when no chunk changed since (`snapshot.py`), else from the store, saving a
         snapshot for the next load and then reading its rows back from it."""
-        with self.lock:
+        with self._writes, self.lock:
             meta_settings = self.settings()
             self.dimensions = meta_settings.dimensions if meta_settings else 0
             with self.store.reading() as tag:
@@ -247,7 +299,7 @@ class Index:
 
     def hold_vectors(self, kind: held.Kind) -> None:
         """Hold vectors the other way (float32 or int8): the index is loaded again."""
-        with self.lock:
+        with self._writes:
             if kind == self.vector_kind:
                 return
             self.vector_kind = kind
@@ -261,7 +313,7 @@ class Index:
         before = self.settings()
         if before is not None and before.words != settings.words:
             self._count_words_again()
-        with self.lock:
+        with self._writes, self.lock:
             self.store.set_meta(settings.as_meta())
             if before is not None and (before.model, before.dimensions) == (
                 settings.model, settings.dimensions
@@ -299,7 +351,9 @@ class Index:
         """Replace several files' chunks, on disk (one transaction, each document whole or
         not at all) and then in memory; each document's error, or None where it was
         written. An error of the index itself (a full drive, a damaged file) is raised.
-        A document's words are counted here unless it comes with them (`Counted`)."""
+        A document's words are counted here unless it comes with them (`Counted`). The
+        keyword segments are merged and dead rows reclaimed after, while searches read
+        (`compact`)."""
         errors: list[Exception | None] = []
         todo: list[tuple[int, Stored]] = []
         for i, (record, chunks, vectors, *counted) in enumerate(documents):
@@ -314,18 +368,20 @@ class Index:
             return errors
         results = self.store.put_documents([stored for _, stored in todo])
         batches = []
-        with self.lock:
-            for (i, stored), written in zip(todo, results, strict=True):
-                if isinstance(written, Exception):
-                    errors[i] = written
-                    continue
-                record = stored.record
-                self._drop_file((record.source, record.path))
-                self._add_file(written.file_id, record)
-                batches.append(_batch(written, stored, self.dimensions))
-            if batches:
-                self._add_batch(_concatenated(batches))
-                self.keyword.compact(self.alive)
+        with self._writes:
+            with self.lock:
+                for (i, stored), written in zip(todo, results, strict=True):
+                    if isinstance(written, Exception):
+                        errors[i] = written
+                        continue
+                    record = stored.record
+                    self._drop_file((record.source, record.path))
+                    self._add_file(written.file_id, record)
+                    batches.append(_batch(written, stored, self.dimensions))
+                if batches:
+                    self._add_batch(_concatenated(batches))
+            self.keyword.compact(self.alive, self.lock)
+            self.compact()
         return errors
 
     def touch_file(self, record: FileRecord) -> None:
@@ -340,18 +396,21 @@ class Index:
         """Forget files that are gone from their source."""
         if not keys:
             return
-        with self.lock:
-            self.store.delete_files(keys)
-            for key in keys:
-                self._drop_file(key)
+        with self._writes:
+            with self.lock:
+                self.store.delete_files(keys)
+                for key in keys:
+                    self._drop_file(key)
             self.compact()
 
     def settle(self) -> None:
         """Renew BM25's cached weights once a pass has stopped changing rows, so idle searches
         sum cached weights again. The weighing runs outside the lock: searches go on
         meanwhile, and the result is dropped if a document came or went. The store's
-        writer lets go of its word ids too."""
+        writer lets go of its word ids too, and dead rows and spare room are reclaimed
+        first, as the pass has stopped (`compaction_capacity`)."""
         self.store.forget_written_words()
+        self.compact(idle=True)
         with self.lock:
             if self.keyword.weighed:
                 return
@@ -360,23 +419,53 @@ class Index:
         with self.lock:
             self.keyword.install(snap, weights)
 
-    def compact(self) -> None:
-        """Reclaim dead rows once they are a third of the matrix."""
-        with self.lock:
-            if self.dead < 1024 or self.dead * 3 < self.n_rows:
+    def compact(self, idle: bool = False) -> None:
+        """Reclaim dead rows and spare room when `compaction_capacity` says so (`idle`: a
+        pass has stopped). The new arrays are built while searches go on reading the old
+        ones (only writes wait) and take their place at once; a search's rows stay
+        those of the arrays it read (`Reading`). A compaction that fails (a full drive,
+        for int8's files) leaves the index as it was, to be tried again later."""
+        with self._writes:
+            capacity = compaction_capacity(self.n_rows, self.dead, len(self.alive), idle)
+            if capacity is None:
                 return
-            keep = self.alive[: self.n_rows].copy()
-            new_row = np.cumsum(keep) - 1
-            n = int(keep.sum())
-            self.keyword.remap(new_row, keep)
-            for name, dtype in self.ROW_FIELDS:
-                grown = np.zeros(max(n, 1024), dtype=dtype)
-                grown[:n] = getattr(self, name)[: self.n_rows][keep]
-                setattr(self, name, grown)
-            self.vectors.keep(keep, self.n_rows)
-            self.vectors.ensure_capacity(max(n, 1024), n)
-            self.n_rows = n
-            self.dead = 0
+            try:
+                rows = self._compacted(capacity)
+            except OSError as e:
+                log.warning("cannot compact the index's rows (%s): tried again later", e)
+                return
+            with self.lock:
+                for field in dataclasses.fields(rows):
+                    setattr(self, field.name, getattr(rows, field.name))
+                self.dead = 0
+            del rows
+        _trim_heap()
+
+    def _compacted(self, capacity: int) -> Rows:
+        """The live rows in new arrays of room for `capacity` rows, renumbered in order;
+        headings no live row has are forgotten. Reads the current arrays and changes
+        none (`_writes` held: nothing else changes them meanwhile)."""
+        n = self.n_rows
+        keep = self.alive[:n].copy()
+        new_row = np.cumsum(keep) - 1
+        live = int(np.count_nonzero(keep))
+        fields: dict[str, npt.NDArray[Any]] = {}
+        for name, dtype in self.ROW_FIELDS:
+            fields[name] = np.zeros(capacity, dtype=dtype)
+            fields[name][:live] = getattr(self, name)[:n][keep]
+        used, fields["row_headings"][:live] = np.unique(
+            fields["row_headings"][:live], return_inverse=True
+        )
+        stored = list(self._headings_ids)  # in the order of their ids
+        keyword_index = copy.copy(self.keyword)
+        keyword_index.remap(new_row, keep, capacity)
+        vectors = copy.copy(self.vectors)
+        vectors.keep(keep, n, capacity)
+        return Rows(
+            **fields, n_rows=live, keyword=keyword_index, vectors=vectors,
+            headings=[self.headings[h] for h in used.tolist()],
+            _headings_ids={stored[h]: i for i, h in enumerate(used.tolist())},
+        )
 
     def _add_file(self, file_id: int, record: FileRecord) -> None:
         self.files[file_id] = FileEntry(file_id, record)
@@ -426,11 +515,11 @@ class Index:
         capacity = len(self.alive)
         if rows <= capacity:
             return
-        new = max(rows, 2 * capacity, 1024)
+        new = grown(capacity, rows, self.dead)
         for name, dtype in self.ROW_FIELDS:
-            grown = np.zeros(new, dtype=dtype)
-            grown[: self.n_rows] = getattr(self, name)[: self.n_rows]
-            setattr(self, name, grown)
+            larger = np.zeros(new, dtype=dtype)
+            larger[: self.n_rows] = getattr(self, name)[: self.n_rows]
+            setattr(self, name, larger)
         self.vectors.ensure_capacity(new, self.n_rows)
         self.keyword.ensure_capacity(new)
 
@@ -445,9 +534,16 @@ class Index:
         """Hold it across reads whose row numbers must agree (a pass's write or a
         compaction moves rows). What it yields reads without taking the lock again, so
         other threads may read for the holder (a search's two legs at once) until the
-        block ends."""
+        block ends; its rows' citations and texts it answers after the block too."""
         with self.lock:
-            yield Reading(self)
+            yield self._reading()
+
+    def _reading(self) -> Reading:
+        """What `reading` yields; under the lock."""
+        return Reading(
+            self, self.row_chunk, self.row_file, self.row_page, self.row_line,
+            self.row_headings, self.headings,
+        )
 
     def vector_coverage(self) -> tuple[bool, int]:
         """Whether any row has a vector, and how many live chunks have none yet (indexed
@@ -473,32 +569,71 @@ class Index:
             return read.by_words(words, allowed, k)
 
     def cited(self, rows: Sequence[int]) -> list[Cited]:
-        """Each row's file record, page, line and headings."""
-        with self.lock:
-            return [
-                Cited(
-                    self.files[int(self.row_file[r])].record,
-                    int(self.row_page[r]) or None,
-                    int(self.row_line[r]) or None,
-                    self.headings[int(self.row_headings[r])],
-                )
-                for r in rows
-            ]
+        """Each row's file record, page, line and headings (`Reading.cited`)."""
+        with self.reading() as read:
+            return read.cited(rows)
 
     def texts(self, rows: Sequence[int]) -> dict[int, str]:
-        """Each row's text, read from disk (text is not held in memory)."""
+        """Each row's text, read from disk (`Reading.texts`)."""
         with self.lock:
-            ids = {int(self.row_chunk[r]): r for r in rows}
-        by_id = self.store.texts(list(ids))
-        return {ids[cid]: text for cid, text in by_id.items()}
+            read = self._reading()
+        return read.texts(rows)
+
+
+@dataclasses.dataclass(slots=True)
+class Rows:
+    """What a compaction replaces, as `Index` names it."""
+
+    alive: npt.NDArray[np.bool_]
+    has_vector: npt.NDArray[np.bool_]
+    row_file: npt.NDArray[np.int32]
+    row_chunk: npt.NDArray[np.int64]
+    row_page: npt.NDArray[np.int32]
+    row_line: npt.NDArray[np.int32]
+    row_headings: npt.NDArray[np.int32]
+    n_rows: int
+    keyword: keyword.KeywordIndex
+    vectors: held.Vectors
+    headings: list[tuple[str, ...]]
+    _headings_ids: dict[str, int]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Reading:
     """The index's search reads while `Index.reading` holds its lock: they take no lock
-    themselves, so any thread may make them for the holder, until its block ends."""
+    themselves, so any thread may make them for the holder, until its block ends.
+
+    Its rows' citations and texts (`cited`, `texts`) stay right after the block, while a
+    search reranks and builds its answer: they read the row arrays as they were, whose
+    rows writes never change (rows are added after the last; growing, a compaction or a
+    load makes new arrays). A row whose document was replaced since has no text."""
 
     index: Index
+    row_chunk: npt.NDArray[np.int64]
+    row_file: npt.NDArray[np.int32]
+    row_page: npt.NDArray[np.int32]
+    row_line: npt.NDArray[np.int32]
+    row_headings: npt.NDArray[np.int32]
+    headings: list[tuple[str, ...]]
+
+    def cited(self, rows: Sequence[int]) -> list[Cited]:
+        """Each row's file record, page, line and headings."""
+        files = self.index.files
+        return [
+            Cited(
+                files[int(self.row_file[r])].record,
+                int(self.row_page[r]) or None,
+                int(self.row_line[r]) or None,
+                self.headings[int(self.row_headings[r])],
+            )
+            for r in rows
+        ]
+
+    def texts(self, rows: Sequence[int]) -> dict[int, str]:
+        """Each row's text, read from disk (text is not held in memory)."""
+        ids = {int(self.row_chunk[r]): r for r in rows}
+        by_id = self.index.store.texts(list(ids))
+        return {ids[cid]: text for cid, text in by_id.items()}
 
     def allowed(self, where: Where | None) -> npt.NDArray[np.bool_]:
         """Live rows of the files `where` lets through: filters apply before anything is
@@ -641,5 +776,13 @@ def _release_freed_memory() -> None:
     """Hand the load's temporaries back to the system: glibc keeps freed heap otherwise,
     and a base's memory is what its placement asks for."""
     gc.collect()
+    _trim_heap()
+
+
+def _trim_heap() -> None:
+    """Give freed heap pages back to the system. Arrays a compaction replaced were mapped
+    on their own, and unmapped when freed; but glibc then serves blocks up to their size
+    from its heap (its mmap threshold rises to the largest freed, up to 32 MiB), which
+    it keeps when they are freed: the next compaction's arrays of a small index, say."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)

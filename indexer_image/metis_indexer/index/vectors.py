@@ -14,6 +14,7 @@ each vector by its own largest magnitude, so no later vector is ever clipped.
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import mmap
@@ -47,11 +48,28 @@ THREADS = min(2, os.cpu_count() or 1)
 """Threads one int8 scan runs on: two halved the scan on the project's 2-core machines;
 more were not tried, and searches run side by side would only contend for them."""
 
+SPAN = 1024
+"""Rows a dense scan passes over at once where none of them is allowed (dead, or filtered
+out): the rows a pass replaced lie together until a compaction reclaims them."""
+
 FILE_PREFIX = "vectors-"
 """The float32 vectors and int8 codes of the int8 form's rows written since its load, row
 for row with memory: files of this process alone (two indexers may load one index folder:
 one stands by), unlinked as soon as they are open, so nothing is left behind however the
 process ends."""
+
+
+def allowed_spans(mask: npt.NDArray[np.bool_], span: int = SPAN) -> list[tuple[int, int]]:
+    """(start, end) of the runs of `span`-row pieces of `mask` that allow a row, in order:
+    what a scan reads, the pieces of no allowed row left out."""
+    n = len(mask)
+    pieces = -(-n // span)
+    padded = np.zeros(pieces * span, dtype=bool)
+    padded[:n] = mask
+    hit = padded.reshape(pieces, span).any(axis=1)
+    edges = np.flatnonzero(np.diff(hit.astype(np.int8), prepend=0, append=0))
+    return [(int(a) * span, min(int(b) * span, n)) for a, b in zip(edges[::2], edges[1::2],
+                                                                    strict=True)]
 
 
 def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> list[int]:
@@ -112,7 +130,7 @@ class Vectors(Protocol):
 
     def put(self, start: int, rows: npt.NDArray[np.float32]) -> None: ...
 
-    def keep(self, keep: npt.NDArray[np.bool_], n_rows: int) -> None: ...
+    def keep(self, keep: npt.NDArray[np.bool_], n_rows: int, capacity: int = 0) -> None: ...
 
     def nearest(
         self, query: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int
@@ -158,11 +176,20 @@ class FloatVectors:
     def put(self, start: int, rows: npt.NDArray[np.float32]) -> None:
         self.matrix[start : start + len(rows)] = rows
 
-    def keep(self, keep: npt.NDArray[np.bool_], n_rows: int) -> None:
-        self.matrix = np.ascontiguousarray(self.matrix[:n_rows][keep])
+    def keep(self, keep: npt.NDArray[np.bool_], n_rows: int, capacity: int = 0) -> None:
+        """The kept rows in a new matrix of room for `capacity` rows (zeros the system
+        gives untouched: its spare rows take no memory until written); the old matrix is
+        left as it was, for whoever still reads it."""
+        kept = int(np.count_nonzero(keep))
+        matrix = np.zeros((max(kept, capacity), self.dimensions), dtype=np.float32)
+        np.compress(keep, self.matrix[:n_rows], axis=0, out=matrix[:kept])
+        self.matrix = matrix
 
     def nearest(self, query: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> Leg:
-        scores = self.matrix[: len(mask)] @ query
+        """Rows `mask` allows, scored where there are any (`allowed_spans`)."""
+        scores = np.zeros(len(mask), dtype=np.float32)
+        for start, end in allowed_spans(mask):
+            np.matmul(self.matrix[start:end], query, out=scores[start:end])
         return [(r, float(scores[r])) for r in top(scores, mask, k)]
 
     def exact(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
@@ -193,9 +220,11 @@ class RowFile:
         os.unlink(name)
         self._map: npt.NDArray[Any] | None = None
 
-    def close(self) -> None:
-        self._map = None
-        os.close(self.fd)
+    def __del__(self) -> None:
+        """The file's space goes back once nothing holds it: a compaction writes the kept
+        rows to new files while searches go on reading the old ones."""
+        if hasattr(self, "fd"):
+            os.close(self.fd)
 
     def write(self, start: int, rows: npt.NDArray[Any]) -> None:
         os.pwrite(self.fd, np.ascontiguousarray(rows, dtype=self.dtype).tobytes(),
@@ -242,15 +271,11 @@ class Int8Vectors:
         scaling aside)."""
         self.dim_scale: npt.NDArray[np.float32] | None = None
         folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
         self._floats = RowFile(folder, dimensions, "<f4")
         self._codes = RowFile(folder, dimensions, "i1")
         self.base: dict[str, npt.NDArray[Any]] = {}
         """A snapshot's `floats` and `codes` (memory-mapped) for its rows: the first ones."""
-
-    def __del__(self) -> None:
-        for file in ("_floats", "_codes"):
-            if hasattr(self, file):
-                getattr(self, file).close()
 
     @property
     def filled(self) -> int:
@@ -302,20 +327,26 @@ class Int8Vectors:
                 room = max(len(self.row_scale) - self.filled, 0)
                 self.tail = np.zeros((min(self.block, room), self.dimensions), dtype=np.int8)
 
-    def keep(self, keep: npt.NDArray[np.bool_], n_rows: int) -> None:
-        self.row_scale = np.ascontiguousarray(self.row_scale[:n_rows][keep])
-        self.blocks, self.tail, self.tail_rows = [], self.tail[:0], 0
+    def keep(self, keep: npt.NDArray[np.bool_], n_rows: int, capacity: int = 0) -> None:
+        """The kept rows, packed again and written to new files, with room for `capacity`
+        rows. The old codes and files are left as they were, for a copy of this holder
+        that searches go on reading (`copy.copy`), and go once nothing holds them."""
+        old = copy.copy(self)
         kept = np.flatnonzero(keep)
+        self._floats = RowFile(self.folder, self.dimensions, "<f4")
+        self._codes = RowFile(self.folder, self.dimensions, "i1")
+        self.base = {}
+        self.row_scale = np.zeros(max(len(kept), capacity), dtype=np.float32)
+        self.row_scale[: len(kept)] = old.row_scale[kept]
+        self.blocks, self.tail, self.tail_rows = [], np.zeros((0, self.dimensions), np.int8), 0
         step = 8192
-        for at in range(0, len(kept), step):  # rows only move down: each is read first
+        for at in range(0, len(kept), step):
             rows = kept[at : at + step]
-            floats, codes = self._rows("floats", rows), self._rows("codes", rows)
-            self._floats.write(at, floats)
+            codes = old._rows("codes", rows)
+            self._floats.write(at, old._rows("floats", rows))
             self._codes.write(at, codes)
             self._append(codes)
-        self.base = {}
-        for file in (self._floats, self._codes):
-            file.truncate(len(kept))
+        self.ensure_capacity(max(len(kept), capacity), len(kept))
 
     def _rows(self, part: str, rows: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
         """`floats` or `codes` of rows, from the snapshot's files or this process's own."""
@@ -344,7 +375,7 @@ class Int8Vectors:
         def keep(part: int, at: int, scores: npt.NDArray[np.float32]) -> None:
             shares[part].add(at, scores, mask[at : at + len(scores)])
 
-        self._scan(query, n, keep)
+        self._scan(query, n, keep, mask)
         candidates, _ = best(
             np.concatenate([s.rows for s in shares]), np.concatenate([s.scores for s in shares]),
             want,
@@ -369,9 +400,11 @@ class Int8Vectors:
         query: npt.NDArray[np.float32],
         n: int,
         take: Callable[[int, int, npt.NDArray[np.float32]], None],
+        mask: npt.NDArray[np.bool_] | None = None,
     ) -> None:
         """Hands each packed block's and the tail's approximate scores (of rows below n) to
-        `take` with the number of the thread and the piece's first row. Up to `THREADS`
+        `take` with the number of the thread and the piece's first row; given `mask`, only
+        of blocks and spans of the tail where it allows a row. Up to `THREADS`
         threads claim the pieces one at a time, in order (numkong lets go of the
         interpreter lock; so is what `take` does): a thread slowed by other work (the
         keyword leg beside, another process) leaves more pieces to the others, where
@@ -382,10 +415,14 @@ class Int8Vectors:
         q = np.round(z * (127 / zmax)).astype(np.int8)[None]
         factor = np.float32(zmax / 127)
         pieces: list[tuple[int, numkong.PackedMatrix | npt.NDArray[np.int8]]] = [
-            (i * self.block, block) for i, block in enumerate(self.blocks)
+            (at, block)
+            for at, block in zip(range(0, n, self.block), self.blocks, strict=False)
+            if mask is None or mask[at : at + self.block].any()
         ]
-        pieces.append((len(self.blocks) * self.block, self.tail[: self.tail_rows]))
-        pieces = [(at, codes) for at, codes in pieces if at < n]
+        start = len(self.blocks) * self.block
+        tail = self.tail[: max(min(self.tail_rows, n - start), 0)]
+        spans = [(0, len(tail))] if mask is None else allowed_spans(mask[start : start + len(tail)])
+        pieces += [(start + a, tail[a:b]) for a, b in spans]
 
         claims = itertools.count()  # its next() is one step under the interpreter lock
 

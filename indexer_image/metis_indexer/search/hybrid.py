@@ -20,7 +20,7 @@ import numpy.typing as npt
 from metis_indexer import texts
 from metis_indexer.errors import BadRequest, Unavailable
 from metis_indexer.index import tokens
-from metis_indexer.index.memory import Index, Where
+from metis_indexer.index.memory import Index, Reading, Where
 from metis_indexer.index.vectors import Leg
 from metis_indexer.schema import (
     Citation,
@@ -58,13 +58,16 @@ class Models:
 
 @dataclasses.dataclass(slots=True)
 class Ranked:
-    """Fused candidates with each leg's score and rank, best first."""
+    """Fused candidates with each leg's score and rank, best first, and the index as
+    they were ranked in (`read`): their texts and citations are read from it after the
+    index's lock is let go, while a compaction may move rows."""
 
     rows: list[int]
     fused: dict[int, float]
     dense: dict[int, tuple[float, int]]
     keyword: dict[int, tuple[float, int]]
     took: Took
+    read: Reading
 
 
 def leg_size(top_k: int) -> int:
@@ -129,7 +132,7 @@ def rank(
     t = time.perf_counter()
     fused = fusion.reciprocal_rank([list(leg) for leg in (keyword, dense) if leg])
     took.fuse = _ms(t)
-    return Ranked([r for r, _ in fused], dict(fused), dense, keyword, took)
+    return Ranked([r for r, _ in fused], dict(fused), dense, keyword, took, read)
 
 
 def _timed(leg: Callable[[], Leg]) -> tuple[dict[int, tuple[float, int]], float]:
@@ -175,9 +178,9 @@ async def search(
     rerank_scores: dict[int, float] = {}
     use_reranker = models.rerank is not None and req.rerank is not False and rows
     if use_reranker:
-        rows, rerank_scores = await _rerank(index, req, models, rows, ranked.took, warnings)
-    rows = rows[: req.top_k]
-    results = _results(index, req, rows, ranked, rerank_scores)
+        rows, rerank_scores = await _rerank(ranked.read, req, models, rows, ranked.took,
+                                            warnings)  # fmt: skip
+    results = _results(req, rows, ranked, rerank_scores)
     ranked.took.total = _ms(start)
     return SearchAnswer(
         results=results,
@@ -228,7 +231,7 @@ async def _embed(
 
 
 async def _rerank(
-    index: Index,
+    read: Reading,
     req: SearchRequest,
     models: Models,
     rows: list[int],
@@ -236,11 +239,11 @@ async def _rerank(
     warnings: list[str],
 ) -> tuple[list[int], dict[int, float]]:
     assert models.rerank is not None
-    candidates = rows[: rerank_size(req.top_k)]
-    by_row = index.texts(candidates)
+    by_row = read.texts(rows[: rerank_size(req.top_k)])
+    candidates = [r for r in rows[: rerank_size(req.top_k)] if r in by_row]  # still there
     passages = [
         texts.reranked(c.record.title, c.headings, by_row[r])
-        for r, c in zip(candidates, index.cited(candidates), strict=True)
+        for r, c in zip(candidates, read.cited(candidates), strict=True)
     ]
     t = time.perf_counter()
     try:
@@ -261,16 +264,25 @@ async def _rerank(
 
 
 def _results(
-    index: Index,
     req: SearchRequest,
     rows: Sequence[int],
     ranked: Ranked,
     rerank_scores: dict[int, float],
 ) -> list[Result]:
-    by_row = index.texts(rows)
+    """The best `top_k` rows whose chunks are still there (a document replaced since it
+    was ranked is left out rather than answered without its text)."""
+    by_row: dict[int, str] = {}
+    kept: list[int] = []
+    looked = 0
+    while len(kept) < req.top_k and looked < len(rows):  # once, unless rows went meanwhile
+        more = rows[looked : looked + req.top_k - len(kept)]
+        looked += len(more)
+        by_row.update(ranked.read.texts(more))
+        kept += [r for r in more if r in by_row]
+    rows = kept
     words = tokens.words(req.query)
     results = []
-    for r, cited in zip(rows, index.cited(rows), strict=True):
+    for r, cited in zip(rows, ranked.read.cited(rows), strict=True):
         entry = cited.record
         dense = ranked.dense.get(r)
         kw = ranked.keyword.get(r)
@@ -282,7 +294,7 @@ def _results(
             fused=round(ranked.fused[r], 6),
             rerank=None if r not in rerank_scores else round(rerank_scores[r], 6),
         )
-        text = by_row.get(r, "")
+        text = by_row[r]
         results.append(
             Result(
                 score=scores.rerank if scores.rerank is not None else scores.fused or 0.0,
