@@ -50,11 +50,15 @@ def now() -> str:
 
 
 def file_hash(path: Path, root: Path | None = None) -> str:
-    """The content hash of a file that is still inside its drive (ReadFailed if not)."""
+    """The content hash of a regular file still inside its drive (ReadFailed if not), of
+    its first 64 MB and a byte at most: a longer file fails when read anyway, and hashing
+    all of it would read gigabytes, past any deadline, for nothing."""
     digest = hashlib.blake2b(digest_size=20)
+    left = readers.MAX_BYTES + 1
     with os.fdopen(readers.open_inside(path, root), "rb") as f:
-        while block := f.read(1 << 20):
+        while left and (block := f.read(min(1 << 20, left))):
             digest.update(block)
+            left -= len(block)
     return digest.hexdigest()
 
 
@@ -142,9 +146,13 @@ class Runner:
         settings: Settings,
     ) -> None:
         """Bring one file up to date; commits it whole or not at all. Whatever fails of
-        this document alone is recorded as its failure, and the pass goes on."""
+        this document alone is recorded as its failure, and the pass goes on. Its file
+        work runs on the reader pool's own threads, under a deadline: never on the threads
+        searches rank on."""
         try:
-            digest = await asyncio.to_thread(file_hash, item.absolute, item.root)
+            digest = await self.pool.files.within(
+                item.root, file_hash, item.absolute, item.root
+            )
         except (OSError, ReadFailed) as e:
             digest = ""
             result: tuple[list[Chunk], Terms] | ReadFailed = (
@@ -157,7 +165,7 @@ class Runner:
                 and before.built_with == settings.key
                 and not full
             ):
-                await asyncio.to_thread(
+                await self.pool.files.call(
                     self.index.touch_file,
                     dataclasses.replace(before, size=item.size, mtime_ns=item.mtime_ns),
                 )

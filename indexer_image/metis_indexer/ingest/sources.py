@@ -12,6 +12,10 @@ skipped and counted. Links to folders are never descended, even inside the
 drive: that is where loops and whole trees listed twice come from (`os.walk`,
 `find` and git make the same choice). A folder reached twice anyway (a bind
 mount inside itself) is walked once.
+
+What is not a regular file (a named pipe, a socket, a device node) is neither listed
+nor counted, and the walk opens nothing. A listed name swapped for one after the walk
+fails its document when opened (`readers.open_inside`), without waiting on it.
 """
 
 from __future__ import annotations

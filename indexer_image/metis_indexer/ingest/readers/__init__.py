@@ -4,9 +4,11 @@
 file opened, not the name listed, is inside its drive), checks the size limit
 before reading a byte, hands the bytes to the kind's reader, and makes the text
 storable. Whatever goes wrong comes out as `ReadFailed` with a reason from the
-fixed vocabulary; no other exception escapes. It has no time limit of its own:
-run it through `metis_indexer.ingest.readers.pool`, which can stop a parse that runs too
-long.
+fixed vocabulary; no other exception escapes. Only a regular file is opened: a pipe, a
+socket or a device in its place fails at once rather than waiting for a writer or reading
+forever. It has no time limit of its own: run it through
+`metis_indexer.ingest.readers.pool`, which can stop a parse (or a hung drive's read) that
+runs too long.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Mapping
+import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePath
 from types import ModuleType
 
@@ -57,24 +60,59 @@ def kind_of(path: str | PurePath) -> Kind | None:
     return KINDS.get(PurePath(path).suffix.lower())
 
 
+_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+"""O_NONBLOCK: the open of a named pipe returns at once instead of waiting for a writer;
+O_NOCTTY: a terminal opened is never made the process's own."""
+
+_SPECIAL: tuple[tuple[Callable[[int], bool], str], ...] = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def not_regular(mode: int) -> str | None:
+    """Why a file of this `st_mode` is not read, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    what = next((name for test, name in _SPECIAL if test(mode)), "something else")
+    return f"it is {what}, not a regular file"
+
+
 def open_inside(path: Path, root: Path | None) -> int:
-    """A descriptor of `path`, refused unless the file opened is inside `root`: a name
-    listed as a file may have become a link out of the drive since. (Something else
-    that blocks, a pipe, is what the reader pool's deadline is for.)"""
+    """A descriptor of the regular file at `path`, refused unless the file opened is inside
+    `root`: a name listed as a file may have become a link out of the drive, a pipe or a
+    device since. What the name leads to is checked before it is opened (opening a device
+    can do something: a tape rewinds) and what was opened after (the name may have changed
+    in between)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        refused = not_regular(os.stat(path).st_mode)
+        if refused is not None:
+            raise ReadFailed(FailReason.UNREADABLE, refused)
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError as e:
         raise ReadFailed(FailReason.UNREADABLE, detail(e)) from e
     try:
-        if root is not None:
-            real = _opened(fd, path)
-            top = os.path.realpath(root)
-            inside = real == top or real.startswith(top.rstrip(os.sep) + os.sep)
-            relative = os.path.relpath(real, top)
-            if not inside or any(p.startswith(".") for p in relative.split(os.sep)):
-                raise ReadFailed(
-                    FailReason.UNREADABLE, "it became a link that leads out of its drive"
-                )
+        try:
+            if root is not None:
+                real = _opened(fd, path)
+                top = os.path.realpath(root)
+                inside = real == top or real.startswith(top.rstrip(os.sep) + os.sep)
+                relative = os.path.relpath(real, top)
+                if not inside or any(p.startswith(".") for p in relative.split(os.sep)):
+                    raise ReadFailed(
+                        FailReason.UNREADABLE, "it became a link that leads out of its drive"
+                    )
+            refused = not_regular(os.fstat(fd).st_mode)
+            if refused is not None:
+                raise ReadFailed(FailReason.UNREADABLE, refused)
+            # A regular file reads the same without the flag, and a file system that hands
+            # open flags to a server (FUSE) must not take it as "do not wait for the data".
+            os.set_blocking(fd, True)
+        except OSError as e:
+            raise ReadFailed(FailReason.UNREADABLE, detail(e)) from e
     except BaseException:
         os.close(fd)
         raise

@@ -14,12 +14,18 @@ their pipes with the nearest deadline as timeout, and resolves each task's
 `concurrent.futures.Future`. Callers submit from any thread, or await
 `read_chunks` from asyncio.
 
+The indexer's own work on the files of a pass (hashing them, noting those unchanged) runs
+on `FileThreads`, the pool's `files`: threads of their own with a deadline, never the event
+loop's default executor, which searches rank on. A read that never returns (a hung NFS
+server) pins one of those threads, not a search's, and not the process's exit.
+
 Usage::
 
     with ReaderPool(workers=2) as pool:
         done = pool.submit_read(path, Kind.PDF).result()  # Done(result=Document | ReadFailed)
         chunks = await pool.read_chunks(path, Kind.MD, 1200, 200)  # list[Chunk] | ReadFailed
         counted = await pool.read_counted(path, Kind.MD, 1200, 200)  # (chunks, Terms) | ...
+        digest = await pool.files.within(drive, file_hash, path, drive)  # or ReadFailed
 """
 
 from __future__ import annotations
@@ -28,14 +34,17 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import itertools
 import multiprocessing
 import multiprocessing.connection
+import queue
 import resource
 import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -62,6 +71,9 @@ class Limits:
     memory_bytes: int | None = 2 * 1024**3
     """Address space of a worker (RLIMIT_AS); None: unlimited. A worker peaks at
     about 600 MB on the torture set's worst file; a bomb would take far more."""
+    file_seconds: float = 60.0
+    """Hashing one file in the indexer's own threads: at most 64 MB, a second on a healthy
+    drive and seconds on a slow network one, so a minute means the drive is hung."""
 
     def seconds(self, kind: Kind) -> float:
         return self.pdf_seconds if kind is Kind.PDF else self.other_seconds
@@ -125,6 +137,8 @@ class ReaderPool:
         self._workers = [self._start_worker() for _ in range(workers)]
         self._thread = threading.Thread(target=self._dispatch, name="metis-readers", daemon=True)
         self._thread.start()
+        self.files = FileThreads(seconds=self.limits.file_seconds)
+        """The pass's own file work, on threads of its own (see `FileThreads`)."""
 
     @property
     def pids(self) -> tuple[int | None, ...]:
@@ -175,6 +189,7 @@ class ReaderPool:
             if self._closed:
                 return
             self._closed = True
+        self.files.close()
         self._poke()
         self._thread.join()
         self._wake_r.close()
@@ -337,6 +352,169 @@ class ReaderPool:
         for task in pending:
             if task.future.running() or task.future.set_running_or_notify_cancel():
                 task.future.set_exception(why)
+
+
+FILE_THREADS = 4
+"""File work at once: hashing waits on the drive, and more threads would only take CPU
+from searches on a node of two cores."""
+MOST_HUNG = 8
+"""Reads of one drive left past their deadline, still not returned, before that drive's
+other files fail at once: each would pin one more thread for good."""
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Job:
+    call: Callable[[], Any]
+    future: Future[Any]
+    drive: Path | None
+    timed: bool
+    """Under the deadline; a pass's index work (noting a file unchanged) is not."""
+    deadline: float = 0.0
+    hung: bool = False
+    """Failed at its deadline; the thread is still in it."""
+
+
+class FileThreads:
+    """Threads for the indexer's own work on files of its drives, with a deadline.
+
+    Up to `threads` threads take calls from one queue, as an executor's do. A call still
+    running at its deadline (counted from when it started) fails with TIMEOUT, and its
+    thread, left to it, is replaced: a later call never waits behind a hung one. The
+    threads are daemons and never joined: Python cannot stop a thread blocked in the kernel
+    (a read from a hung NFS server), and such a thread must not keep the process from
+    exiting on SIGTERM. asyncio's default executor would be joined at exit, and it is where
+    searches rank. One watchdog thread keeps the deadlines, as the reader pool's dispatcher
+    does its workers'.
+    """
+
+    def __init__(
+        self, threads: int = FILE_THREADS, seconds: float = 60.0, most_hung: int = MOST_HUNG
+    ) -> None:
+        self.threads = threads
+        self.seconds = seconds
+        self.most_hung = most_hung
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._changed = threading.Condition()
+        self._live = 0
+        """Threads started and not left in a hung call."""
+        self._timed: set[_Job] = set()
+        """Calls under the deadline, running now."""
+        self._hung: collections.Counter[Path | None] = collections.Counter()
+        self._closed = False
+        threading.Thread(target=self._watch, name="metis-files-watch", daemon=True).start()
+
+    def hung(self, drive: Path | None) -> int:
+        """Calls on `drive`'s files failed at their deadline and not returned since."""
+        with self._changed:
+            return self._hung[drive]
+
+    def submit(self, drive: Path | None, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """`fn(*args)`, work on a file of `drive`; the future fails with `ReadFailed`
+        (TIMEOUT) if it runs past `seconds`, or at once while `most_hung` of the drive's
+        calls have not returned."""
+        with self._changed:
+            hung = self._hung[drive]
+        if hung >= self.most_hung:
+            refused: Future[T] = Future()
+            refused.set_exception(ReadFailed(
+                FailReason.TIMEOUT,
+                f"{hung} reads of its drive have not returned in {self.seconds:g} s "
+                "(is the drive hung?)",
+            ))
+            return refused
+        return self._put(_Job(functools.partial(fn, *args), Future(), drive, timed=True))
+
+    async def within(self, drive: Path | None, fn: Callable[..., T], *args: Any) -> T:
+        """`submit` for asyncio callers: the result, or its exception raised."""
+        result: T = await asyncio.wrap_future(self.submit(drive, fn, *args))
+        return result
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on these threads with no deadline: a pass's index work, which must
+        not queue on the default executor before searches."""
+        job = _Job(functools.partial(fn, *args), Future(), None, timed=False)
+        result: T = await asyncio.wrap_future(self._put(job))
+        return result
+
+    def close(self) -> None:
+        """Ends the threads once the calls queued are done (a hung one's when it returns)."""
+        with self._changed:
+            self._closed = True
+            live = self._live
+            self._changed.notify_all()
+        for _ in range(live):
+            self._jobs.put(None)
+
+    def _put(self, job: _Job) -> Future[Any]:
+        with self._changed:
+            if self._closed:
+                raise RuntimeError("the reader pool is closed")
+            start = self._live < self.threads
+            if start:
+                self._live += 1
+        self._jobs.put(job)
+        if start:
+            self._start_thread()
+        return job.future
+
+    def _start_thread(self) -> None:
+        threading.Thread(target=self._loop, name="metis-files", daemon=True).start()
+
+    def _loop(self) -> None:
+        """A thread's life: calls from the queue until told to end or left in a hung one."""
+        while (job := self._jobs.get()) is not None:
+            if not job.future.set_running_or_notify_cancel():
+                continue
+            if job.timed:
+                with self._changed:
+                    job.deadline = time.monotonic() + self.seconds
+                    if not self._timed:  # else the watchdog wakes at an earlier deadline
+                        self._changed.notify_all()
+                    self._timed.add(job)
+            try:
+                result, error = job.call(), None
+            except BaseException as e:  # the caller's to see, as with any executor
+                result, error = None, e
+            with self._changed:
+                self._timed.discard(job)
+                hung = job.hung
+                if hung:
+                    self._hung[job.drive] -= 1
+                    if not self._hung[job.drive]:
+                        del self._hung[job.drive]
+                    back = not self._closed and self._live < self.threads
+                    if back:
+                        self._live += 1
+            if hung:
+                if not back:  # it was replaced, and the threads are enough without it
+                    return
+            elif error is None:
+                job.future.set_result(result)
+            else:
+                job.future.set_exception(error)
+
+    def _watch(self) -> None:
+        """Fails each call at its deadline and starts a thread in place of the one in it."""
+        with self._changed:
+            while not self._closed:
+                now = time.monotonic()
+                late = [job for job in self._timed if job.deadline <= now]
+                for job in late:
+                    self._timed.discard(job)
+                    job.hung = True
+                    self._hung[job.drive] += 1
+                    self._live -= 1
+                    job.future.set_exception(ReadFailed(
+                        FailReason.TIMEOUT,
+                        f"reading it from its drive did not finish in {self.seconds:g} s "
+                        "(is the drive hung?)",
+                    ))
+                replace = min(len(late), self.threads - self._live)
+                self._live += replace
+                for _ in range(replace):
+                    self._start_thread()
+                nearest = min((job.deadline for job in self._timed), default=None)
+                self._changed.wait(None if nearest is None else nearest - now)
 
 
 def _serve(conn: multiprocessing.connection.Connection, memory_bytes: int | None) -> None:
