@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
+from pathlib import Path
 
 import pytest
 
@@ -89,24 +91,34 @@ def test_a_parse_past_its_deadline_is_killed_and_the_worker_replaced():
 
 
 def test_every_kind_has_a_deadline(tmp_path):
-    stuck = tmp_path / "stuck.md"
-    os.mkfifo(stuck)  # opening it for reading blocks until a writer comes: none will
-    with ReaderPool(workers=1, limits=Limits(other_seconds=0.5)) as pool:
-        result = pool.submit_read(stuck, Kind.MD).result().result
+    """Markdown too: 40 MB of it take seconds to parse, against a deadline of 0.05 s (a
+    named pipe, which once stood for a read that never ends, is now refused at open)."""
+    slow = tmp_path / "slow.md"
+    slow.write_text("# A heading\n\nA paragraph with *emphasis* and a [link](x).\n\n" * 700_000)
+    with ReaderPool(workers=1, limits=Limits(other_seconds=0.05)) as pool:
+        result = pool.submit_read(slow, Kind.MD).result().result
     assert isinstance(result, ReadFailed)
-    assert (result.reason, result.detail) == (FailReason.TIMEOUT, "stopped after 0.5 s")
+    assert (result.reason, result.detail) == (FailReason.TIMEOUT, "stopped after 0.05 s")
 
 
-def test_a_worker_that_dies_fails_its_document_and_is_replaced(tmp_path):
-    stuck = tmp_path / "stuck.md"
-    os.mkfifo(stuck)
+def cpu_ticks(pid: int) -> int:
+    """User and system CPU of a process, in clock ticks (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_a_worker_that_dies_fails_its_document_and_is_replaced():
     with ReaderPool(workers=1) as pool:
-        future = pool.submit_read(stuck, Kind.MD)
-        with stuck.open("wb"):  # returns once the worker has opened it: it is mid-read
-            [pid] = pool.pids
-            assert pid is not None
-            os.kill(pid, signal.SIGKILL)
-            result = future.result(timeout=60).result
+        [pid] = pool.pids
+        assert pid is not None
+        idle = cpu_ticks(pid)
+        future = pool.submit_read(SLOW_PDF, Kind.PDF)  # about 35 s of parsing
+        deadline = time.monotonic() + 60
+        while cpu_ticks(pid) < idle + 20 and time.monotonic() < deadline:
+            time.sleep(0.05)  # pacing between polls: the worker is parsing once it burns CPU
+        assert not future.done(), "killed mid-read"
+        os.kill(pid, signal.SIGKILL)
+        result = future.result(timeout=60).result
         assert isinstance(result, ReadFailed)
         assert (result.reason, result.detail) == (
             FailReason.MALFORMED, "the reader process died reading it (killed by SIGKILL)",
