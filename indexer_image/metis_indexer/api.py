@@ -30,7 +30,7 @@ from aiohttp.http_exceptions import (
 )
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from pydantic import BaseModel
 
 from metis_indexer import config as config_mod
@@ -434,9 +434,11 @@ class _Connection(RequestHandler):
     """aiohttp's connection, answering what its HTTP parser refuses (a request line or a
     header too long, a malformed request, a broken chunked body) in the API's error
     shape: aiohttp answers those in text/plain before any middleware, and offers no hook
-    for it (aio-libs/aiohttp#3287)."""
+    for it (aio-libs/aiohttp#3287). Each refusal is counted in `requests` (route none)."""
 
-    count: Callable[[int], None] = staticmethod(lambda status: None)
+    def __init__(self, manager: web.Server, *, requests: Counter, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.requests = requests
 
     def handle_error(
         self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
@@ -449,7 +451,7 @@ class _Connection(RequestHandler):
                  if exc else status)  # fmt: skip
         response = error(status, code, said)
         response.force_close()
-        self.count(status)
+        self.requests.labels(route="none", code=status).inc()
         return response
 
 
@@ -471,30 +473,28 @@ def parser_refusal(status: int, exc: BaseException | None) -> tuple[int, str, st
 
 
 class _Server(web.Server):
-    def __call__(self) -> RequestHandler:
-        connection = _Connection(self, loop=self._loop, **self._kwargs)
-        connection.count = self.count
-        return connection
+    """aiohttp's server, its connections `_Connection`s counting into `requests`."""
 
-    def count(self, status: int) -> None:
-        """Set by `runner`: counts a refusal that reached no route."""
+    def __init__(self, *args: Any, requests: Counter, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests = requests
+
+    def __call__(self) -> RequestHandler:
+        return _Connection(self, loop=self._loop, requests=self.requests, **self._kwargs)
 
 
 def runner(app: web.Application) -> web.AppRunner:
     """The app's runner: no access log, a request whose client went away is cancelled
     (it stops costing model time), the line limits above, and the parser's refusals in
     the API's shape, counted."""
-    metrics = app[indexer_key].metrics
+    requests = app[indexer_key].metrics.requests
 
     class Runner(web.AppRunner):
         async def _make_server(self) -> web.Server:
             made = await super()._make_server()
-            server = _Server(made.request_handler, request_factory=made.request_factory,
-                             handler_cancellation=made.handler_cancellation,
-                             **made._kwargs)  # fmt: skip
-            server.count = lambda status: metrics.requests.labels(  # type: ignore[method-assign]
-                route="none", code=status).inc()
-            return server
+            return _Server(made.request_handler, request_factory=made.request_factory,
+                           handler_cancellation=made.handler_cancellation, requests=requests,
+                           **made._kwargs)  # fmt: skip
 
     return Runner(app, access_log=None, handler_cancellation=True,
                   max_line_size=MAX_LINE, max_field_size=MAX_FIELD)
