@@ -32,12 +32,14 @@ import yaml
 from metis_dev.kubelet import drive
 from metis_dev.plane import ControlPlane
 from metis_dev.process import free_port, wait_for
+from metis_operator.state import State
 from tests.support import processes
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "metis.astraeus.io"
 CRD = f"knowledgebases.{GROUP}"
 OPERATOR_USER = "system:serviceaccount:metis-system:metis-operator"
+STATES = {s.value for s in State}
 
 
 def install(kube: ControlPlane) -> None:
@@ -257,14 +259,22 @@ def wait_state(
     check: Callable[[dict[str, Any]], bool] = lambda status: True,
     alive: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """The base's status once it is in `state` (and `check` holds)."""
+    """The base's status once it is in `state` (and `check` holds), and once the Event of
+    its last change of state is posted: the operator posts it after writing the status,
+    so a test reading the Events next would otherwise race it."""
 
     def poll() -> dict[str, Any] | None:
         status = get_kb(kube, namespace, name).get("status") or {}
         return status if status.get("state") == state and check(status) else None
 
+    def posted() -> bool:
+        said = [r for r, _ in state_events(kube, namespace, name) if r in STATES]
+        return bool(said) and said[-1] == state
+
     try:
-        return wait_for(poll, timeout=timeout, what=f"kb/{name} {state}", alive=alive)
+        found = wait_for(poll, timeout=timeout, what=f"kb/{name} {state}", alive=alive)
+        wait_for(posted, timeout=30, what=f"the Event of kb/{name} {state}", alive=alive)
+        return found
     except TimeoutError as e:
         status = get_kb(kube, namespace, name).get("status")
         raise AssertionError(f"{e}; its status: {yaml.safe_dump(status)}") from None

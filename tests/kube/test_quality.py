@@ -121,8 +121,10 @@ def test_a_chunking_change_that_lowers_recall_sets_quality_regressed(
         "evaluation held: recall@1 1.000, MRR 1.000 over 6 questions (embedding minilm, "
         "chunks 1000/100), was recall@1 1.000, MRR 1.000 (embedding minilm, chunks 1200/200)"
     )
-    assert ("Evaluated", held["message"]) in state_events(kube, ns, "stories")
-    assert not [e for e in _events(kube, ns, "stories") if e["type"] == "Warning"]
+    # Events are posted after the status is written (kopf's posting queue): polled.
+    wait_for(lambda: ("Evaluated", held["message"]) in state_events(kube, ns, "stories"),
+             timeout=30, what="the Evaluated event", alive=alive)  # fmt: skip
+    assert not _warnings(kube, ns, "stories")
     assert gauge(operator, "metis_evaluation_recall_at_k", ns, "stories") == 1.0
 
     # Chunks of 200 split them: recall falls, the condition and a Warning say so.
@@ -140,8 +142,9 @@ def test_a_chunking_change_that_lowers_recall_sets_quality_regressed(
         "(embedding minilm, chunks 200/50); tolerance 0.05"
     )
     assert regressed["message"] == message
-    warnings = [e for e in _events(kube, ns, "stories") if e["type"] == "Warning"]
-    assert [(e["reason"], e["message"]) for e in warnings] == [("QualityRegressed", message)]
+    wait_for(lambda: _warnings(kube, ns, "stories"), timeout=30, what="the Warning",
+             alive=alive)  # fmt: skip
+    assert _warnings(kube, ns, "stories") == [("QualityRegressed", message)]
 
     # The figures reach the metrics; the condition outlives the next reconciliations.
     assert gauge(operator, "metis_evaluation_recall_at_k", ns, "stories") == after["recall_at_k"]
@@ -161,7 +164,8 @@ def rechunk(kube: ControlPlane, namespace: str, size: int, overlap: int) -> None
                  "-p", json.dumps(patch))  # fmt: skip
 
 
-def _events(kube: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:
-    return list(kube.rest().get(
+def _warnings(kube: ControlPlane, namespace: str, name: str) -> list[tuple[str, str]]:
+    items = kube.rest().get(
         f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name={name}"
-    )["items"])  # fmt: skip
+    )["items"]
+    return [(e["reason"], e.get("message", "")) for e in items if e["type"] == "Warning"]
