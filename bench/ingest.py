@@ -2,7 +2,7 @@
 
 Walks the corpus as a source, reads and chunks every file in a pool of worker
 processes (what a pass does before embedding), and prints files/s, MB/s, chunks,
-and failures by kind. Target (issue 2): the perf corpus (about 19,500 files,
+and failures by kind. Target: the perf corpus (about 19,500 files,
 144 MB) in under 90 s with 2 workers on a 2-core machine.
 
     .venv/bin/python bench/ingest.py                      # ../shared/data/perf, 2 workers
@@ -67,8 +67,18 @@ def main() -> int:
     cpu = _cpu_seconds()
 
     report = _report(
-        args, listing, seconds, cpu, walked, load_before, files, size, chunks, worker_seconds,
-        failures, sorted(slowest, reverse=True)[:5],
+        args,
+        listing,
+        seconds,
+        cpu,
+        walked,
+        load_before,
+        files,
+        size,
+        chunks,
+        worker_seconds,
+        failures,
+        sorted(slowest, reverse=True)[:5],
     )
     print(report)
     if args.record is not None:

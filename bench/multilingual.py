@@ -8,9 +8,10 @@ first ten results' documents) and MRR@10: with 24 pages, recall@10 alone says li
 
     .venv/bin/python bench/multilingual.py [--embedding URL --model NAME] [--out FILE]
 
-Without `--embedding`, the local all-MiniLM-L6-v2 server (`metis models`) is started. Words
-in Japanese are runs of characters without spaces (spec 002): by words, a Japanese question
-finds a page only where it repeats one of those runs exactly.
+Without `--embedding`, the local all-MiniLM-L6-v2 server (`metis models`) is started. A word
+is a run of letters and digits (`metis_indexer.index.tokens`), so a word of Japanese, written
+without spaces, is a whole run of characters: by words, a Japanese question finds a page only
+where it repeats one of those runs exactly.
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ def figures(found: dict[str, list[tuple[str, list[str]]]]) -> dict[str, dict[str
     out = {}
     for mode, answers in found.items():
         hits = [ranked.index(want) + 1 if want in ranked[:10] else 0 for want, ranked in answers]
-        out[mode] = {"recall@10": sum(h > 0 for h in hits) / len(hits),
-                     "mrr@10": sum(1 / h for h in hits if h) / len(hits)}
+        out[mode] = {
+            "recall@10": sum(h > 0 for h in hits) / len(hits),
+            "mrr@10": sum(1 / h for h in hits if h) / len(hits),
+        }
     return out
 
 
@@ -68,26 +71,29 @@ async def run(workdir: Path, embedding: str, model: str) -> dict[str, dict[str, 
     indexer = Indexer(config)
     await indexer.start()
     deadline = time.monotonic() + 600
-    while indexer.state.phase != "ready" and time.monotonic() < deadline:
+    while indexer.progress.state.phase != "ready" and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
     questions = load_questions()
     by_language: dict[str, dict[str, list[tuple[str, list[str]]]]] = {}
-    assert indexer.embedder is not None
+    assert indexer.configured.embedder is not None
     for q in questions:
-        vec = await indexer.embedder.embed_query(q.question)
+        vec = await indexer.configured.embedder.embed_query(q.question)
 
         async def embed(_: str, vec=vec):
             return vec
 
         for mode in MODES:
             answer = await search.search(
-                indexer.index, SearchRequest(query=q.question, top_k=10, mode=mode),
-                search.Models(embed=embed), "",
+                indexer.passes.index,
+                SearchRequest(query=q.question, top_k=10, mode=mode),
+                search.Models(embed=embed),
+                "",
             )
             ranked = [d.removeprefix("docs/") for d in ranked_documents(answer)]
             for lang in (q.language, "all"):
                 by_language.setdefault(lang, {m: [] for m in MODES})[mode].append(
-                    (q.document, ranked))
+                    (q.document, ranked)
+                )
     await indexer.stop()
     by_language["all"] = by_language.pop("all")  # last, after the languages
     return {lang: figures(found) for lang, found in by_language.items()}

@@ -7,7 +7,7 @@ documents and embedding them with a real local model server. It measures the tim
 until every base is Ready; then, for the idle minutes, the API requests a minute
 per base (from the audit log, the operator's user only), the model calls a minute
 per model Service (counted at a routing proxy that stands in for cluster DNS), and
-the operator's CPU and RSS. Targets (issue 9): idle ≤ 3 API requests/min per base,
+the operator's CPU and RSS. Targets: idle ≤ 3 API requests/min per base,
 ≤ 1 model call/min per model Service.
 
     .venv/bin/python bench/operator_scale.py --bases 20 --idle-minutes 1
@@ -90,11 +90,16 @@ class Router:
                     return
                 try:
                     answer = httpx.request(
-                        self.command, f"http://127.0.0.1:{target}/{'/'.join(rest)}",
-                        content=body, timeout=60,
-                        headers={k: v for k, v in self.headers.items()
-                                 if k.lower() in ("content-type", "authorization")},
-                    )  # fmt: skip
+                        self.command,
+                        f"http://127.0.0.1:{target}/{'/'.join(rest)}",
+                        content=body,
+                        timeout=60,
+                        headers={
+                            k: v
+                            for k, v in self.headers.items()
+                            if k.lower() in ("content-type", "authorization")
+                        },
+                    )
                 except httpx.HTTPError:
                     self.send_response(502)
                     self.send_header("content-length", "0")
@@ -102,8 +107,9 @@ class Router:
                     return
                 try:
                     self.send_response(answer.status_code)
-                    self.send_header("content-type",
-                                     answer.headers.get("content-type", "text/plain"))  # fmt: skip
+                    self.send_header(
+                        "content-type", answer.headers.get("content-type", "text/plain")
+                    )
                     self.send_header("content-length", str(len(answer.content)))
                     self.end_headers()
                     self.wfile.write(answer.content)
@@ -134,8 +140,7 @@ class RoutedKubelet(Kubelet):
 
     def _start(self, pod: dict[str, Any]) -> _Pod:
         name = pod["metadata"]["name"]
-        configmap = next(v["configMap"]["name"] for v in pod["spec"]["volumes"]
-                         if "configMap" in v)  # fmt: skip
+        configmap = next(v["configMap"]["name"] for v in pod["spec"]["volumes"] if "configMap" in v)
         mounts = self._host_paths(pod)
         text = self._configmap_text(configmap)
         folder = self.workdir / "pods" / name
@@ -144,9 +149,11 @@ class RoutedKubelet(Kubelet):
         self.router.routes[(self.namespace, configmap)] = port
         config_path = folder / "config.json"
         config_path.write_text(self._local(text, mounts, port))
-        process = Process(f"http://127.0.0.1:{port}",
-                          metis("serve", "--config", str(config_path)),
-                          folder / "indexer.log").start()  # fmt: skip
+        process = Process(
+            f"http://127.0.0.1:{port}",
+            metis("serve", "--config", str(config_path)),
+            folder / "indexer.log",
+        ).start()
         return _Pod(name, process, config_path, configmap, mounts, text)
 
     def _local(self, text: str, mounts: dict[str, Path], port: int) -> str:
@@ -166,9 +173,11 @@ def operator_usage(pid: int) -> tuple[float, int]:
     """(CPU seconds, RSS bytes) of a process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    rss = next(int(line.split()[1]) * 1024 for line in
-               Path(f"/proc/{pid}/status").read_text().splitlines()
-               if line.startswith("VmRSS:"))  # fmt: skip
+    rss = next(
+        int(line.split()[1]) * 1024
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("VmRSS:")
+    )
     return cpu, rss
 
 
@@ -202,19 +211,33 @@ def main() -> int:
         install(kube)
         ns = f"scale-{secrets.token_hex(3)}"
         kube.rest().post("/api/v1/namespaces", {"metadata": {"name": ns}})
-        wait_for(lambda: kube.rest().get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"),
-                 timeout=60, what="the default service account")  # fmt: skip
+        wait_for(
+            lambda: kube.rest().get(f"/api/v1/namespaces/{ns}/serviceaccounts/default"),
+            timeout=60,
+            what="the default service account",
+        )
         # Each indexer asks 1 CPU and 2 GiB (the spec's defaults): room for all.
-        kube.add_node("bench-node", {"pool": "bench"}, cpu=str(args.bases + 1),
-                      memory=f"{2 * args.bases + 2}Gi")  # fmt: skip
+        kube.add_node(
+            "bench-node",
+            {"pool": "bench"},
+            cpu=str(args.bases + 1),
+            memory=f"{2 * args.bases + 2}Gi",
+        )
         router.routes[(ns, "minilm")] = int(models.base_url.rsplit(":", 1)[1])
         model_service(kube, ns, "minilm", 80)
         (work / "op").mkdir()
-        op = Operator(kube, work / "op", 7700, poll_seconds=10,
-                      env={"METIS_URL_TEMPLATE": router.template,
-                           "METIS_PROBE_SECONDS": "60",
-                           "METIS_MODEL_GRACE_SECONDS": "20",
-                           "METIS_LOG_FORMAT": "json"})  # fmt: skip
+        op = Operator(
+            kube,
+            work / "op",
+            7700,
+            poll_seconds=10,
+            env={
+                "METIS_URL_TEMPLATE": router.template,
+                "METIS_PROBE_SECONDS": "60",
+                "METIS_MODEL_GRACE_SECONDS": "20",
+                "METIS_LOG_FORMAT": "json",
+            },
+        )
         with RoutedKubelet(router, kube, ns, work / "kubelet") as kubelet:
             op.start()
             try:
@@ -228,23 +251,39 @@ def main() -> int:
                     make_drive(kube, ns, f"docs-{i}", docs)
                 started, wall_start = time.monotonic(), dt.datetime.now(dt.UTC)
                 for i in range(args.bases):
-                    kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(kb(f"kb-{i}", {
-                        "sources": [{"drive": f"docs-{i}"}], "embedding": {"deployment": "minilm"},
-                        "placement": {"labels": {"pool": "bench"}}, "rescan_seconds": 0,
-                    })))  # fmt: skip
+                    kube.kubectl(
+                        "apply",
+                        "-n",
+                        ns,
+                        "-f",
+                        "-",
+                        input=json.dumps(
+                            kb(
+                                f"kb-{i}",
+                                {
+                                    "sources": [{"drive": f"docs-{i}"}],
+                                    "embedding": {"deployment": "minilm"},
+                                    "placement": {"labels": {"pool": "bench"}},
+                                    "rescan_seconds": 0,
+                                },
+                            )
+                        ),
+                    )
 
                 def ready() -> bool:
                     kubelet.check()
                     items = kube.rest().get(
                         f"/apis/metis.astraeus.io/v1/namespaces/{ns}/knowledgebases"
                     )["items"]
-                    states = collections.Counter((i.get("status") or {}).get("state")
-                                                 for i in items)  # fmt: skip
+                    states = collections.Counter(
+                        (i.get("status") or {}).get("state") for i in items
+                    )
                     print(f"  {time.monotonic() - started:6.1f} s {dict(states)}", flush=True)
                     return states.get("Ready", 0) == args.bases
 
-                wait_for(ready, timeout=3600, interval=10, what="every base Ready",
-                         alive=op.check_alive)  # fmt: skip
+                wait_for(
+                    ready, timeout=3600, interval=10, what="every base Ready", alive=op.check_alive
+                )
                 to_ready = time.monotonic() - started
                 assert op.proc is not None
                 idle_s = args.idle_minutes * 60

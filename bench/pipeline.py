@@ -1,4 +1,4 @@
-"""Indexing throughput: a whole pass against reading and cutting alone (issue 13).
+"""Indexing throughput: a whole pass against reading and cutting alone.
 
 An OpenAI-compatible embedding server that answers at once (each passage's vector
 is a unit vector seeded by its text's hash) runs in its own process, so what is
@@ -46,7 +46,7 @@ from metis_indexer.service import Indexer
 
 PEPS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "perf" / "python-peps"
 TARGET = 3000.0
-"""Chunks a second a whole pass should reach on 2 cores (issue 13)."""
+"""Chunks a second a whole pass should reach on 2 cores."""
 
 
 def vectors(texts: list[str], table: np.ndarray) -> np.ndarray:
@@ -54,12 +54,22 @@ def vectors(texts: list[str], table: np.ndarray) -> np.ndarray:
     the sum of three rows of a fixed random table picked by its hash, so a request's
     vectors cost a few array operations: the server's work must not take the cores the
     indexer is measured on (a random generator seeded per text took 2 s of a pass)."""
-    seeds = np.array([int.from_bytes(hashlib.blake2b(t.encode("utf-8", "surrogatepass"),
-                                                     digest_size=8).digest(), "little")
-                      for t in texts], dtype=np.uint64)
+    seeds = np.array(
+        [
+            int.from_bytes(
+                hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                "little",
+            )
+            for t in texts
+        ],
+        dtype=np.uint64,
+    )
     size = np.uint64(len(table))
-    v = table[seeds % size] + table[(seeds >> np.uint64(20)) % size] \
+    v = (
+        table[seeds % size]
+        + table[(seeds >> np.uint64(20)) % size]
         + table[(seeds >> np.uint64(40)) % size]
+    )
     return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype("<f4")
 
 
@@ -70,8 +80,9 @@ def serve(port: int, dim: int, base64_ok: bool) -> None:
     table = np.random.default_rng(13).standard_normal((4099, dim)).astype(np.float32)
 
     async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "instant-hash",
-                                                              "object": "model"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "instant-hash", "object": "model"}]}
+        )
 
     async def embeddings(request: web.Request) -> web.Response:
         body = json.loads(await request.read())
@@ -83,8 +94,9 @@ def serve(port: int, dim: int, base64_ok: bool) -> None:
         if fmt == "base64":
             data = ",".join(
                 f'{{"object":"embedding","index":{i},"embedding":"{base64.b64encode(r).decode()}"}}'
-                for i, r in enumerate(rows.tobytes()[k : k + 4 * dim]
-                                      for k in range(0, 4 * dim * len(rows), 4 * dim))
+                for i, r in enumerate(
+                    rows.tobytes()[k : k + 4 * dim] for k in range(0, 4 * dim * len(rows), 4 * dim)
+                )
             )
         else:
             data = ",".join(
@@ -106,8 +118,16 @@ def instant_server(dim: int, base64_ok: bool) -> Iterator[tuple[str, int]]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(port), "--dim", str(dim),
-         "--encoding", "base64" if base64_ok else "float"],
+        [
+            sys.executable,
+            __file__,
+            "--serve",
+            str(port),
+            "--dim",
+            str(dim),
+            "--encoding",
+            "base64" if base64_ok else "float",
+        ],
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -180,9 +200,7 @@ class Passed:
     """The instant embedding server."""
 
 
-async def whole_pass(
-    corpus: Path, url: str, server: int, workers: int, folder: Path
-) -> Passed:
+async def whole_pass(corpus: Path, url: str, server: int, workers: int, folder: Path) -> Passed:
     """A first pass over the corpus, from start to `ready`."""
     config = IndexerConfig(
         name="bench",
@@ -192,60 +210,66 @@ async def whole_pass(
         rescan_seconds=0,
         workers=workers,
     )
-    indexer = Indexer(config)
     done = asyncio.Event()
-    indexer.on_progress = lambda state: done.set() if state.completed else None
+    indexer = Indexer(config, on_progress=lambda state: done.set() if state.completed else None)
     started = time.perf_counter()
     own, served, before = time.process_time(), cpu_seconds(server), descendants_cpu(server)
     await indexer.start()
     try:
         await done.wait()
         seconds = time.perf_counter() - started
-        cpu = (time.process_time() - own, descendants_cpu(server) - before,
-               cpu_seconds(server) - served)
+        cpu = (
+            time.process_time() - own,
+            descendants_cpu(server) - before,
+            cpu_seconds(server) - served,
+        )
     finally:
         await indexer.stop()
-    return Passed(seconds, indexer.index.chunk_count, *cpu)
+    return Passed(seconds, indexer.passes.index.chunk_count, *cpu)
 
 
-def report(args: argparse.Namespace, read: tuple[float, int, int], passed: Passed,
-           load: float) -> str:
+def report(
+    args: argparse.Namespace, read: tuple[float, int, int], passed: Passed, load: float
+) -> str:
     read_s, files, read_chunks = read
     pass_s, chunks = passed.seconds, passed.chunks
     rate = chunks / pass_s
     cpu = passed.indexer_cpu + passed.workers_cpu
-    return "\n".join([
-        f"# Pipeline benchmark — {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on "
-        f"{platform.node()} ({os.cpu_count()} cores, Python {platform.python_version()})",
-        "",
-        f"Corpus `{args.corpus}`: {files:,} files, {read_chunks:,} chunks; {args.workers} "
-        f"reader workers; an instant embedding server ({args.dim} dimensions, "
-        f"{args.encoding} offered) in its own process. Load average before: {load:.2f}.",
-        "",
-        "| step | seconds | chunks/s |",
-        "|---|---|---|",
-        f"| baseline: read and cut alone (the reader pool) | {read_s:.2f} | "
-        f"{read_chunks / read_s:,.0f} |",
-        f"| whole pass (hash, read, cut, embed, tokenise, write) | {pass_s:.2f} | {rate:,.0f} |",
-        "",
-        f"Whole pass / read and cut: {pass_s / read_s:.2f} ×. Target ≥ {TARGET:,.0f} chunks/s: "
-        f"{'met' if rate >= TARGET else 'MISSED'} ({rate:,.0f}). Load average after: "
-        f"{os.getloadavg()[0]:.2f}.",
-        "",
-        "CPU seconds of the pass (other work on the cores moves them less than the seconds "
-        "above, but moves them):",
-        "",
-        "| process | CPU s | µs a chunk |",
-        "|---|---|---|",
-        f"| the indexer's own (all its threads) | {passed.indexer_cpu:.2f} | "
-        f"{passed.indexer_cpu / chunks * 1e6:,.0f} |",
-        f"| its {args.workers} reader workers (their start included) and their fork server | "
-        f"{passed.workers_cpu:.2f} | {passed.workers_cpu / chunks * 1e6:,.0f} |",
-        f"| indexer and workers | {cpu:.2f} | {cpu / chunks * 1e6:,.0f} |",
-        f"| the instant embedding server (the fake; not the indexer's) | "
-        f"{passed.server_cpu:.2f} | {passed.server_cpu / chunks * 1e6:,.0f} |",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"# Pipeline benchmark — {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on "
+            f"{platform.node()} ({os.cpu_count()} cores, Python {platform.python_version()})",
+            "",
+            f"Corpus `{args.corpus}`: {files:,} files, {read_chunks:,} chunks; {args.workers} "
+            f"reader workers; an instant embedding server ({args.dim} dimensions, "
+            f"{args.encoding} offered) in its own process. Load average before: {load:.2f}.",
+            "",
+            "| step | seconds | chunks/s |",
+            "|---|---|---|",
+            f"| baseline: read and cut alone (the reader pool) | {read_s:.2f} | "
+            f"{read_chunks / read_s:,.0f} |",
+            f"| whole pass (hash, read, cut, embed, tokenise, write) | {pass_s:.2f} | "
+            f"{rate:,.0f} |",
+            "",
+            f"Whole pass / read and cut: {pass_s / read_s:.2f} ×. Target ≥ {TARGET:,.0f} chunks/s: "
+            f"{'met' if rate >= TARGET else 'MISSED'} ({rate:,.0f}). Load average after: "
+            f"{os.getloadavg()[0]:.2f}.",
+            "",
+            "CPU seconds of the pass (other work on the cores moves them less than the seconds "
+            "above, but moves them):",
+            "",
+            "| process | CPU s | µs a chunk |",
+            "|---|---|---|",
+            f"| the indexer's own (all its threads) | {passed.indexer_cpu:.2f} | "
+            f"{passed.indexer_cpu / chunks * 1e6:,.0f} |",
+            f"| its {args.workers} reader workers (their start included) and their fork server | "
+            f"{passed.workers_cpu:.2f} | {passed.workers_cpu / chunks * 1e6:,.0f} |",
+            f"| indexer and workers | {cpu:.2f} | {cpu / chunks * 1e6:,.0f} |",
+            f"| the instant embedding server (the fake; not the indexer's) | "
+            f"{passed.server_cpu:.2f} | {passed.server_cpu / chunks * 1e6:,.0f} |",
+            "",
+        ]
+    )
 
 
 def main() -> None:
@@ -261,8 +285,10 @@ def main() -> None:
         serve(args.serve, args.dim, args.encoding == "base64")
         return
     load = os.getloadavg()[0]
-    with instant_server(args.dim, args.encoding == "base64") as (url, server), \
-            tempfile.TemporaryDirectory(prefix="metis-pipeline-") as tmp:
+    with (
+        instant_server(args.dim, args.encoding == "base64") as (url, server),
+        tempfile.TemporaryDirectory(prefix="metis-pipeline-") as tmp,
+    ):
         passed = asyncio.run(whole_pass(args.corpus, url, server, args.workers, Path(tmp)))
     read = read_and_cut(args.corpus, args.workers)  # after: the pass starts its workers cold
     text = report(args, read, passed, load)

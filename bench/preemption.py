@@ -1,4 +1,4 @@
-"""Searches while a big document is embedded (issue 24, item 5): do questions wait behind
+"""Searches while a big document is embedded: do questions wait behind
 the pass's batches at the model? Writes bench/results/preemption.md.
 
     .venv/bin/python bench/preemption.py [--chunks 4000] [--searches 40] [--out PATH]
@@ -50,7 +50,7 @@ from tests.support.processes import Process, indexer, running, wait_ready  # noq
 HANDBOOK = ROOT / "examples" / "handbook"
 QUERY = {"query": "How many vacation days do I get?", "top_k": 3, "rerank": False}
 TARGET = 3.0
-"""p50 during the embedding, over idle, at the local server (issue 24)."""
+"""p50 during the embedding, over idle, at the local server."""
 
 
 def serve_fifo(port: int) -> None:
@@ -64,8 +64,9 @@ def serve_fifo(port: int) -> None:
     one_at_a_time = asyncio.Lock()
 
     async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": encoder.model_id,
-                                                              "object": "model"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": encoder.model_id, "object": "model"}]}
+        )
 
     async def embeddings(request: web.Request) -> web.Response:
         body = await request.json()
@@ -73,8 +74,9 @@ def serve_fifo(port: int) -> None:
         async with one_at_a_time:
             vectors = await asyncio.to_thread(encoder.embed, texts)
         if body.get("encoding_format") == "base64":
-            rows: list[object] = [base64.b64encode(v.astype("<f4").tobytes()).decode()
-                                  for v in vectors]
+            rows: list[object] = [
+                base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors
+            ]
         else:
             rows = vectors.tolist()
         data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
@@ -133,8 +135,10 @@ def big_document(path: Path, chunks_wanted: int) -> None:
     no two chunks are the same)."""
     lines = []
     for i in range(chunks_wanted * 8):
-        lines.append(f"Item {i} of the ledger: shelf {i % 97}, row {i % 13}, counted on day "
-                     f"{i % 365} by team {i % 7}, {i * 7 % 1000} units.")
+        lines.append(
+            f"Item {i} of the ledger: shelf {i % 97}, row {i % 13}, counted on day "
+            f"{i % 365} by team {i % 7}, {i * 7 % 1000} units."
+        )
     path.write_text("# Inventory\n\n" + "\n\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -191,8 +195,9 @@ def measure(server: Server, folder: Path, chunks_wanted: int, n: int) -> Row:
         # minutes: the model's CPU time climbing says it is under way.
         p.wait_status("the pass", lambda s: s["phase"] == "indexing", timeout=120)
         start_cpu = cpu_seconds(server.pid)
-        p.wait_for("the model busy", lambda: cpu_seconds(server.pid) - start_cpu >= 2.0,
-                   timeout=120)
+        p.wait_for(
+            "the model busy", lambda: cpu_seconds(server.pid) - start_cpu >= 2.0, timeout=120
+        )
         busy = search(p, n, until=time.monotonic() + 120)
         still = p.status()["phase"] == "indexing"
     return Row(server.name, idle, busy, still)
@@ -204,9 +209,9 @@ SIZINGS: dict[str, dict[str, int]] = {
 }
 
 
-async def throughput(server: Server, texts: list[str], sizing: dict[str, int]) -> tuple[
-    float, float
-]:
+async def throughput(
+    server: Server, texts: list[str], sizing: dict[str, int]
+) -> tuple[float, float]:
     """Passages a second for one document of `texts` through the embedding client, and the
     server's CPU milliseconds a passage (which other work on the cores moves less)."""
     client = EmbeddingClient(server.base_url, **sizing)  # type: ignore[arg-type]
@@ -291,9 +296,12 @@ def main() -> None:
         "",
         "| requests | passages/s, median (each run) | server CPU ms a passage, median |",
         "|---|---|---|",
-        *(f"| {name} | {statistics.median(r for r, _ in rs):.1f} "
-          f"({', '.join(f'{r:.1f}' for r, _ in rs)}) | "
-          f"{statistics.median(c for _, c in rs):.0f} |" for name, rs in runs.items()),
+        *(
+            f"| {name} | {statistics.median(r for r, _ in rs):.1f} "
+            f"({', '.join(f'{r:.1f}' for r, _ in rs)}) | "
+            f"{statistics.median(c for _, c in rs):.0f} |"
+            for name, rs in runs.items()
+        ),
         "",
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)

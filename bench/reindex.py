@@ -1,9 +1,9 @@
-"""Memory and search after many full reindexes, against a fresh start (issue 24).
+"""Memory and search after many full reindexes, against a fresh start.
 
     .venv/bin/python bench/reindex.py [--rounds 100] [--out bench/results/reindex.md]
 
-Issue 24 measured a base of 1,149 chunks: 30 full reindexes took the indexer from 151 to
-257 MB and its dense step from 0.33 to 13 ms, and a restart reset both. Three parts, each
+On a base of 1,149 chunks, 30 full reindexes once took the indexer from 151 to 257 MB and
+its dense step from 0.33 to 13 ms, and a restart reset both. Three parts, each
 with its fresh start measured in the same run:
 
 1. **The index with the real model's vectors.** About 1,150 chunks of Python PEPs and 20
@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))  # for tests.support, when run as a script
 
 from bench.search import texts as perf_texts  # noqa: E402
 from metis_indexer.documents import Chunk  # noqa: E402
-from metis_indexer.index.memory import Document, Index, Settings  # noqa: E402
+from metis_indexer.index.memory import Index, IndexSettings, Replacement  # noqa: E402
 from metis_indexer.index.store import FileRecord  # noqa: E402
 from metis_indexer.ingest.writer import MOST  # noqa: E402
 from metis_indexer.schema import SearchRequest  # noqa: E402
@@ -68,14 +68,25 @@ SCALE_CHUNKS = 100_000
 SCALE_DIM = 384
 IDLE_SEARCHES = 300
 QUESTIONS = [
-    "how should a long line of Python code be wrapped", "generator expressions",
-    "what does the walrus operator do", "unicode string literals", "relative imports",
-    "exception chaining with raise from", "keyword-only arguments", "decorators for functions",
-    "integer division and the // operator", "the with statement and context managers",
-    "type hints for function annotations", "async and await coroutines",
-    "f-strings formatted string literals", "dictionary ordering", "the global interpreter lock",
-    "packaging and distributing modules", "pattern matching with match and case",
-    "deprecating a module in the standard library", "iterators and the iteration protocol",
+    "how should a long line of Python code be wrapped",
+    "generator expressions",
+    "what does the walrus operator do",
+    "unicode string literals",
+    "relative imports",
+    "exception chaining with raise from",
+    "keyword-only arguments",
+    "decorators for functions",
+    "integer division and the // operator",
+    "the with statement and context managers",
+    "type hints for function annotations",
+    "async and await coroutines",
+    "f-strings formatted string literals",
+    "dictionary ordering",
+    "the global interpreter lock",
+    "packaging and distributing modules",
+    "pattern matching with match and case",
+    "deprecating a module in the standard library",
+    "iterators and the iteration protocol",
     "how a PEP is accepted or rejected",
 ]
 MARKS = (0, 30, 100)
@@ -99,8 +110,9 @@ def passages(paths: list[Path], n: int, size: int = 1200) -> list[tuple[str, lis
     total = 0
     for path in paths:
         body = path.read_text(encoding="utf-8", errors="replace")
-        parts = [p for p in (body[i : i + size] for i in range(0, len(body), size - 200))
-                 if p.strip()][: n - total]
+        parts = [
+            p for p in (body[i : i + size] for i in range(0, len(body), size - 200)) if p.strip()
+        ][: n - total]
         if parts:
             out.append((path.name, parts))
             total += len(parts)
@@ -109,19 +121,20 @@ def passages(paths: list[Path], n: int, size: int = 1200) -> list[tuple[str, lis
     raise RuntimeError(f"only {total} passages")
 
 
-def documents(files: list[tuple[str, list[str]]], vectors: np.ndarray) -> list[Document]:
-    out: list[Document] = []
+def documents(files: list[tuple[str, list[str]]], vectors: np.ndarray) -> list[Replacement]:
+    out: list[Replacement] = []
     at = 0
     for name, parts in files:
         chunks = [Chunk(name, (), p, None, 1, 0, 0) for p in parts]
-        record = FileRecord("peps", name, "txt", 1, 1, "h" + name, "indexed", "t", title=name,
-                            chunks=len(parts))
-        out.append((record, chunks, vectors[at : at + len(parts)]))
+        record = FileRecord(
+            "peps", name, "txt", 1, 1, "h" + name, "indexed", "t", title=name, chunks=len(parts)
+        )
+        out.append(Replacement(record, chunks, vectors[at : at + len(parts)]))
         at += len(parts)
     return out
 
 
-def full_reindex(index: Index, docs: list[Document]) -> None:
+def full_reindex(index: Index, docs: list[Replacement]) -> None:
     for at in range(0, len(docs), MOST):
         index.put_documents(docs[at : at + MOST])
     index.settle()
@@ -148,8 +161,13 @@ def measure(
                     steps["whole"].append(answer.took.total - answer.took.embed)
 
     asyncio.run(ask())
-    return {"rss_mb": rss_mb(), "rows": index.n_rows, "chunks": index.chunk_count,
-            "capacity": len(index.alive), **{k: pct(v) for k, v in steps.items()}}
+    return {
+        "rss_mb": rss_mb(),
+        "rows": index.n_rows,
+        "chunks": index.chunk_count,
+        "capacity": len(index.alive),
+        **{k: pct(v) for k, v in steps.items()},
+    }
 
 
 # -- part 1: the index, in processes of its own ------------------------------------------
@@ -159,8 +177,11 @@ def embed_base(work: Path) -> None:
     """Chunks and questions embedded once by the real local model, kept in `work`."""
     files = passages(sorted(PEPS.glob("pep-*.rst")), CHUNKS)
     texts = [p for _, parts in files for p in parts]
-    with running_model_server() as server, httpx.Client(base_url=server.base_url,
-                                                        timeout=600) as client:
+    with (
+        running_model_server() as server,
+        httpx.Client(base_url=server.base_url, timeout=600) as client,
+    ):
+
         def embed(batch: list[str]) -> list[list[float]]:
             answer = client.post("/v1/embeddings", json={"input": batch})
             answer.raise_for_status()
@@ -177,7 +198,7 @@ def writer_child(work: Path, rounds: int) -> None:
     """Build, then reindex fully `rounds` times, measuring at each of MARKS."""
     qvecs = np.load(work / "questions.npy")
     index = Index(work / "index")
-    index.adopt(Settings("all-MiniLM-L6-v2", qvecs.shape[1], 1200, 200))
+    index.adopt(IndexSettings("all-MiniLM-L6-v2", qvecs.shape[1], 1200, 200))
 
     def again() -> None:  # the documents of one pass, gone after it
         files = json.loads((work / "files.json").read_text())
@@ -188,21 +209,27 @@ def writer_child(work: Path, rounds: int) -> None:
         if done:
             again()
         if done in MARKS or done == rounds:
-            print(json.dumps({"reindexes": done, **measure(index, QUESTIONS, qvecs)}),
-                  flush=True)
+            print(json.dumps({"reindexes": done, **measure(index, QUESTIONS, qvecs)}), flush=True)
 
 
 def fresh_child(work: Path) -> None:
     index = Index(work / "index")
     index.load()
     index.settle()
-    print(json.dumps({"reindexes": "fresh", **measure(index, QUESTIONS,
-                                                    np.load(work / "questions.npy"))}))
+    print(
+        json.dumps(
+            {"reindexes": "fresh", **measure(index, QUESTIONS, np.load(work / "questions.npy"))}
+        )
+    )
 
 
 def child(kind: str, work: Path, *extra: str) -> list[dict[str, Any]]:
-    out = subprocess.run([sys.executable, __file__, "--child", kind, "--workdir", str(work),
-                          *extra], check=True, stdout=subprocess.PIPE, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", kind, "--workdir", str(work), *extra],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
@@ -229,7 +256,7 @@ def scale_child(work: Path) -> None:
     vectors = rng.standard_normal((SCALE_CHUNKS, SCALE_DIM), dtype=np.float32)
     docs = documents(files, vectors)
     index = TimedIndex(work / "scale")
-    index.adopt(Settings("random-unit-vectors", SCALE_DIM, 1200, 200))
+    index.adopt(IndexSettings("random-unit-vectors", SCALE_DIM, 1200, 200))
     start = time.perf_counter()
     full_reindex(index, docs)
     build_s = time.perf_counter() - start
@@ -263,14 +290,28 @@ def scale_child(work: Path) -> None:
     reindex_s = time.perf_counter() - start
     stop.set()
     during.join()
-    print(json.dumps({
-        "chunks": index.chunk_count, "build_s": build_s, "reindex_s": reindex_s,
-        "compactions_ms": index.compactions,
-        "idle": {"searches": len(idle_searches), "search": pct(idle_searches),
-                 "max_search": max(idle_searches), "max_wait": max(idle_waits)},
-        "during": {"searches": len(searches), "search": pct(searches),
-                   "max_search": max(searches), "max_wait": max(waits)},
-    }))
+    print(
+        json.dumps(
+            {
+                "chunks": index.chunk_count,
+                "build_s": build_s,
+                "reindex_s": reindex_s,
+                "compactions_ms": index.compactions,
+                "idle": {
+                    "searches": len(idle_searches),
+                    "search": pct(idle_searches),
+                    "max_search": max(idle_searches),
+                    "max_wait": max(idle_waits),
+                },
+                "during": {
+                    "searches": len(searches),
+                    "search": pct(searches),
+                    "max_search": max(searches),
+                    "max_wait": max(waits),
+                },
+            }
+        )
+    )
 
 
 # -- part 3: metis serve -----------------------------------------------------------------
@@ -295,16 +336,25 @@ def serve_part(work: Path, rounds: int) -> dict[str, Any]:
 
     def mark(label: object) -> None:
         assert p.proc is not None
-        marks.append({"reindexes": label, "rss_mb": rss_mb(p.proc.pid),
-                      "chunks": p.status()["chunks"], "keyword": keyword_ms()})
+        marks.append(
+            {
+                "reindexes": label,
+                "rss_mb": rss_mb(p.proc.pid),
+                "chunks": p.status()["chunks"],
+                "keyword": keyword_ms(),
+            }
+        )
 
     p.start()
     try:
         wait_ready(p)
         for done in range(1, rounds + 1):
             assert p.post("/v1/reindex", {"full": True}).status_code == 202
-            p.wait_status(f"pass {done + 1}", lambda s, n=done + 1: s["passes"] == n
-                          and s["phase"] == "ready", 600)
+            p.wait_status(
+                f"pass {done + 1}",
+                lambda s, n=done + 1: s["passes"] == n and s["phase"] == "ready",
+                600,
+            )
             if done in (1, *MARKS[1:]) or done == rounds:
                 mark(done)
         p.stop()
@@ -329,9 +379,14 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f} ×" if b else "—"
 
 
-def report(index_marks: list[dict[str, Any]], scale: dict[str, Any], serve: dict[str, Any],
-           started: str,
-           loads: tuple[tuple[float, ...], tuple[float, ...]], rounds: int) -> str:
+def report(
+    index_marks: list[dict[str, Any]],
+    scale: dict[str, Any],
+    serve: dict[str, Any],
+    started: str,
+    loads: tuple[tuple[float, ...], tuple[float, ...]],
+    rounds: int,
+) -> str:
     fresh = index_marks[-1]
     lines = [
         f"# Memory and search after full reindexes — {started} on {platform.node()} "
@@ -378,8 +433,10 @@ def report(index_marks: list[dict[str, Any]], scale: dict[str, Any], serve: dict
     ]
     for label, key in (("idle", "idle"), ("during the full reindex", "during")):
         s = scale[key]
-        lines.append(f"| {label} | {s['searches']} | {s['search'][0]:.2f} / {s['search'][1]:.2f}"
-                     f" | {s['max_search']:.1f} | {s['max_wait']:.1f} |")
+        lines.append(
+            f"| {label} | {s['searches']} | {s['search'][0]:.2f} / {s['search'][1]:.2f}"
+            f" | {s['max_search']:.1f} | {s['max_wait']:.1f} |"
+        )
     builds = ", ".join(f"{b:.0f}" for b in scale["compactions_ms"])
     lines += [
         "",
@@ -397,8 +454,10 @@ def report(index_marks: list[dict[str, Any]], scale: dict[str, Any], serve: dict
     marks = serve["marks"]
     for m in marks:
         label = "a restart" if m["reindexes"] == "restart" else reindexes(m)
-        lines.append(f"| {label} | {m['chunks']:,} | {m['rss_mb']:.1f} | "
-                     f"{m['keyword'][0]:.2f} / {m['keyword'][1]:.2f} |")
+        lines.append(
+            f"| {label} | {m['chunks']:,} | {m['rss_mb']:.1f} | "
+            f"{m['keyword'][0]:.2f} / {m['keyword'][1]:.2f} |"
+        )
     restart = marks[-1]
     end = next(m for m in marks if m["reindexes"] == rounds)
     lines += [

@@ -114,7 +114,8 @@ def model_server() -> Iterator[str]:
         port = s.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "metis_indexer.models.localmodel", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -130,8 +131,9 @@ def model_server() -> Iterator[str]:
         proc.wait()
 
 
-async def run(split: str, workdir: Path, embedding: str, vectors: VectorKind = "float32"
-              ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+async def run(
+    split: str, workdir: Path, embedding: str, vectors: VectorKind = "float32"
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     drive = workdir / "scifact"
     drive.mkdir(parents=True, exist_ok=True)
     docs = write_corpus(drive)
@@ -146,15 +148,15 @@ async def run(split: str, workdir: Path, embedding: str, vectors: VectorKind = "
     indexer = Indexer(config)
     started = time.monotonic()
     await indexer.start()
-    while indexer.state.phase != "ready":
+    while indexer.progress.state.phase != "ready":
         await asyncio.sleep(1)
     index_s = time.monotonic() - started
     queries, qrels = load_split(split)
     figures: dict[str, dict[str, float]] = {}
     vectors = {}
     for qid, text in queries.items():
-        assert indexer.embedder is not None
-        vectors[qid] = await indexer.embedder.embed_query(text)
+        assert indexer.configured.embedder is not None
+        vectors[qid] = await indexer.configured.embedder.embed_query(text)
     for mode in ("keyword", "dense", "hybrid"):
         totals = {"ndcg@10": 0.0, "recall@100": 0.0, "mrr@10": 0.0}
         for qid, text in queries.items():
@@ -165,18 +167,23 @@ async def run(split: str, workdir: Path, embedding: str, vectors: VectorKind = "
 
             m = search.Models(embed=embed)
             top10 = await search.search(
-                indexer.index, SearchRequest(query=text, top_k=10, mode=mode), m, ""
+                indexer.passes.index, SearchRequest(query=text, top_k=10, mode=mode), m, ""
             )
-            wide = SearchRequest.model_construct(query=text, top_k=100, mode=mode, rerank=False,
-                                                 filters=None)
-            fused = search.rank(indexer.index, wide, None if mode == "keyword" else vec)
-            ranked10, ranked100 = doc_ids(top10), ranked_ids(indexer.index, fused.rows[:100])
+            wide = SearchRequest.model_construct(
+                query=text, top_k=100, mode=mode, rerank=False, filters=None
+            )
+            fused = search.rank(indexer.passes.index, wide, None if mode == "keyword" else vec)
+            ranked10, ranked100 = doc_ids(top10), ranked_ids(indexer.passes.index, fused.rows[:100])
             totals["ndcg@10"] += ndcg_at(ranked10, qrels[qid])
             totals["mrr@10"] += mrr_at(ranked10, qrels[qid])
             totals["recall@100"] += recall_at(ranked100, qrels[qid], 100)
         figures[mode] = {k: v / len(queries) for k, v in totals.items()}
-    info = {"documents": docs, "chunks": indexer.index.chunk_count, "index_s": index_s,
-            "queries": len(queries)}
+    info = {
+        "documents": docs,
+        "chunks": indexer.passes.index.chunk_count,
+        "index_s": index_s,
+        "queries": len(queries),
+    }
     await indexer.stop()
     return figures, info
 
@@ -207,11 +214,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", choices=["train", "test"], default="test")
     parser.add_argument("--embedding", help="an embeddings server (default: start metis models)")
-    parser.add_argument("--workdir", type=Path,
-                        help="keep the corpus and the index here (indexed once for both splits)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep the corpus and the index here (indexed once for both splits)",
+    )
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--vectors", choices=VECTOR_KINDS, default="float32",
-                        help="how the index holds vectors in memory (issue 13)")
+    parser.add_argument(
+        "--vectors",
+        choices=VECTOR_KINDS,
+        default="float32",
+        help="how the index holds vectors in memory",
+    )
     args = parser.parse_args()
     out = args.out or Path(f"bench/results/scifact-{args.split}.md")
     with contextlib.ExitStack() as stack:

@@ -1,4 +1,4 @@
-"""Keyword and fusion variants on SciFact, scored outside the indexer (issue 15's experiments).
+"""Keyword and fusion variants on SciFact, scored outside the indexer.
 
 Reads the chunks and vectors of a work folder `bench/scifact.py --workdir DIR` indexed, and
 re-implements the keyword leg with numpy and scipy over the very same chunks (their words by
@@ -64,8 +64,11 @@ class Variant:
     """BM25+'s lower bound of a word's term score, in units of its idf (Lv and Zhai 2011)."""
 
 
-_GREEK = {chr(cp): unicodedata.name(chr(cp)).split()[-1].lower()
-          for cp in range(0x3B1, 0x3CA) if cp != 0x3C2}
+_GREEK = {
+    chr(cp): unicodedata.name(chr(cp)).split()[-1].lower()
+    for cp in range(0x3B1, 0x3CA)
+    if cp != 0x3C2
+}
 _COMPOUND = re.compile(r"[^\W_]+(?:[-\u2010\u2011]+[^\W_]+)+")
 
 
@@ -87,7 +90,7 @@ def greek_words(text: str) -> list[str]:
 
 
 def _compound_words(text: str, name: Callable[[str], str], names_only: bool = False) -> list[str]:
-    """Words as the spec cuts them, and each hyphenated compound also whole, its parts
+    """Words as `tokens.words` cuts them, and each hyphenated compound also whole, its parts
     joined (`il-6` as il, 6 and il6; `t-cell` as cell and tcell); `names_only`: only
     compounds with a part of digits or of one or two letters (il-6, t-cell, nf-κb, not
     long-term)."""
@@ -115,36 +118,53 @@ ROUND_1 = (
     Variant("before: one field, idf over chunks"),
     Variant("title twice", title_weight=2),
     Variant("title 3 times", title_weight=3),
-    *(Variant(f"BM25F title {w}, title b {tb}", title_weight=w, bm25f=True, title_b=tb)
-      for w in (1, 1.5, 2, 3) for tb in (0.3, 0.75)),
+    *(
+        Variant(f"BM25F title {w}, title b {tb}", title_weight=w, bm25f=True, title_b=tb)
+        for w in (1, 1.5, 2, 3)
+        for tb in (0.3, 0.75)
+    ),
     Variant("idf over documents", document_idf=True),
     Variant("title twice + idf over documents", title_weight=2, document_idf=True),
-    *(Variant(f"title twice, k1 {k1}, b {b}", title_weight=2, k1=k1, b=b)
-      for k1 in (0.9, 1.5) for b in (0.6, 0.9)),
+    *(
+        Variant(f"title twice, k1 {k1}, b {b}", title_weight=2, k1=k1, b=b)
+        for k1 in (0.9, 1.5)
+        for b in (0.6, 0.9)
+    ),
     Variant("query tf", query_tf=True),
     *(Variant(f"document context {c}", context=c) for c in (0.2, 0.5, 1.0)),
-    *(Variant(f"title twice + idf over documents, legs {k}", title_weight=2, document_idf=True,
-              legs=k) for k in (30, 100)),
+    *(
+        Variant(
+            f"title twice + idf over documents, legs {k}", title_weight=2, document_idf=True, legs=k
+        )
+        for k in (30, 100)
+    ),
 )
-"""Issue 15's first round, when fusion met the dense leg first."""
+"""The first round of variants, run while fused ties went to the item the dense leg met first."""
 
 VARIANTS = (
     *(dataclasses.replace(v, ties="dense first met") for v in ROUND_1),
-    *(Variant(f"round 2: {name}", title_weight=2, document_idf=True, **kw) for name, kw in (
-        ("title twice + idf over documents (fused ties: keyword first)", {}),
-        ("compounds whole and parts", {"words": "compounds"}),
-        ("Greek letters by name", {"words": "greek"}),
-        ("compounds + Greek letters", {"words": "compounds+greek"}),
-        *((f"adjacent pairs {w}", {"bigrams": w}) for w in (0.1, 0.2, 0.3, 0.5)),
-        ("legs of each document's best chunk", {"per_document": True}),
-        ("compounds with a short or numeric part, whole and parts", {"words": "names"}),
-        ("the same + Greek letters", {"words": "names+greek"}),
-        ("adjacent pairs 0.05", {"bigrams": 0.05}),
-        *((f"BM25+ delta {d}", {"delta": d}) for d in (0.25, 0.5, 1.0)),
-        *((f"fused ties {t}", {"ties": t}) for t in ("dense first met", "row", "best rank")),
-        *((f"k1 {k1}, b {b}", {"k1": k1, "b": b})
-          for k1 in (0.9, 1.2, 1.5, 2.0) for b in (0.6, 0.75, 0.9) if (k1, b) != (1.2, 0.75)),
-    )),
+    *(
+        Variant(f"round 2: {name}", title_weight=2, document_idf=True, **kw)
+        for name, kw in (
+            ("title twice + idf over documents (fused ties: keyword first)", {}),
+            ("compounds whole and parts", {"words": "compounds"}),
+            ("Greek letters by name", {"words": "greek"}),
+            ("compounds + Greek letters", {"words": "compounds+greek"}),
+            *((f"adjacent pairs {w}", {"bigrams": w}) for w in (0.1, 0.2, 0.3, 0.5)),
+            ("legs of each document's best chunk", {"per_document": True}),
+            ("compounds with a short or numeric part, whole and parts", {"words": "names"}),
+            ("the same + Greek letters", {"words": "names+greek"}),
+            ("adjacent pairs 0.05", {"bigrams": 0.05}),
+            *((f"BM25+ delta {d}", {"delta": d}) for d in (0.25, 0.5, 1.0)),
+            *((f"fused ties {t}", {"ties": t}) for t in ("dense first met", "row", "best rank")),
+            *(
+                (f"k1 {k1}, b {b}", {"k1": k1, "b": b})
+                for k1 in (0.9, 1.2, 1.5, 2.0)
+                for b in (0.6, 0.75, 0.9)
+                if (k1, b) != (1.2, 0.75)
+            ),
+        )
+    ),
 )
 
 
@@ -178,8 +198,10 @@ class Corpus:
 
     def __init__(self, workdir: Path) -> None:
         db = sqlite3.connect(workdir / "index" / "index.sqlite3")
-        files = {i: (p.removesuffix(".md"), t) for i, p, t in
-                 db.execute("SELECT id, path, title FROM files")}
+        files = {
+            i: (p.removesuffix(".md"), t)
+            for i, p, t in db.execute("SELECT id, path, title FROM files")
+        }
         rows = db.execute(
             "SELECT file_id, headings, text, vector FROM chunks ORDER BY id"
         ).fetchall()
@@ -191,16 +213,18 @@ class Corpus:
         _, doc_of = np.unique(self.doc, return_inverse=True)
         self.doc_of = doc_of
         self.docs = int(doc_of.max()) + 1
-        self.grouping = sp.csr_matrix((np.ones(self.n), (doc_of, np.arange(self.n))),
-                                      shape=(self.docs, self.n))
+        self.grouping = sp.csr_matrix(
+            (np.ones(self.n), (doc_of, np.arange(self.n))), shape=(self.docs, self.n)
+        )
         self._counts: dict[str, Counts] = {}
 
     def counts(self, analyzer: str) -> Counts:
-        """Word counts by `analyzer`; "pairs" counts adjacent word pairs (spec words)."""
+        """Word counts by `analyzer`; "pairs" counts adjacent word pairs (`tokens.words`)."""
         if analyzer not in self._counts:
             cut = (lambda t: pairs(tokens.words(t))) if analyzer == "pairs" else ANALYZERS[analyzer]
-            self._counts[analyzer] = Counts([cut(t) for t in self.titles],
-                                            [cut(t) for t in self.bodies])
+            self._counts[analyzer] = Counts(
+                [cut(t) for t in self.titles], [cut(t) for t in self.bodies]
+            )
         return self._counts[analyzer]
 
     def weights(self, v: Variant, c: Counts) -> sp.csc_matrix:
@@ -234,8 +258,12 @@ class Corpus:
         return sp.csc_matrix((w.astype(np.float32), (coo.row, coo.col)), shape=tf.shape)
 
 
-def top(scores: npt.NDArray[np.floating], k: int, positive: bool,
-        doc_of: npt.NDArray[np.intp] | None = None) -> list[int]:
+def top(
+    scores: npt.NDArray[np.floating],
+    k: int,
+    positive: bool,
+    doc_of: npt.NDArray[np.intp] | None = None,
+) -> list[int]:
     """Rows of the k best scores, best first, ties to the lower row, as the index does;
     with `doc_of`, only each document's best row."""
     rows = np.flatnonzero(scores > 0) if positive else np.arange(len(scores))
@@ -270,15 +298,17 @@ def question_vectors(queries: dict[str, str], kept: Path) -> npt.NDArray[np.floa
     with model_server() as url:
         items, out = list(queries.values()), []
         for i in range(0, len(items), 64):
-            answer = httpx.post(f"{url}/v1/embeddings", json={"input": items[i : i + 64]},
-                                timeout=600)
+            answer = httpx.post(
+                f"{url}/v1/embeddings", json={"input": items[i : i + 64]}, timeout=600
+            )
             out += [d["embedding"] for d in answer.json()["data"]]
     np.save(kept, np.array(out, dtype=np.float32))
     return np.load(kept)
 
 
-def evaluate(corpus: Corpus, v: Variant, split: str,
-             vectors: npt.NDArray[np.float32]) -> dict[str, tuple[float, float]]:
+def evaluate(
+    corpus: Corpus, v: Variant, split: str, vectors: npt.NDArray[np.float32]
+) -> dict[str, tuple[float, float]]:
     """(nDCG@10, MRR@10) of each mode."""
     queries, qrels = load_split(split)
     words = corpus.counts(v.words)
@@ -296,8 +326,11 @@ def evaluate(corpus: Corpus, v: Variant, split: str,
                 scores = scores + v.bigrams * np.asarray(two_weights[:, pair_ids].sum(1)).ravel()
         keyword = top(scores, v.legs, positive=True, doc_of=doc_of)
         dense = top(corpus.vectors @ vector, v.legs, positive=False, doc_of=doc_of)
-        for mode, rows in (("keyword", keyword), ("dense", dense),
-                           ("hybrid", fused([dense, keyword], v.ties))):
+        for mode, rows in (
+            ("keyword", keyword),
+            ("dense", dense),
+            ("hybrid", fused([dense, keyword], v.ties)),
+        ):
             ranked = list(dict.fromkeys(corpus.doc[rows[:10]].tolist()))
             totals[mode] += [ndcg_at(ranked, qrels[qid]), mrr_at(ranked, qrels[qid])]
     return {m: (t[0] / len(queries), t[1] / len(queries)) for m, t in totals.items()}
@@ -314,8 +347,11 @@ def main() -> None:
     print("| variant | keyword nDCG@10 / MRR@10 | hybrid nDCG@10 / MRR@10 |\n|---|---|---|")
     for v in (v for v in VARIANTS if args.only in v.name):
         f = evaluate(corpus, v, args.split, vectors)
-        print(f"| {v.name} | {f['keyword'][0]:.3f} / {f['keyword'][1]:.3f} "
-              f"| {f['hybrid'][0]:.3f} / {f['hybrid'][1]:.3f} |", flush=True)
+        print(
+            f"| {v.name} | {f['keyword'][0]:.3f} / {f['keyword'][1]:.3f} "
+            f"| {f['hybrid'][0]:.3f} / {f['hybrid'][1]:.3f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

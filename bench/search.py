@@ -1,4 +1,4 @@
-"""Search speed and memory at 100,000 chunks of 1,024 dimensions (issue 3).
+"""Search speed and memory at 100,000 chunks of 1,024 dimensions.
 
 Builds an index of real chunk text from ../shared/data/perf with random unit
 vectors, then reports in one run: p50/p95 of each step and of a whole hybrid
@@ -6,7 +6,7 @@ search (model calls excluded), memory per chunk and load time (measured in a
 fresh process), against baselines measured here too: a bare numpy
 matrix-vector product over the same matrix, and bm25s over the same texts.
 
-The same index is then loaded with int8 vectors (issue 13) and measured the same way:
+The same index is then loaded with int8 vectors and measured the same way:
 the int8 scan against the bare product, recall@50 of its dense step against exact
 float32 on these random vectors, and, given `--real PATH` (the index folder of a
 `bench/scifact.py --workdir`), on SciFact's all-MiniLM-L6-v2 vectors with SciFact's
@@ -15,7 +15,7 @@ questions.
     .venv/bin/python bench/search.py [--chunks 100000] [--dim 1024] [--real PATH]
         [--out bench/results/search.md]
 
-A million chunks (issue 13) are measured with `vectors: int8` alone, from an index kept in
+A million chunks are measured with `vectors: int8` alone, from an index kept in
 a folder of its own so that it is built once (several minutes) and measured again in
 short runs: its load in a fresh process, memory per chunk, the int8 scan, dense step and
 whole hybrid search, and recall@50 against exact float32 scores read from the index's
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -46,7 +47,7 @@ import numpy as np
 
 from metis_indexer.documents import Chunk
 from metis_indexer.index import tokens
-from metis_indexer.index.memory import Index, Settings, count_words
+from metis_indexer.index.memory import Index, IndexSettings, Replacement, count_words
 from metis_indexer.index.store import FileRecord
 from metis_indexer.index.vectors import FloatVectors, Int8Vectors, top
 from metis_indexer.ingest.writer import MOST
@@ -99,16 +100,17 @@ def build(folder: Path, n: int, dim: int) -> tuple[float, float]:
     seconds writing the counted documents, a group a transaction, as a pass's writer."""
     rng = np.random.default_rng(7)
     index = Index(folder)
-    index.adopt(Settings("random-unit-vectors", dim, 1200, 200))
+    index.adopt(IndexSettings("random-unit-vectors", dim, 1200, 200))
     documents = []
     for name, parts in texts(n):
         chunks = [Chunk(name, ("Section",), p, None, 1, 0, 0) for p in parts]
         vectors = rng.standard_normal((len(parts), dim), dtype=np.float32)
-        record = FileRecord("perf", name, "md", 1, 1, "h", "indexed", "t", title=name,
-                            chunks=len(parts))
-        documents.append((record, chunks, vectors))
+        record = FileRecord(
+            "perf", name, "md", 1, 1, "h", "indexed", "t", title=name, chunks=len(parts)
+        )
+        documents.append(Replacement(record, chunks, vectors))
     start = time.perf_counter()
-    counted = [(*document, count_words(document[1])) for document in documents]
+    counted = [dataclasses.replace(d, terms=count_words(d.chunks)) for d in documents]
     count_s = time.perf_counter() - start
     start = time.perf_counter()
     for i in range(0, len(counted), BUILD_GROUP):
@@ -123,7 +125,7 @@ def build_large(folder: Path, n: int, dim: int) -> float:
     at a time (a million chunks' words and vectors at once would not fit beside it)."""
     rng = np.random.default_rng(7)
     index = Index(folder, "int8")
-    index.adopt(Settings("random-unit-vectors", dim, 1200, 200))
+    index.adopt(IndexSettings("random-unit-vectors", dim, 1200, 200))
     documents = texts(n)
     start = time.perf_counter()
     for i in range(0, len(documents), BUILD_GROUP):
@@ -131,9 +133,10 @@ def build_large(folder: Path, n: int, dim: int) -> float:
         for name, parts in documents[i : i + BUILD_GROUP]:
             chunks = [Chunk(name, ("Section",), p, None, 1, 0, 0) for p in parts]
             vectors = rng.standard_normal((len(parts), dim), dtype=np.float32)
-            record = FileRecord("perf", name, "md", 1, 1, "h", "indexed", "t", title=name,
-                                chunks=len(parts))
-            group.append((record, chunks, vectors, count_words(chunks)))
+            record = FileRecord(
+                "perf", name, "md", 1, 1, "h", "indexed", "t", title=name, chunks=len(parts)
+            )
+            group.append(Replacement(record, chunks, vectors, count_words(chunks)))
         index.put_documents(group)
     index.store.close()
     return time.perf_counter() - start
@@ -165,8 +168,9 @@ def million(folder: Path, n: int, dim: int, repeats: int, rounds: int) -> dict[s
     assert isinstance(held, Int8Vectors)
     qs = queries(repeats)
     rng = np.random.default_rng(11)
-    qvecs = [v / np.linalg.norm(v) for v in rng.standard_normal((len(qs), index.dimensions),
-                                                                np.float32)]
+    qvecs = [
+        v / np.linalg.norm(v) for v in rng.standard_normal((len(qs), index.dimensions), np.float32)
+    ]
     steps: dict[str, list[float]] = {name: [] for name in ("scan", "dense", "keyword", "hybrid")}
 
     async def ask_all() -> None:
@@ -188,10 +192,15 @@ def million(folder: Path, n: int, dim: int, repeats: int, rounds: int) -> dict[s
         for want, qv in zip(exact_top(held, index.n_rows, asked, 50), asked, strict=True)
     )
     return {
-        "chunks": index.chunk_count, "dim": index.dimensions, "build_s": build_s,
-        "load": load, "from_store": from_store, "asked": len(qs) * rounds,
+        "chunks": index.chunk_count,
+        "dim": index.dimensions,
+        "build_s": build_s,
+        "load": load,
+        "from_store": from_store,
+        "asked": len(qs) * rounds,
         "recall": hits / (50 * len(asked)),
-        "recall_asked": len(asked), "resident": held.resident_bytes(),
+        "recall_asked": len(asked),
+        "resident": held.resident_bytes(),
         "steps": {name: pct(values) for name, values in steps.items()},
     }
 
@@ -204,7 +213,8 @@ def million_report(r: dict[str, object]) -> str:
     hybrid, load_s = steps["hybrid"][0], load["load_s"]
     recall = float(r["recall"])  # type: ignore[arg-type]
     built = (
-        "kept from an earlier run" if r["build_s"] is None
+        "kept from an earlier run"
+        if r["build_s"] is None
         else f"built in this run in {float(r['build_s']):.0f} s"  # type: ignore[arg-type]
     )
     lines = [
@@ -218,13 +228,16 @@ def million_report(r: dict[str, object]) -> str:
         "| step | p50 ms | p95 ms |",
         "|---|---|---|",
     ]
-    lines += _step_rows(steps, {
-        "scan": "int8 scan (every row's approximate score)",
-        "dense": "int8 dense step (scan, top 400, exact rescoring, top 50; the keyword step "
-                 "runs beside it)",
-        "keyword": "keyword step (beside the dense step, on the same 2 cores)",
-        "hybrid": "whole hybrid search (no model calls; texts, snippets, citations)",
-    })
+    lines += _step_rows(
+        steps,
+        {
+            "scan": "int8 scan (every row's approximate score)",
+            "dense": "int8 dense step (scan, top 400, exact rescoring, top 50; the keyword step "
+            "runs beside it)",
+            "keyword": "keyword step (beside the dense step, on the same 2 cores)",
+            "hybrid": "whole hybrid search (no model calls; texts, snippets, citations)",
+        },
+    )
     lines += [
         "",
         "| target | measured | verdict |",
@@ -273,7 +286,9 @@ print(json.dumps({"load_s": took, "rss_bytes": rss() - r0, "chunks": index.chunk
 
 def measure_load(folder: Path, vectors: VectorKind = "float32") -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, "-c", LOADER, str(folder), vectors], check=True, capture_output=True,
+        [sys.executable, "-c", LOADER, str(folder), vectors],
+        check=True,
+        capture_output=True,
         text=True,
     ).stdout
     return json.loads(out)
@@ -312,8 +327,13 @@ def real_recall(folder: Path, limit: int) -> dict[str, float]:
     int8.load()
     qvecs = list(Encoder.load().embed(queries(limit)))
     recall, scan_only = recall_at_50(exact, int8, qvecs)
-    return {"recall": recall, "scan_only": scan_only, "chunks": exact.chunk_count,
-            "dim": exact.dimensions, "asked": len(qvecs)}
+    return {
+        "recall": recall,
+        "scan_only": scan_only,
+        "chunks": exact.chunk_count,
+        "dim": exact.dimensions,
+        "asked": len(qvecs),
+    }
 
 
 def run(n: int, dim: int, repeats: int, rounds: int) -> dict[str, object]:
@@ -383,8 +403,12 @@ def run(n: int, dim: int, repeats: int, rounds: int) -> dict[str, object]:
 
 
 def int8_figures(
-    int8: Index, qs: list[str], qvecs: list[np.ndarray], matrix: np.ndarray,
-    mask: np.ndarray, rounds: int,
+    int8: Index,
+    qs: list[str],
+    qvecs: list[np.ndarray],
+    matrix: np.ndarray,
+    mask: np.ndarray,
+    rounds: int,
 ) -> dict[str, list[float]]:
     """The int8 index's scan, dense step and whole hybrid search against the bare float32
     product, in alternating blocks of INT8_BLOCK questions: a service holds one form or the
@@ -444,10 +468,11 @@ def during_pass(
                 group = []
                 for name, parts in files[start : start + GROUP]:
                     chunks = [Chunk(name, ("Section",), p, None, 1, 0, 0) for p in parts]
-                    record = FileRecord("perf", name, "md", 1, 1, "h", "indexed", "t",
-                                        title=name, chunks=len(parts))
+                    record = FileRecord(
+                        "perf", name, "md", 1, 1, "h", "indexed", "t", title=name, chunks=len(parts)
+                    )
                     vectors = rng.standard_normal((len(parts), index.dimensions), np.float32)
-                    group.append((record, chunks, vectors))
+                    group.append(Replacement(record, chunks, vectors))
                 index.put_documents(group)
                 written += len(group)
 
@@ -611,7 +636,7 @@ def int8_report(r: dict[str, object]) -> list[str]:
     recall = float(r["int8_recall"])  # type: ignore[arg-type]
     lines = [
         "",
-        "## int8 vectors (issue 13)",
+        "## int8 vectors",
         "",
         "The same index loaded with `vectors: int8`: int8 codes in memory scanned with "
         "numkong, the best 400 rescored exactly from the float32 file (memory-mapped); the "
@@ -626,8 +651,7 @@ def int8_report(r: dict[str, object]) -> list[str]:
         "scan": "int8 scan (every row's approximate score)",
         "dense": "int8 dense step (scan, top 400, exact rescoring, top 50)",
         "hybrid": "int8 whole hybrid search (no model calls)",
-        "scan_after_float32": "int8 scan, each right after a float32 product (codes out of "
-        "cache)",
+        "scan_after_float32": "int8 scan, each right after a float32 product (codes out of cache)",
     }
     lines += _step_rows(steps, names)
     lines += [
@@ -668,11 +692,13 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--real", type=Path,
-                        help="a SciFact index folder (bench/scifact.py --workdir W: W/index)")
+    parser.add_argument(
+        "--real", type=Path, help="a SciFact index folder (bench/scifact.py --workdir W: W/index)"
+    )
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--million", action="store_true",
-                        help="int8 figures only, of an index kept in --workdir")
+    parser.add_argument(
+        "--million", action="store_true", help="int8 figures only, of an index kept in --workdir"
+    )
     parser.add_argument("--workdir", type=Path, help="where --million keeps its index")
     args = parser.parse_args()
     if args.million:

@@ -6,8 +6,8 @@ the machine allows it; elsewhere a stand-in kubelet that runs indexer pods as lo
 processes), `kubectl apply -k manifests/`, the operator as a local process with the
 cluster's kubeconfig, `metis models` behind the Services the handbook example names,
 `kubectl apply -f` of the example; then each state of the base as it changes, an excerpt
-of `kubectl describe kb`, three cited questions through the base's address and, when
-`metis console` exists, the console's URL. `DEMO_KEEP=1` keeps everything running until
+of `kubectl describe kb`, three cited questions through the base's address and the
+console's URL (`metis-console`). `DEMO_KEEP=1` keeps everything running until
 Ctrl-C; `DEMO_NODE=real|stand-in` asks for a node (default: auto). Nothing leaves this
 machine.
 """
@@ -96,8 +96,11 @@ class Demo:
             say(f"$ kubectl {shown}" + (f"   # {note}" if note else ""))
         out = subprocess.run(
             [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         if out.returncode != 0:
             raise SystemExit(f"kubectl {' '.join(args)} failed:\n{out.stderr}")
         if show and out.stdout.strip():
@@ -125,14 +128,28 @@ def follow(log: Path, offset: int) -> int:
 
 def cluster_up(demo: Demo, requested: str) -> Process:
     say(f"$ metis-dev cluster up --dir {demo.work / 'cluster'} --node {requested}")
-    say("  (the first run on a machine builds the Kubernetes binaries from Go modules, and "
-        "for a real node kubelet, kube-proxy and the images: minutes; later runs reuse them)")
+    say(
+        "  (the first run on a machine builds the Kubernetes binaries from Go modules, and "
+        "for a real node kubelet, kube-proxy and the images: minutes; later runs reuse them)"
+    )
     log = demo.work / "cluster-up.log"
     cluster = demo.start(
-        Process("metis-dev", [str(BIN / "metis-dev"), "cluster", "up", "--dir",
-                              str(demo.work / "cluster"), "--node", requested], log),
-        grace=60, sig=signal.SIGINT,
-    )  # fmt: skip
+        Process(
+            "metis-dev",
+            [
+                str(BIN / "metis-dev"),
+                "cluster",
+                "up",
+                "--dir",
+                str(demo.work / "cluster"),
+                "--node",
+                requested,
+            ],
+            log,
+        ),
+        grace=60,
+        sig=signal.SIGINT,
+    )
     offset = 0
 
     def up() -> bool:
@@ -148,10 +165,21 @@ def cluster_up(demo: Demo, requested: str) -> Process:
 
 def install(demo: Demo) -> None:
     demo.kubectl("apply", "-k", f"{ROOT}/manifests/")
-    demo.kubectl("-n", "metis-system", "scale", "deployment", "metis-operator", "--replicas=0",
-                 note="the operator runs below as a local process, not as this Deployment")
-    demo.kubectl("wait", "--for=condition=Established",
-                 "crd/knowledgebases.metis.astraeus.io", "--timeout=60s")  # fmt: skip
+    demo.kubectl(
+        "-n",
+        "metis-system",
+        "scale",
+        "deployment",
+        "metis-operator",
+        "--replicas=0",
+        note="the operator runs below as a local process, not as this Deployment",
+    )
+    demo.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/knowledgebases.metis.astraeus.io",
+        "--timeout=60s",
+    )
 
 
 def model_services(demo: Demo) -> None:
@@ -160,24 +188,37 @@ def model_services(demo: Demo) -> None:
     naming that address; with the stand-in a Service is its loopback port."""
     port = free_port()
     host = real_node.GATEWAY if demo.real else "127.0.0.1"
-    say(f"$ metis models --host {host} --port {port}   # all-MiniLM-L6-v2 on this machine, "
-        "for both model Services")  # fmt: skip
-    models = demo.start(Process("metis models",
-                                metis("models", "--host", host, "--port", str(port)),
-                                demo.work / "models.log"))  # fmt: skip
-    wait_for(lambda: httpx.get(f"http://{host}:{port}/health").status_code == 200,
-             timeout=120, what="metis models", alive=models.check_alive)  # fmt: skip
+    say(
+        f"$ metis models --host {host} --port {port}   # all-MiniLM-L6-v2 on this machine, "
+        "for both model Services"
+    )
+    models = demo.start(
+        Process(
+            "metis models",
+            metis("models", "--host", host, "--port", str(port)),
+            demo.work / "models.log",
+        )
+    )
+    wait_for(
+        lambda: httpx.get(f"http://{host}:{port}/health").status_code == 200,
+        timeout=120,
+        what="metis models",
+        alive=models.check_alive,
+    )
     names = ("bge-m3", "bge-reranker")
     if demo.real:
         objects = [o for name in names for o in real_node.model_service(NAMESPACE, name, port)]
         note = f"Services bge-m3 and bge-reranker without selector, endpoints {host}:{port}"
     else:
         objects = [
-            {"apiVersion": "v1", "kind": "Service",
-             "metadata": {"name": name, "namespace": NAMESPACE},
-             "spec": {"ports": [{"name": "http", "port": port}]}}
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": {"ports": [{"name": "http", "port": port}]},
+            }
             for name in names
-        ]  # fmt: skip
+        ]
         note = f"Services bge-m3 and bge-reranker: {host}:{port} here"
     demo.apply("services.yaml", objects, note)
 
@@ -186,8 +227,9 @@ def drives(demo: Demo) -> None:
     """The example's two drives as hostPath volumes: `docs` holding `handbook/`, and
     `runbooks`."""
     docs, runbooks = demo.work / "drives" / "docs", demo.work / "drives" / "runbooks"
-    shutil.copytree(HANDBOOK, docs / "handbook",
-                    ignore=shutil.ignore_patterns("runbooks", ".metis"))  # fmt: skip
+    shutil.copytree(
+        HANDBOOK, docs / "handbook", ignore=shutil.ignore_patterns("runbooks", ".metis")
+    )
     shutil.copytree(HANDBOOK / "runbooks", runbooks)
     objects = drive(NAMESPACE, "docs", docs) + drive(NAMESPACE, "runbooks", runbooks)
     demo.apply("drives.yaml", objects, f"PVCs docs and runbooks on folders under {docs.parent}")
@@ -211,11 +253,21 @@ def operator(demo: Demo) -> None:
     shown = " ".join(f"{k}={v}" for k, v in env.items() if k != "KUBECONFIG")
     dns = "   # resolving <svc>.<ns>.svc by the node's DNS" if demo.real else ""
     say(f"$ KUBECONFIG={demo.kubeconfig} {shown} metis-operator{dns}")
-    op = demo.start(Process("metis-operator", demo.on_host([str(BIN / "metis-operator")]),
-                            demo.work / "operator.log", env=env))  # fmt: skip
+    op = demo.start(
+        Process(
+            "metis-operator",
+            demo.on_host([str(BIN / "metis-operator")]),
+            demo.work / "operator.log",
+            env=env,
+        )
+    )
     health = f"http://127.0.0.1:{env['METIS_HEALTH_PORT']}/healthz"
-    wait_for(lambda: httpx.get(health).status_code == 200, timeout=60,
-             what="the operator's /healthz", alive=op.check_alive)  # fmt: skip
+    wait_for(
+        lambda: httpx.get(health).status_code == 200,
+        timeout=60,
+        what="the operator's /healthz",
+        alive=op.check_alive,
+    )
 
 
 def watch_states(demo: Demo, timeout: float = 300) -> None:
@@ -227,18 +279,32 @@ def watch_states(demo: Demo, timeout: float = 300) -> None:
     started, last = time.monotonic(), None
     api = client.CustomObjectsApi(config.new_client_from_config(str(demo.kubeconfig)))
     stream = watch.Watch().stream(
-        api.list_namespaced_custom_object, "metis.astraeus.io", "v1", NAMESPACE,
-        "knowledgebases", field_selector=f"metadata.name={BASE}", timeout_seconds=int(timeout),
-    )  # fmt: skip
+        api.list_namespaced_custom_object,
+        "metis.astraeus.io",
+        "v1",
+        NAMESPACE,
+        "knowledgebases",
+        field_selector=f"metadata.name={BASE}",
+        timeout_seconds=int(timeout),
+    )
     for event in stream:
         status = event["object"].get("status") or {}
         state = status.get("state")
         if state and state != last:
             index = (status.get("observed") or {}).get("index") or {}
-            say(indent(row.format(BASE, state, index.get("documents", ""),
-                                  index.get("chunks", ""), status.get("progress", ""),
-                                  status.get("reason", ""))
-                       + f"   +{time.monotonic() - started:.1f} s"))  # fmt: skip
+            say(
+                indent(
+                    row.format(
+                        BASE,
+                        state,
+                        index.get("documents", ""),
+                        index.get("chunks", ""),
+                        status.get("progress", ""),
+                        status.get("reason", ""),
+                    )
+                    + f"   +{time.monotonic() - started:.1f} s"
+                )
+            )
             last = state
         if state == "Ready":
             return
@@ -268,12 +334,15 @@ def describe(demo: Demo) -> None:
 
 
 def ask(demo: Demo) -> None:
-    address = demo.kubectl("get", "kb", BASE, "-n", NAMESPACE, "-o",
-                           "jsonpath={.status.observed.address}", show=False)  # fmt: skip
+    address = demo.kubectl(
+        "get", "kb", BASE, "-n", NAMESPACE, "-o", "jsonpath={.status.observed.address}", show=False
+    )
     if demo.real:
         url = address
-        say(f"the base's address is {address}: its Service, by kube-proxy (asked from this "
-            "machine resolving by the node's DNS)")  # fmt: skip
+        say(
+            f"the base's address is {address}: its Service, by kube-proxy (asked from this "
+            "machine resolving by the node's DNS)"
+        )
     else:
         url = f"http://127.0.0.1:{urlsplit(address).port}"
         say(f"the base's address is {address}; here a Service is a loopback port: {url}")
@@ -285,22 +354,22 @@ def ask(demo: Demo) -> None:
 
 
 def console(demo: Demo) -> str | None:
-    """`metis console` as a local process, when this Metis has it; its URL."""
-    has = subprocess.run(metis("console", "--help"), capture_output=True, check=False)
-    if has.returncode != 0:
-        return None
+    """`metis-console` as a local process; its URL, or None when it did not start."""
     port = free_port()
-    args = ["console", "--kubeconfig", str(demo.kubeconfig), "--host", "127.0.0.1",
-            "--port", str(port)]  # fmt: skip
+    args = ["--kubeconfig", str(demo.kubeconfig), "--host", "127.0.0.1", "--port", str(port)]
     if not demo.real:
         args += ["--url-template", LOOPBACK]
-    say(f"$ metis {' '.join(args)}")
-    proc = demo.start(Process("metis console", demo.on_host(metis(*args)),
-                              demo.work / "console.log"))  # fmt: skip
+    say(f"$ metis-console {' '.join(args)}")
+    argv = demo.on_host([str(BIN / "metis-console"), *args])
+    proc = demo.start(Process("metis-console", argv, demo.work / "console.log"))
     url = f"http://127.0.0.1:{port}/"
     try:
-        wait_for(lambda: httpx.get(url).status_code == 200, timeout=60, what="the console",
-                 alive=proc.check_alive)  # fmt: skip
+        wait_for(
+            lambda: httpx.get(url).status_code == 200,
+            timeout=60,
+            what="the console",
+            alive=proc.check_alive,
+        )
     except Exception as e:  # the demo's main job is done; say why there is no console
         say(indent(f"the console did not start: {e}"))
         return None
@@ -331,15 +400,24 @@ def main() -> None:
         cluster_up(demo, os.environ.get("DEMO_NODE", "auto"))
         say()
         if demo.real:
-            say(f"On a real node ({demo.node.name}): the indexer runs in a container from "
-                f"{demo.node.indexer_image}.\n")  # fmt: skip
+            say(
+                f"On a real node ({demo.node.name}): the indexer runs in a container from "
+                f"{demo.node.indexer_image}.\n"
+            )
         else:
-            say("With the stand-in kubelet: pods run as local processes, there is no "
-                "container runtime here.\n")  # fmt: skip
+            say(
+                "With the stand-in kubelet: pods run as local processes, there is no "
+                "container runtime here.\n"
+            )
         install(demo)
         demo.kubectl("create", "namespace", NAMESPACE)
-        demo.kubectl("label", "node", demo.node.name, "pool=cpu",
-                     note="handbook.yaml places its indexer on pool=cpu")  # fmt: skip
+        demo.kubectl(
+            "label",
+            "node",
+            demo.node.name,
+            "pool=cpu",
+            note="handbook.yaml places its indexer on pool=cpu",
+        )
         model_services(demo)
         drives(demo)
         operator(demo)
@@ -353,17 +431,21 @@ def main() -> None:
         url = console(demo)
         if url:
             say(f"console: {url}")
-        else:
-            say("(no console: this Metis has no `metis console`)")
-        say(f"\nReady {ready:.1f} s after kubectl apply; {time.monotonic() - started:.1f} s "
-            "since the start of the demo")  # fmt: skip
+        say(
+            f"\nReady {ready:.1f} s after kubectl apply; {time.monotonic() - started:.1f} s "
+            "since the start of the demo"
+        )
         keep = os.environ.get("DEMO_KEEP") == "1"
         if keep:
-            say(f"DEMO_KEEP=1: everything keeps running; export KUBECONFIG={demo.kubeconfig}, "
-                f"kubectl is {demo.kubectl_path}. Ctrl-C stops it all.")  # fmt: skip
+            say(
+                f"DEMO_KEEP=1: everything keeps running; export KUBECONFIG={demo.kubeconfig}, "
+                f"kubectl is {demo.kubectl_path}. Ctrl-C stops it all."
+            )
             wait_for_interrupt()
-        say("stopping " + ("the console, " if url else "") + "the operator, metis models "
-            "and the cluster")
+        say(
+            "stopping " + ("the console, " if url else "") + "the operator, metis models "
+            "and the cluster"
+        )
     say("stopped" if keep else f"stopped; the whole demo took {time.monotonic() - started:.1f} s")
 
 

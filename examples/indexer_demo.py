@@ -47,8 +47,14 @@ def started(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
         proc.wait(30)
 
 
-def wait(what: str, url: str, ready: str | None, proc: subprocess.Popen[bytes],
-         log: Path, timeout: float = 300) -> dict:
+def wait(
+    what: str,
+    url: str,
+    ready: str | None,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    timeout: float = 300,
+) -> dict:
     deadline = time.monotonic() + timeout
     last = "no answer"
     while time.monotonic() < deadline:
@@ -71,20 +77,35 @@ def main() -> None:
         print(f"$ metis models --port {models_port}")
         with started(metis("models", "--port", str(models_port)), work / "models.log") as m:
             wait("metis models", f"{models_url}/health", None, m, work / "models.log")
-            print(f"$ metis serve --source handbook={HERE / 'handbook'} --index {work / 'index'} "
-                  f"--embedding {models_url} --reranker {models_url} --port {port}")
-            serve = metis("serve", "--source", f"handbook={HERE / 'handbook'}", "--index",
-                          str(work / "index"), "--embedding", models_url, "--reranker",
-                          models_url, "--port", str(port))
+            print(
+                f"$ metis serve --source handbook={HERE / 'handbook'} --index {work / 'index'} "
+                f"--embedding {models_url} --reranker {models_url} --port {port}"
+            )
+            serve = metis(
+                "serve",
+                "--source",
+                f"handbook={HERE / 'handbook'}",
+                "--index",
+                str(work / "index"),
+                "--embedding",
+                models_url,
+                "--reranker",
+                models_url,
+                "--port",
+                str(port),
+            )
             with started(serve, work / "serve.log") as s:
                 t = time.monotonic()
                 status = wait("metis serve", f"{url}/v1/status", "ready", s, work / "serve.log")
-                print(f"ready in {time.monotonic() - t:.1f} s: {status['documents']} documents, "
-                      f"{status['chunks']} chunks, {status['failed']} failed\n")
+                print(
+                    f"ready in {time.monotonic() - t:.1f} s: {status['documents']} documents, "
+                    f"{status['chunks']} chunks, {status['failed']} failed\n"
+                )
                 for question, flags in QUESTIONS:
                     print(f"$ metis search {question!r} --top-k 2 {' '.join(flags)}".rstrip())
-                    subprocess.run(metis("search", question, "--url", url, "--top-k", "2",
-                                         *flags), check=True)
+                    subprocess.run(
+                        metis("search", question, "--url", url, "--top-k", "2", *flags), check=True
+                    )
                     print()
         print("stopped metis serve and metis models")
 

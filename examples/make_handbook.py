@@ -35,14 +35,20 @@ TRAVEL = [
 ]
 
 ONBOARDING = [
-    ("Your first day", [
-        "On your first day your manager meets you at the front desk at 9:30.",
-        "The IT desk gives you your laptop and hardware key before lunch.",
-    ]),
-    ("Your buddy", [
-        "Every newcomer gets a buddy from another team for the first six weeks.",
-        "Your buddy answers the questions you would rather not ask your manager.",
-    ]),
+    (
+        "Your first day",
+        [
+            "On your first day your manager meets you at the front desk at 9:30.",
+            "The IT desk gives you your laptop and hardware key before lunch.",
+        ],
+    ),
+    (
+        "Your buddy",
+        [
+            "Every newcomer gets a buddy from another team for the first six weeks.",
+            "Your buddy answers the questions you would rather not ask your manager.",
+        ],
+    ),
 ]
 
 
@@ -58,11 +64,18 @@ def write_pdf(path: Path, pages: list[tuple[str, list[str]]]) -> None:
     objects.append(b"<< /Type /Catalog /Pages 2 0 R >>")
     kids = " ".join(f"{p} 0 R" for p in page_ids)
     objects.append(f"<< /Type /Pages /Kids [{kids}] /Count {len(pages)} >>".encode())
-    objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica "
-                   b"/Encoding /WinAnsiEncoding >>")
+    objects.append(
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>"
+    )
     for i, (heading, lines) in enumerate(pages):
-        ops = ["BT", "/F1 18 Tf", "72 720 Td", f"({_pdf_text(heading)}) Tj", "/F1 11 Tf",
-               "0 -30 Td"]
+        ops = [
+            "BT",
+            "/F1 18 Tf",
+            "72 720 Td",
+            f"({_pdf_text(heading)}) Tj",
+            "/F1 11 Tf",
+            "0 -30 Td",
+        ]
         for line in lines:
             ops += [f"({_pdf_text(line)}) Tj", "0 -16 Td"]
         ops.append("ET")
@@ -82,7 +95,8 @@ def write_pdf(path: Path, pages: list[tuple[str, list[str]]]) -> None:
     for off in offsets:
         out += b"%010d 00000 n \n" % off
     out += b"trailer\n<< /Size %d /Root 1 0 R /Info << /Title (Travel policy) >> >>\n" % (
-        len(objects) + 1)
+        len(objects) + 1
+    )
     out += b"startxref\n%d\n%%%%EOF\n" % xref
     path.write_bytes(bytes(out))
 

@@ -102,19 +102,29 @@ def _parser() -> argparse.ArgumentParser:
         help="start a local cluster and run until interrupted",
         description="Builds or reuses the binaries, starts the control plane and a node, "
         "writes DIR/node.json and DIR/kubeconfig once the cluster is usable, and runs until "
-        "SIGINT or SIGTERM, then stops every process it started. With the stand-in: "
-        + LOCAL_PODS,
+        "SIGINT or SIGTERM, then stops every process it started. With the stand-in: " + LOCAL_PODS,
     )
-    up.add_argument("--dir", type=Path, required=True,
-                    help="work folder: kubeconfig, certificates, etcd data, logs")  # fmt: skip
-    up.add_argument("--audit-log", type=Path, metavar="FILE",
-                    help="write the API server's audit log (JSON lines, every request's "
-                         "metadata) to FILE")  # fmt: skip
-    up.add_argument("--node", choices=("real", "stand-in", "auto"), default="auto",
-                    help="real: containerd, kubelet and kube-proxy running the project's "
-                         "images (root and `make node-packages`); stand-in: indexer pods "
-                         "as local processes; auto (default): real where the machine "
-                         "allows")  # fmt: skip
+    up.add_argument(
+        "--dir",
+        type=Path,
+        required=True,
+        help="work folder: kubeconfig, certificates, etcd data, logs",
+    )
+    up.add_argument(
+        "--audit-log",
+        type=Path,
+        metavar="FILE",
+        help="write the API server's audit log (JSON lines, every request's metadata) to FILE",
+    )
+    up.add_argument(
+        "--node",
+        choices=("real", "stand-in", "auto"),
+        default="auto",
+        help="real: containerd, kubelet and kube-proxy running the project's "
+        "images (root and `make node-packages`); stand-in: indexer pods "
+        "as local processes; auto (default): real where the machine "
+        "allows",
+    )
     sub.add_parser("build", help="build the Kubernetes binaries if missing; print their folder")
     return p
 
@@ -136,8 +146,10 @@ def _node_parts() -> tuple[Path, images.Built]:
     assets = node.ensure_binaries()
     how = "cached" if cached else "built"
     say(f"kubelet, kube-proxy, pause {how} in {assets} ({time.monotonic() - started:.1f} s)")
-    say("the images: found in the cache by their inputs, or built (a base by debootstrap, "
-        "then the Dockerfile's two targets: minutes)")  # fmt: skip
+    say(
+        "the images: found in the cache by their inputs, or built (a base by debootstrap, "
+        "then the Dockerfile's two targets: minutes)"
+    )
     started, built = time.monotonic(), images.build()
     for what, ref in built.refs.items():
         how = "cached" if built.cached[what] else "built"
@@ -171,16 +183,19 @@ def cluster_up(workdir: Path, audit_log: Path | None, requested: str = "auto") -
         policy.write_text(AUDIT_POLICY)
         audit_log = audit_log.resolve()
     say(f"starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler in {workdir}")
-    cp = ControlPlane(bin_dir, workdir=workdir, keep_workdir=True, audit_policy=policy,
-                      audit_log=audit_log)  # fmt: skip
+    cp = ControlPlane(
+        bin_dir, workdir=workdir, keep_workdir=True, audit_policy=policy, audit_log=audit_log
+    )
     with cp, contextlib.ExitStack() as stack:
         if parts is None:
             cp.add_node(NODE)
             kubelet = stack.enter_context(Kubelet(cp, None, workdir / "kubelet"))
             info = NodeInfo(kind="stand-in", name=NODE)
             alive = kubelet_alive(kubelet)
-            say(f"cluster up in {cp.started_in:.1f} s at {cp.server}: node {NODE} with a "
-                "stand-in kubelet")  # fmt: skip
+            say(
+                f"cluster up in {cp.started_in:.1f} s at {cp.server}: node {NODE} with a "
+                "stand-in kubelet"
+            )
             say(LOCAL_PODS)
             say(f"logs: {workdir}/*.log; pods' logs: {workdir}/kubelet/pods/")
         else:
@@ -190,16 +205,23 @@ def cluster_up(workdir: Path, audit_log: Path | None, requested: str = "auto") -
                 node.Node(cp.kubeconfig, workdir / "node", assets, claimed=claimed)
             )
             real.load(images.Podman(), built.refs[images.INDEXER.name])
-            info = NodeInfo(kind="real", name=node.NODE_NAME,
-                            indexer_image=built.refs[images.INDEXER.name],
-                            resolv_conf=str(real.resolv_conf))  # fmt: skip
+            info = NodeInfo(
+                kind="real",
+                name=node.NODE_NAME,
+                indexer_image=built.refs[images.INDEXER.name],
+                resolv_conf=str(real.resolv_conf),
+            )
             alive = real.check
-            say(f"cluster up at {cp.server}: control plane in {cp.started_in:.1f} s, node "
-                f"{node.NODE_NAME} Ready in {real.started_in:.1f} s")  # fmt: skip
+            say(
+                f"cluster up at {cp.server}: control plane in {cp.started_in:.1f} s, node "
+                f"{node.NODE_NAME} Ready in {real.started_in:.1f} s"
+            )
             for line in real_node_lines(info):
                 say(line)
-            say(f"logs: {workdir}/*.log; the node's: {workdir}/node/*.log, pods': "
-                f"{workdir}/node/pod-logs/")  # fmt: skip
+            say(
+                f"logs: {workdir}/*.log; the node's: {workdir}/node/*.log, pods': "
+                f"{workdir}/node/pod-logs/"
+            )
         if audit_log is not None:
             say(f"audit log: {audit_log}")
         say(f"export KUBECONFIG={announced}")

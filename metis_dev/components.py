@@ -159,8 +159,9 @@ class Launcher:
                 "--log-level=warn",
             ]
 
-        self.launch("etcd", args, lambda: http_ok(f"{url}/health", body='"health":"true"'),
-                    "etcd /health")  # fmt: skip
+        self.launch(
+            "etcd", args, lambda: http_ok(f"{url}/health", body='"health":"true"'), "etcd /health"
+        )
         return url
 
     def apiserver(
@@ -210,9 +211,12 @@ class Launcher:
                 a.append(f"--advertise-address={advertise or non_loopback_ipv4()}")
             return a
 
-        self.launch("kube-apiserver", args,
-                    lambda: http_ok(f"{server}/readyz", client, body="ok"),
-                    "kube-apiserver /readyz")  # fmt: skip
+        self.launch(
+            "kube-apiserver",
+            args,
+            lambda: http_ok(f"{server}/readyz", client, body="ok"),
+            "kube-apiserver /readyz",
+        )
         return server
 
     def controller(self, binary: str, kubeconfig: Path, extra: Sequence[str] = ()) -> Process:
@@ -236,6 +240,9 @@ class Launcher:
             ]
 
         probe = _self_signed_probe()
-        return self.launch(binary, args,
-                           lambda: http_ok(f"https://127.0.0.1:{port}/healthz", probe, body="ok"),
-                           f"{binary} /healthz")  # fmt: skip
+        return self.launch(
+            binary,
+            args,
+            lambda: http_ok(f"https://127.0.0.1:{port}/healthz", probe, body="ok"),
+            f"{binary} /healthz",
+        )

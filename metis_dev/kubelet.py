@@ -257,8 +257,7 @@ class Kubelet:
 
     def _start(self, pod: dict[str, Any]) -> _Pod:
         name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
-        configmap = next(v["configMap"]["name"] for v in pod["spec"]["volumes"]
-                         if "configMap" in v)  # fmt: skip
+        configmap = next(v["configMap"]["name"] for v in pod["spec"]["volumes"] if "configMap" in v)
         mounts = self._host_paths(pod)
         text = self._configmap_text(configmap, namespace)
         folder = self.workdir / "pods" / namespace / name
@@ -266,8 +265,12 @@ class Kubelet:
         config_path = folder / "config.json"
         config_path.write_text(self._localised(text, mounts))
         port = json.loads(text)["port"]
-        process = Process(name, metis("serve", "--config", str(config_path)),
-                          folder / "indexer.log", env=self._env(pod))  # fmt: skip
+        process = Process(
+            name,
+            metis("serve", "--config", str(config_path)),
+            folder / "indexer.log",
+            env=self._env(pod),
+        )
         indexer = Indexer(f"http://127.0.0.1:{port}", process).start()
         return _Pod(name, indexer, config_path, configmap, mounts, text, namespace=namespace)
 

@@ -54,9 +54,10 @@ ASSETS = Path(
     os.environ.get("METIS_KUBE_ASSETS", Path.home() / ".cache" / "metis" / "kube" / KUBE_VERSION)
 )
 BINARIES = ("kubelet", "kube-proxy", "pause")
-CONTAINERD_ROOT = Path(
-    os.environ.get("METIS_NODE_CACHE", Path.home() / ".cache" / "metis" / "node")
-) / "containerd"
+CONTAINERD_ROOT = (
+    Path(os.environ.get("METIS_NODE_CACHE", Path.home() / ".cache" / "metis" / "node"))
+    / "containerd"
+)
 """containerd's content and snapshots, kept between nodes: an imported image is unpacked
 once (1.1 GB, 23,000 files: deleting them with each work folder took 60 s here)."""
 LOCK = CONTAINERD_ROOT.parent / "node.lock"
@@ -428,8 +429,17 @@ def host_command(resolv_conf: Path, argv: Sequence[str]) -> list[str]:
     node's DNS): a process on the host (the operator) then reaches `<svc>.<ns>.svc` as
     pods do, and the machine's own resolv.conf is left alone."""
     script = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
-            str(resolv_conf), *argv]  # fmt: skip
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        str(resolv_conf),
+        *argv,
+    ]
 
 
 def ready(node: dict[str, Any]) -> bool:

@@ -184,9 +184,7 @@ def kubeconfig(server: str, ca_crt: bytes, user: str, crt: bytes, key: bytes) ->
                 "user": {"client-certificate-data": b64(crt), "client-key-data": b64(key)},
             }
         ],
-        "contexts": [
-            {"name": CLUSTER_NAME, "context": {"cluster": CLUSTER_NAME, "user": user}}
-        ],
+        "contexts": [{"name": CLUSTER_NAME, "context": {"cluster": CLUSTER_NAME, "user": user}}],
         "current-context": CLUSTER_NAME,
     }
 

@@ -275,9 +275,14 @@ class ControlPlane:
         # Its own discovery cache, not ~/.kube/cache: CRDs come and go per run.
         cache = f"--cache-dir={self.workdir / 'kubectl-cache'}"
         return run_kubectl(
-            self.kubectl_path, self.kubeconfig, cache, *args, input=input, check=check,
+            self.kubectl_path,
+            self.kubeconfig,
+            cache,
+            *args,
+            input=input,
+            check=check,
             timeout=timeout,
-        )  # fmt: skip
+        )
 
     # -- acting as a kubelet --------------------------------------------------
 

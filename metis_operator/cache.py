@@ -16,7 +16,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from metis_operator import children, crd
+from metis_operator import children
+from metis_operator.api import identity
 
 Key = tuple[str, str]
 """(namespace, name)."""
@@ -73,9 +74,11 @@ def slim(plural: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         return {
             "kind": kind,
             "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
-            "spec": {"replicas": spec.get("replicas", 1), "template": {
-                "metadata": {"labels": dict(labels)}}},
-        }  # fmt: skip
+            "spec": {
+                "replicas": spec.get("replicas", 1),
+                "template": {"metadata": {"labels": dict(labels)}},
+            },
+        }
     out = {k: v for k, v in obj.items() if k != "metadata"}
     if kind:
         out["kind"] = kind
@@ -120,8 +123,8 @@ def affected(bases: Mapping[Key, Deps], plural: str, obj: Mapping[str, Any]) -> 
         if instance:
             out.add((ns, instance))
     for ref in meta.get("ownerReferences") or []:
-        if ref.get("kind") == crd.KIND and ref.get("apiVersion", "").startswith(
-            crd.GROUP + "/"
+        if ref.get("kind") == identity.KIND and ref.get("apiVersion", "").startswith(
+            identity.GROUP + "/"
         ):
             out.add((ns, ref.get("name", "")))
     template = ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}
@@ -192,7 +195,6 @@ class Cache:
             *self._all("metis_deployments", ("*", namespace)),
             *self._all("metis_statefulsets", ("*", namespace)),
         ]
-
 
 
 def index_keys(plural: str, obj: Mapping[str, Any]) -> dict[Any, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The children of a base (DESIGN.md), built as plain manifests by pure functions:
+"""The children of a base, built as plain manifests by pure functions:
 ConfigMap, PersistentVolumeClaim, Deployment and Service, and the edge that lets only
 the workspace in (a NetworkPolicy, and a Secret holding the token of the routes
 that cost model time), all named `metis-<name>`, owned by the base (the garbage
@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from metis_indexer.config import IndexerConfig
-from metis_operator import crd
+from metis_operator.api import identity
+from metis_operator.api.spec import DRIVES_ROOT, INDEX_DIR, KnowledgeBaseSpec
 from metis_operator.settings import Settings
-from metis_operator.spec import DRIVES_ROOT, INDEX_DIR, KnowledgeBaseSpec
 
 APP = "metis-indexer"
 MANAGER = "metis-operator"
@@ -33,7 +33,7 @@ RUN_AS = 10001
 TOKEN_KEY = "token"
 TOKEN_ENV = "METIS_API_TOKEN"
 """The variable the indexer reads its API token from: the token `POST /v1/reindex`
-and `POST /v1/evaluate` ask for (issue 11: only the operator starts costly work)."""
+and `POST /v1/evaluate` ask for (only the operator starts costly work)."""
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 """The label the API server puts on every namespace, with its name."""
 
@@ -81,8 +81,8 @@ def _meta(owner: Owner, component: str) -> dict[str, Any]:
         "labels": labels(owner.name, component),
         "ownerReferences": [
             {
-                "apiVersion": crd.API_VERSION,
-                "kind": crd.KIND,
+                "apiVersion": identity.API_VERSION,
+                "kind": identity.KIND,
                 "name": owner.name,
                 "uid": owner.uid,
                 "controller": True,
@@ -258,7 +258,7 @@ def api_secret(owner: Owner) -> dict[str, Any]:
 
 def network_policy(owner: Owner, settings: Settings, operator_namespace: str) -> dict[str, Any]:
     """Only the workspace reaches the indexer: every pod of the base's own namespace
-    (spec 000: the workspace's runs search a base) and the operator's namespace, where
+    (the workspace: its runs search the base) and the operator's namespace, where
     the operator and the console run. Nothing else may connect, on any port."""
     operator = {"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: operator_namespace}}}
     return {
@@ -282,7 +282,7 @@ def with_hash(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest, annotated with a hash of itself (without the annotation)."""
     digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
     meta = manifest["metadata"]
-    annotations = {**meta.get("annotations", {}), crd.HASH_ANNOTATION: digest}
+    annotations = {**meta.get("annotations", {}), identity.HASH_ANNOTATION: digest}
     return {**manifest, "metadata": {**meta, "annotations": annotations}}
 
 
@@ -309,6 +309,6 @@ def needs_apply(desired: Mapping[str, Any], actual: Mapping[str, Any] | None) ->
     cannot: a field the operator no longer sets (a placement label removed)."""
     if actual is None:
         return True
-    want_hash = desired["metadata"]["annotations"][crd.HASH_ANNOTATION]
-    have_hash = (actual.get("metadata", {}).get("annotations") or {}).get(crd.HASH_ANNOTATION)
+    want_hash = desired["metadata"]["annotations"][identity.HASH_ANNOTATION]
+    have_hash = (actual.get("metadata", {}).get("annotations") or {}).get(identity.HASH_ANNOTATION)
     return want_hash != have_hash or not is_subset(desired, actual)

@@ -10,10 +10,12 @@ from the cache) and reads its children from the API server every
 base carries no finalizer: deleting it, or the CRD with bases present, completes at
 once, and the garbage collector removes the children by their owner references.
 
-A base's status is written only when it changed, an Event is posted and a line
-logged when its state changed, and the user's requests (reindex, evaluate
-annotations) are kopf field handlers. A base annotated `metis.astraeus.io/paused:
-"true"` is left alone: its children are not touched and a Paused condition says so.
+Each step of a base's loop collects the status it wants and what it says of it in a
+`StatusUpdate`, which status_update.py applies: the status written only when it
+changed, then the lines and the Events (one when the state changed). The user's
+requests (reindex, evaluate annotations) are kopf field handlers. A base annotated
+`metis.astraeus.io/paused: "true"` is left alone: its children are not touched and a
+Paused condition says so.
 """
 
 from __future__ import annotations
@@ -30,21 +32,31 @@ from typing import Any, TypeVar
 import httpx
 import kopf
 
-from metis_operator import cache, children, crd, indexer, kube, quality, reconcile, report
-from metis_operator import status as status_mod
+from metis_operator import (
+    cache,
+    children,
+    indexer_client,
+    kube,
+    quality,
+    reconcile,
+    report,
+    status_compose,
+    status_update,
+)
+from metis_operator.api import identity
 from metis_operator.cache import Cache, Deps, Key
+from metis_operator.context import Context
 from metis_operator.metrics import Metrics
 from metis_operator.prober import Probers
-from metis_operator.reconcile import Context
 from metis_operator.settings import Settings
 from metis_operator.state import State
-from metis_operator.status import merge_patch
+from metis_operator.status_update import Event, StatusUpdate
 
 DEFAULT_K = 10
 _K = re.compile(r"(?:^|[^a-z])k=(\d+)")
 _WARNING_STATES = (State.FAILED, State.WAITING)
 T = TypeVar("T")
-KOPF_PREFIX = f"kopf.{crd.GROUP}"
+KOPF_PREFIX = f"kopf.{identity.GROUP}"
 """kopf's own annotations. Not the group itself: kopf leaves every annotation under its
 prefix out of the changes it reacts to, and the user's requests (reindex, evaluate)
 are annotations under the group."""
@@ -53,7 +65,7 @@ log = logging.getLogger("metis_operator")
 
 def paused(body: Mapping[str, Any]) -> bool:
     annotations = (body.get("metadata") or {}).get("annotations") or {}
-    return str(annotations.get(crd.PAUSED, "")).strip().lower() == "true"
+    return str(annotations.get(identity.PAUSED, "")).strip().lower() == "true"
 
 
 @dataclasses.dataclass
@@ -132,7 +144,7 @@ class Runner:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("reconciling %s/%s failed", *base.key, extra=_about(base.key))
+                log.exception("reconciling %s/%s failed", *base.key, extra=report.about(base.key))
             try:
                 await asyncio.wait_for(base.wake.wait(), timeout=interval)
                 trigger = "change"
@@ -140,85 +152,37 @@ class Runner:
                 trigger = "timer"
 
     async def reconcile(self, base: Base, trigger: str) -> None:
+        """One turn of the loop: the status written once with what is said of it, then
+        what follows from the new state (rollout turns, metrics, a quality check)."""
         ctx = self.ctx
-        resync = time.monotonic() - base.resynced >= ctx.settings.poll.resync_seconds
-        if resync:
-            base.resynced, trigger = time.monotonic(), "resync"
+        fresh = self.resync_due(base)
+        trigger = "resync" if fresh else trigger
         ctx.metrics.reconciliations.labels(trigger=trigger).inc()
         async with base.lock:
-            body = copy.deepcopy(base.body)
-            previous = base.previous()
+            body, previous = copy.deepcopy(base.body), base.previous()
             if paused(body):
-                await self.write(base, body, status_mod.paused(previous, _now()))
-                if not status_mod.is_paused(previous):
-                    _say(base.key, "paused: the base and its children are left as they are")
+                await status_update.apply(ctx, base, reconcile_paused(body, previous))
                 return
-            if status_mod.is_paused(previous):
-                _say(base.key, "resumed")
+            if status_compose.is_paused(previous):
+                report.say(base.key, "resumed")
             with ctx.metrics.errors.labels(trigger=trigger).count_exceptions():
                 with ctx.metrics.seconds.time():
                     outcome = await reconcile.run(
-                        ctx, body, previous, fresh=resync, may_roll=lambda: self.turn(base.key)
+                        ctx, body, previous, fresh=fresh, may_roll=lambda: self.turn(base.key)
                     )
-                await self.write(base, body, outcome.status)
+                await status_update.apply(ctx, base, announce_state(body, previous, outcome))
         base.deps = outcome.deps
-        state, reason = outcome.verdict.state, outcome.verdict.reason
-        self._follow_rollout(base.key, outcome.rollout, state)
-        for done in outcome.applied:
-            _say(base.key, done, child=done.split(" ")[0])
-            if done.endswith(" repaired"):  # someone changed what the operator owns
-                await post_event(ctx, body, "Normal", "Repaired", "Apply", done)
-        ctx.metrics.record(base.key, state)
-        if figures := outcome.status.get("evaluation"):
-            ctx.metrics.evaluated(base.key, figures["recall_at_k"], figures["mrr"])
-        settings = quality.retrieval(body.get("spec") or {})
-        evaluation = outcome.status.get("evaluation")
-        if state is State.READY and base.judging is None and quality.due(
-            settings, evaluation, base.unevaluable
-        ):
-            base.judging = asyncio.create_task(self.judge(base, settings))
-        if state.value != previous.get("state"):
-            _say(base.key, f"{state.value}: {reason}", state=state.value)
-            kind = "Warning" if state in _WARNING_STATES else "Normal"
-            await post_event(ctx, body, kind, state.value, "Reconcile", reason)
+        self.follow_rollout(base.key, outcome)
+        self.record_metrics(base.key, outcome)
+        self.start_quality_check(base, body, outcome)
 
-    async def judge(self, base: Base, settings: str) -> None:
-        """Evaluate a Ready base whose last evaluation was made under other retrieval
-        settings (with the same k), then set QualityRegressed and post the Event
-        quality.judge decides."""
-        ctx = self.ctx
-        try:
-            before = base.previous()["evaluation"]
-            try:
-                figures = await indexer.evaluate(
-                    ctx, children.Owner.of(base.body), k=int(before["k"])
-                )
-            except indexer.IndexerError as e:
-                if not e.temporary:  # no evaluation set, or one the indexer refuses
-                    base.unevaluable = settings
-                    _say(base.key, f"not evaluated under {settings}: {e}", request="quality")
-                return
-            current = {**figures, quality.RETRIEVAL: settings}
-            generation = int(base.body["metadata"].get("generation", 0))
-            verdict = quality.judge(before, current, ctx.settings.quality.tolerance, generation)
-            async with base.lock:
-                previous = base.previous()
-                conditions = [c for c in previous.get("conditions") or []
-                              if c.get("type") != quality.CONDITION]  # fmt: skip
-                merged = status_mod.merge_conditions(
-                    previous.get("conditions") or [], [*conditions, verdict.condition], _now()
-                )
-                new = {**previous, "evaluation": current, "conditions": merged}
-                await self.write(base, base.body, new)
-            ctx.metrics.evaluated(base.key, current["recall_at_k"], current["mrr"])
-            _say(base.key, verdict.message, request="quality")
-            await post_event(ctx, base.body, verdict.event_type, verdict.event_reason,
-                             "Evaluate", verdict.message)  # fmt: skip
-        except Exception:
-            log.exception("evaluating %s/%s after a change failed", *base.key,
-                          extra=_about(base.key))  # fmt: skip
-        finally:
-            base.judging = None
+    def resync_due(self, base: Base) -> bool:
+        """Whether this turn reads the children from the API server rather than the
+        cache (every `poll.resync_seconds`); the clock restarts when it does."""
+        if time.monotonic() - base.resynced < self.ctx.settings.poll.resync_seconds:
+            return False
+        base.resynced = time.monotonic()
+        return True
 
     def turn(self, key: Key) -> bool:
         """Whether `key` may roll out now; if so it holds a turn (no await between the
@@ -228,47 +192,130 @@ class Runner:
         self.rolling.add(key)
         return True
 
-    def _follow_rollout(self, key: Key, rollout: str, state: State) -> None:
-        if rollout == "started":
-            _say(key, "rolling out the operator's change (an image or setting)")
-        elif rollout == "held":
+    def follow_rollout(self, key: Key, outcome: reconcile.Outcome) -> None:
+        """A base whose rollout is over (settled, and not just started) gives its turn
+        to the next."""
+        if outcome.rollout == "held":
             log.debug("%s/%s waits for its turn to roll out", *key)
-        if key in self.rolling and rollout != "started" and state in (State.READY, State.FAILED):
+        settled = outcome.verdict.state in (State.READY, State.FAILED)
+        if key in self.rolling and outcome.rollout != "started" and settled:
             self.rolling.discard(key)
             self.wake(set(self.bases) - self.rolling)  # the next may start
 
-    async def write(self, base: Base, body: Mapping[str, Any], new: dict[str, Any]) -> None:
-        patch = merge_patch(base.previous(), new)
-        if patch:
-            owner = children.Owner.of(body)
-            await self.ctx.cluster.merge_patch(
-                crd.path(owner.namespace, owner.name) + "/status", {"status": patch}
+    def record_metrics(self, key: Key, outcome: reconcile.Outcome) -> None:
+        """The base's state, and the figures of its last evaluation when it has them."""
+        self.ctx.metrics.record(key, outcome.verdict.state)
+        evaluation = outcome.status.evaluation
+        if (
+            evaluation is not None
+            and evaluation.recall_at_k is not None
+            and evaluation.mrr is not None
+        ):
+            self.ctx.metrics.evaluated(key, evaluation.recall_at_k, evaluation.mrr)
+
+    def start_quality_check(
+        self, base: Base, body: Mapping[str, Any], outcome: reconcile.Outcome
+    ) -> None:
+        """Evaluate a Ready base again when its retrieval settings changed since its
+        last evaluation (`quality.due`), one evaluation at a time."""
+        settings = quality.retrieval(body.get("spec") or {})
+        if (
+            outcome.verdict.state is State.READY
+            and base.judging is None
+            and quality.due(settings, outcome.status.evaluation, base.unevaluable)
+        ):
+            base.judging = asyncio.create_task(self.judge(base, settings))
+
+    async def judge(self, base: Base, settings: str) -> None:
+        """Evaluate a Ready base whose last evaluation was made under other retrieval
+        settings (with the same k), then set QualityRegressed and post the Event
+        quality.judge decides."""
+        ctx = self.ctx
+        try:
+            before = base.previous()["evaluation"]
+            try:
+                figures = await indexer_client.evaluate(
+                    ctx, children.Owner.of(base.body), k=int(before["k"])
+                )
+            except indexer_client.IndexerError as e:
+                if not e.temporary:  # no evaluation set, or one the indexer refuses
+                    base.unevaluable = settings
+                    report.say(base.key, f"not evaluated under {settings}: {e}", request="quality")
+                return
+            current = {**figures, quality.RETRIEVAL: settings}
+            tolerance = ctx.settings.quality.tolerance
+            async with base.lock:
+                update = judged(base.body, base.previous(), before, current, tolerance)
+                await status_update.apply(ctx, base, update)
+            ctx.metrics.evaluated(base.key, current["recall_at_k"], current["mrr"])
+        except Exception:
+            log.exception(
+                "evaluating %s/%s after a change failed", *base.key, extra=report.about(base.key)
             )
-        base.status = new
+        finally:
+            base.judging = None
 
 
-def _about(key: Key, **fields: str) -> dict[str, str]:
-    return {"base": f"{key[0]}/{key[1]}", **fields}
+def reconcile_paused(body: Mapping[str, Any], previous: Mapping[str, Any]) -> StatusUpdate:
+    """A paused base: its status as it was with a Paused condition, and a line when
+    it was not paused yet."""
+    update = StatusUpdate(body, status_compose.paused(previous, reconcile.now()))
+    if not status_compose.is_paused(previous):
+        update.say("paused: the base and its children are left as they are")
+    return update
 
 
-def _say(key: Key, message: str, **fields: str) -> None:
-    log.info("%s/%s: %s", key[0], key[1], message, extra=_about(key, **fields))
+def announce_state(
+    body: Mapping[str, Any], previous: Mapping[str, Any], outcome: reconcile.Outcome
+) -> StatusUpdate:
+    """The reconciled status, and what is said of it: a rollout started, each child
+    created, updated or repaired (someone changed what the operator owns: a Repaired
+    Event), and a new state (a line and an Event, a Warning for Failed and Waiting)."""
+    update = StatusUpdate(body, outcome.status)
+    if outcome.rollout == "started":
+        update.say("rolling out the operator's change (an image or setting)")
+    for done in outcome.applied:
+        update.say(done, child=done.split(" ")[0])
+        if done.endswith(" repaired"):
+            update.post("Normal", "Repaired", "Apply", done)
+    state, reason = outcome.verdict.state, outcome.verdict.reason
+    if state.value != previous.get("state"):
+        update.say(f"{state.value}: {reason}", state=state.value)
+        kind = "Warning" if state in _WARNING_STATES else "Normal"
+        update.post(kind, state.value, "Reconcile", reason)
+    return update
 
 
-def _now() -> str:
-    return reconcile.now()
+def judged(
+    body: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    before: Mapping[str, Any],
+    current: Mapping[str, Any],
+    tolerance: float,
+) -> StatusUpdate:
+    """The evaluation `current`, made after a change of retrieval settings, compared
+    with the evaluation `before` it: QualityRegressed set and the Event posted."""
+    generation = int(body["metadata"].get("generation", 0))
+    verdict = quality.judge(before, current, tolerance, generation)
+    status = status_compose.with_judgement(previous, current, verdict.condition, reconcile.now())
+    update = StatusUpdate(body, status)
+    update.say(verdict.message, request="quality")
+    update.post(verdict.event_type, verdict.event_reason, "Evaluate", verdict.message)
+    return update
 
 
-async def post_event(
-    ctx: Context, body: Mapping[str, Any], kind: str, reason: str, action: str, message: str
-) -> None:
-    """An Event from metis-operator; one that cannot be posted is logged, never raised."""
-    event = report.event(body, kind=kind, reason=reason, action=action, message=message)
-    path = kube.path("v1", "events", body["metadata"]["namespace"])
-    try:
-        await ctx.cluster.post(path, event)
-    except (kube.ApiError, OSError) as e:
-        log.warning("cannot post an Event: %s", e, extra=_about(_key(body)))
+def evaluated(
+    body: Mapping[str, Any], previous: Mapping[str, Any], figures: Mapping[str, Any]
+) -> StatusUpdate:
+    """The figures of an evaluation a user asked for, and the Evaluated Event."""
+    message = (
+        f"recall@{figures['k']} {figures['recall_at_k']:.3f}, MRR {figures['mrr']:.3f} over "
+        f"{figures['cases']} questions"
+    )
+    update = StatusUpdate(body, status_compose.with_evaluation(previous, figures))
+    update.say(f"evaluated: {message}", request="evaluate")
+    update.post("Normal", "Evaluated", "Evaluate", message)
+    return update
 
 
 def _key(body: Mapping[str, Any]) -> Key:
@@ -280,7 +327,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
     Nothing is closed at exit: the loops end with the process. No handler needs a
     finalizer; naming the one earlier versions added lets kopf remove it from them."""
-    settings.persistence.finalizer = crd.FINALIZER
+    settings.persistence.finalizer = identity.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=KOPF_PREFIX, key="last-handled-configuration"
@@ -322,7 +369,7 @@ def _waker(plural: str) -> Any:
 async def created(body: kopf.Body, **_: Any) -> None:
     """A new base, said once. It also makes kopf record the base as handled (its
     diff base), so that the first reindex annotation reads as a change, not a creation."""
-    _say(_key(body), "created")
+    report.say(_key(body), "created")
 
 
 def _created(reason: kopf.Reason) -> bool:
@@ -338,9 +385,10 @@ async def reindex(
     full = str(new).startswith("full")
     what = "a full reindex" if full else "a pass"
     if not retry:
-        _say(_key(body), f"{what} asked ({crd.REINDEX}={new})", request="reindex")
-    await _ask(body, memo, indexer.reindex(memo.context, children.Owner.of(body), full=full))
-    await post_event(memo.context, body, "Normal", "Reindex", "Reindex", f"{what} started")
+        report.say(_key(body), f"{what} asked ({identity.REINDEX}={new})", request="reindex")
+    await _ask(body, memo, indexer_client.reindex(memo.context, children.Owner.of(body), full=full))
+    started = Event("Normal", "Reindex", "Reindex", f"{what} started")
+    await status_update.post_event(memo.context, body, started)
 
 
 async def evaluate(
@@ -352,38 +400,35 @@ async def evaluate(
     k = int(found[1]) if found else DEFAULT_K
     ctx: Context = memo.context
     if not retry:
-        _say(_key(body), f"an evaluation asked ({crd.EVALUATE}={new})", request="evaluate")
-    figures = await _ask(body, memo, indexer.evaluate(ctx, children.Owner.of(body), k=k))
+        report.say(
+            _key(body), f"an evaluation asked ({identity.EVALUATE}={new})", request="evaluate"
+        )
+    figures = await _ask(body, memo, indexer_client.evaluate(ctx, children.Owner.of(body), k=k))
     figures[quality.RETRIEVAL] = quality.retrieval(body.get("spec") or {})
     runner: Runner = memo.runner
     base = runner.bases.get(_key(body)) or Base(_key(body), copy.deepcopy(dict(body)))
     async with base.lock:
-        await runner.write(base, body, {**base.previous(), "evaluation": figures})
-    message = (
-        f"recall@{figures['k']} {figures['recall_at_k']:.3f}, MRR {figures['mrr']:.3f} over "
-        f"{figures['cases']} questions"
-    )
-    _say(_key(body), f"evaluated: {message}", request="evaluate")
-    await post_event(ctx, body, "Normal", "Evaluated", "Evaluate", message)
+        await status_update.apply(ctx, base, evaluated(body, base.previous(), figures))
 
 
 async def _ask(body: kopf.Body, memo: kopf.Memo, request: Awaitable[T]) -> T:
     """One boundary for the indexer's answers: not now → retry; never → a Warning."""
     try:
         return await request
-    except indexer.IndexerError as e:
+    except indexer_client.IndexerError as e:
         if e.temporary:
             delay = memo.context.settings.poll.interval_seconds
             raise kopf.TemporaryError(str(e), delay=delay) from None
-        log.warning("%s/%s: request refused: %s", *_key(body), e, extra=_about(_key(body)))
-        await post_event(memo.context, body, "Warning", "RequestRefused", "Request", str(e))
+        log.warning("%s/%s: request refused: %s", *_key(body), e, extra=report.about(_key(body)))
+        refused = Event("Warning", "RequestRefused", "Request", str(e))
+        await status_update.post_event(memo.context, body, refused)
         raise kopf.PermanentError(str(e)) from None
 
 
 def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     """Every handler, with its policy."""
     interval = settings.poll.interval_seconds
-    on = {"registry": registry, **crd.RESOURCE}
+    on = {"registry": registry, **identity.RESOURCE}
     # A registry of our own has no login handlers: log in as the kubernetes client does.
     kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(configure)
@@ -395,9 +440,11 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
         )
     kopf.on.event(**on, id="base")(base_event)
     kopf.on.create(**on)(created)
-    for annotation, fn in ((crd.REINDEX, reindex), (crd.EVALUATE, evaluate)):
+    for annotation, fn in ((identity.REINDEX, reindex), (identity.EVALUATE, evaluate)):
         kopf.on.field(
-            **on, field=("metadata", "annotations", annotation), new=kopf.PRESENT,
-            backoff=interval, timeout=3600,
-        )(fn)  # fmt: skip
-
+            **on,
+            field=("metadata", "annotations", annotation),
+            new=kopf.PRESENT,
+            backoff=interval,
+            timeout=3600,
+        )(fn)

@@ -1,31 +1,80 @@
-"""The operator's access to the Kubernetes API: plain JSON dicts by path, async.
+"""Access to the Kubernetes API for the operator, `kubectl metis` and the console: plain
+JSON dicts by path.
 
 Why not the generated typed client: manifests are built and compared as the API
 server's own JSON (camelCase, as `kubectl get -o json` shows them), and the
 children need server-side apply, which the typed methods do not express. The
-`kubernetes` package still does the part worth reusing: kubeconfig and in-cluster
-credentials (with token refresh), TLS and connection pooling. Its client is
-blocking, so every call runs in a worker thread.
+`kubernetes` package still does the parts worth reusing: kubeconfig and in-cluster
+credentials (with token refresh), TLS, connection pooling and the reading of a watch's
+stream. Its client is blocking: `Cluster.request` and `Cluster.watch` block (the plugin
+and the console's watch threads call them so), and the operator's async methods run
+each call in a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
-from kubernetes import client, config
+import yaml
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+
+Query = Mapping[str, str | int]
 
 
 class ApiError(Exception):
-    """A non-2xx answer of the API server, with its status and its message."""
+    """A non-2xx answer of the API server: its status and reason phrase (`403 Forbidden`),
+    its message, and its body (JSON, or the text of an answer that is not JSON: a proxied
+    service's own)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, body: Any = None, reason: str = "") -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
         self.message = message
+        self.body = body
+        self.reason = reason
+
+
+class ConfigError(Exception):
+    """No credentials to reach the API server with: no (valid) kubeconfig, or not in a pod."""
+
+
+@contextlib.contextmanager
+def _loading() -> Iterator[None]:
+    """The `kubernetes` package's ways of failing to load credentials, as one error."""
+    try:
+        yield
+    except (config.ConfigException, OSError, yaml.YAMLError) as e:
+        raise ConfigError(str(e)) from e
+
+
+def in_cluster() -> client.ApiClient:
+    """The pod's service account."""
+    configuration = client.Configuration()
+    with _loading():
+        config.load_incluster_config(client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+def from_kubeconfig(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
+    """A kubeconfig file's credentials, as kubectl reads them: `kubeconfig` or $KUBECONFIG
+    (else ~/.kube/config), its current context or `context`."""
+    with _loading():
+        return config.new_client_from_config(config_file=kubeconfig, context=context)
+
+
+def kubeconfig_namespace(kubeconfig: str | None = None, context: str | None = None) -> str:
+    """The namespace that kubectl uses without `-n`: the context's, else "default"."""
+    with _loading():
+        contexts, current = config.list_kube_config_contexts(config_file=kubeconfig)
+    if context:
+        current = next((c for c in contexts if c["name"] == context), current)
+    return (current.get("context") or {}).get("namespace") or "default"
 
 
 def path(api_version: str, plural: str, namespace: str | None, name: str | None = None) -> str:
@@ -52,8 +101,24 @@ def manifest_path(manifest: Mapping[str, Any]) -> str:
     )
 
 
+def _parsed(raw: bytes | str | None) -> Any:
+    """An answer's body: its JSON, else its text; None when empty."""
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+
+
+def _refusal(status: int, reason: str | None, raw: bytes | str | None) -> ApiError:
+    body = _parsed(raw)
+    message = body.get("message", "") if isinstance(body, dict) else str(body or "")[:300]
+    return ApiError(status, message, body, reason or "")
+
+
 class Cluster:
-    """One API server, as the operator's credentials see it; every write names the
+    """One API server, as one set of credentials sees it; every write names the
     field manager `manager`."""
 
     def __init__(
@@ -67,33 +132,91 @@ class Cluster:
     def connect(cls, manager: str = "metis-operator") -> Cluster:
         """In a pod, its service account; elsewhere, KUBECONFIG (as kubectl does)."""
         try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        return cls(client.ApiClient(), manager=manager)
+            api = in_cluster()
+        except ConfigError:
+            api = from_kubeconfig()
+        return cls(api, manager=manager)
+
+    def _send(
+        self,
+        method: str,
+        url_path: str,
+        body: Any,
+        query: Query | None,
+        content_type: str,
+        timeout: float,
+    ) -> Any:
+        """One call, its answer not read yet (a watch streams it); non-2xx as ApiError."""
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        request = self._api.param_serialize(
+            method,
+            url_path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self._api.call_api(*request, _request_timeout=timeout)
+        except ApiException as e:  # refused before an answer (TLS, or retries spent)
+            raise _refusal(int(e.status or 500), e.reason, e.body) from None
+        if not 200 <= response.status <= 299:
+            raise _refusal(response.status, response.reason, response.read())
+        return response
 
     def request(
         self,
         method: str,
         url_path: str,
         body: Any = None,
-        query: Mapping[str, str] | None = None,
+        query: Query | None = None,
         content_type: str = "application/json",
     ) -> Any:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        request = self._api.param_serialize(
-            method, url_path, query_params=list((query or {}).items()),
-            header_params=headers, body=body, auth_settings=["BearerToken"],
-        )  # fmt: skip
-        response = self._api.call_api(*request, _request_timeout=self._timeout)
-        data = response.read()
-        if not 200 <= response.status <= 299:
-            try:
-                message = json.loads(data).get("message", "")
-            except ValueError:
-                message = data.decode(errors="replace")[:300]
-            raise ApiError(response.status, message)
-        return json.loads(data) if data else None
+        """One call: the answer's JSON (None when empty); non-2xx as ApiError."""
+        response = self._send(method, url_path, body, query, content_type, self._timeout)
+        return _parsed(response.read())
+
+    def watch(
+        self, url_path: str, resource_version: str, seconds: int, query: Query | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The changes to the collection `url_path` after `resource_version`, as
+        (type, object), until the API server ends the watch after `seconds`. An
+        expired `resource_version` is ApiError 410: list again."""
+        stream = watch.Watch().stream(
+            self._watch_once,
+            url_path,
+            dict(query or {}),
+            resource_version=resource_version,
+            timeout_seconds=seconds,
+        )
+        try:
+            for event in stream:
+                yield event["type"], event["raw_object"]
+        except ApiException as e:  # an ERROR event (410 Gone, or refused)
+            raise ApiError(int(e.status or 500), str(e.reason), reason=str(e.reason)) from None
+        finally:
+            stream.close()
+
+    def _watch_once(
+        self,
+        url_path: str,
+        query: Query,
+        *,
+        watch: bool,
+        resource_version: str,
+        timeout_seconds: int,
+        _preload_content: bool,
+    ) -> Any:
+        """One watch request, called as `kubernetes.watch.Watch` calls a list function:
+        the streaming response, which the Watch reads line by line."""
+        params = {
+            **query,
+            "watch": watch,
+            "resourceVersion": resource_version,
+            "timeoutSeconds": timeout_seconds,
+        }
+        timeout = timeout_seconds + self._timeout
+        return self._send("GET", url_path, None, params, "application/json", timeout).response
 
     async def call(self, method: str, url_path: str, **kw: Any) -> Any:
         return await asyncio.to_thread(self.request, method, url_path, **kw)
@@ -112,9 +235,12 @@ class Cluster:
         shape, taking them over from whoever changed them (force)."""
         query = {"fieldManager": self.manager, "force": "true"}
         return await self.call(
-            "PATCH", manifest_path(manifest), body=dict(manifest), query=query,
+            "PATCH",
+            manifest_path(manifest),
+            body=dict(manifest),
+            query=query,
             content_type="application/apply-patch+yaml",
-        )  # fmt: skip
+        )
 
     async def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Create once: an object that appeared meanwhile is read instead."""
@@ -133,9 +259,12 @@ class Cluster:
 
     async def merge_patch(self, url_path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return await self.call(
-            "PATCH", url_path, body=dict(patch), query={"fieldManager": self.manager},
+            "PATCH",
+            url_path,
+            body=dict(patch),
+            query={"fieldManager": self.manager},
             content_type="application/merge-patch+json",
-        )  # fmt: skip
+        )
 
     async def post(self, url_path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.call("POST", url_path, body=dict(body))

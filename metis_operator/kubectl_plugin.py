@@ -1,4 +1,4 @@
-"""`kubectl metis`: knowledge bases from where their users already are (issue 14).
+"""`kubectl metis`: knowledge bases from where their users already are.
 
 kubectl runs any `kubectl-<name>` on PATH as `kubectl <name>`, so the console script
 `kubectl-metis` is the plugin. It reads the user's kubeconfig and context, like kubectl:
@@ -11,8 +11,9 @@ kubectl runs any `kubectl-<name>` on PATH as `kubectl <name>`, so the console sc
 
 Searches and document lists go through the API server's service proxy to the base's
 Service, so no port-forward is needed: a user who may `get services/proxy` in the
-namespace may ask. Rendering is pure (plain dicts in, text out); the edges are the
-kubernetes client and the proxy.
+namespace may ask. Rendering is pure (the objects as the API server gives them in, a
+base's status read through the models the operator writes it with, text out); the
+edges are the shared client (metis_operator/kube.py) and the proxy.
 """
 
 from __future__ import annotations
@@ -25,16 +26,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
-
 from metis_indexer import cli as indexer_cli
 from metis_indexer import schema
-from metis_operator.crd import EVALUATE, GROUP, PLURAL, REINDEX, VERSION
+from metis_operator import kube
+from metis_operator.api.identity import API_VERSION, EVALUATE, GROUP, KIND, PLURAL, REINDEX
+from metis_operator.api.status_types import IndexTotals, KnowledgeBaseStatus, Observed
 
 EVENTS_SHOWN = 8
 """The most recent Events `status` prints: enough to see the last state changes."""
+REQUEST_SECONDS = 130
+"""How long one call may take: a search through the service proxy, reranked, included."""
 
 
 class PluginError(Exception):
@@ -56,6 +57,11 @@ def age(stamp: str | None, now: dt.datetime) -> str:
     return f"{seconds}s"
 
 
+def _shown(value: object, default: str = "-") -> str:
+    """A field of the status as printed: `default` where the status does not hold it."""
+    return default if value is None else str(value)
+
+
 def table(rows: Sequence[Sequence[str]]) -> str:
     """Columns padded as kubectl pads them (three spaces between)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -71,74 +77,91 @@ def render_list(bases: Sequence[Mapping[str, Any]], now: dt.datetime, *, all_ns:
     head = ["NAMESPACE"] if all_ns else []
     rows = [[*head, "NAME", "STATE", "DOCUMENTS", "CHUNKS", "FAILED", "PROGRESS", "AGE", "REASON"]]
     for b in bases:
-        meta, st = b["metadata"], b.get("status") or {}
-        ix = (st.get("observed") or {}).get("index") or {}
+        meta = b["metadata"]
+        st = KnowledgeBaseStatus.read(b.get("status"))
+        ix = (st.observed or Observed()).index or IndexTotals()
         ns = [meta["namespace"]] if all_ns else []
-        rows.append([*ns, meta["name"], st.get("state", "-"), str(ix.get("documents", "-")),
-                     str(ix.get("chunks", "-")), str(ix.get("failed", "-")),
-                     st.get("progress", "-"), age(meta.get("creationTimestamp"), now),
-                     st.get("reason", "")])  # fmt: skip
+        rows.append(
+            [
+                *ns,
+                meta["name"],
+                _shown(st.state),
+                _shown(ix.documents),
+                _shown(ix.chunks),
+                _shown(ix.failed),
+                _shown(st.progress),
+                age(meta.get("creationTimestamp"), now),
+                _shown(st.reason, ""),
+            ]
+        )
     return table(rows)
 
 
 def render_status(
     base: Mapping[str, Any], events: Sequence[Mapping[str, Any]], now: dt.datetime
 ) -> str:
-    """A CloudNativePG-style summary of one base: what it is, how far it got, why."""
-    meta, spec, st = base["metadata"], base.get("spec") or {}, base.get("status") or {}
-    observed = st.get("observed") or {}
-    ix = observed.get("index") or {}
+    """One base in sections read top to bottom: what it is, how far it got, why."""
+    meta, spec = base["metadata"], base.get("spec") or {}
+    st = KnowledgeBaseStatus.read(base.get("status"))
+    observed = st.observed or Observed()
+    ix = observed.index or IndexTotals()
     embedding = (spec.get("embedding") or {}).get("deployment", "-")
     reranker = (spec.get("reranker") or {}).get("deployment")
     lines = [
         f"Knowledge base:  {meta['namespace']}/{meta['name']}",
-        f"State:           {st.get('state', 'unknown (not reconciled yet)')}",
+        f"State:           {_shown(st.state, 'unknown (not reconciled yet)')}",
     ]
-    if st.get("reason"):
-        lines.append(f"Reason:          {st['reason']}")
+    if st.reason:
+        lines.append(f"Reason:          {st.reason}")
     lines += [
         f"Drives:          {', '.join(spec.get('drives') or []) or '-'}",
         f"Embedding:       {embedding}" + (f" · reranker {reranker}" if reranker else ""),
         f"Generation:      {meta.get('generation', '-')} "
-        f"(observed {st.get('observedGeneration', '-')})",
-        f"Address:         {observed.get('address', '-')}",
-        f"Machine:         {observed.get('machine', '-')}",
+        f"(observed {_shown(st.observed_generation)})",
+        f"Address:         {_shown(observed.address)}",
+        f"Machine:         {_shown(observed.machine)}",
         "",
         "Index",
-        f"  Phase:         {ix.get('phase', '-')}",
-        f"  Documents:     {ix.get('documents', '-')} ({ix.get('failed', 0)} failed)",
-        f"  Chunks:        {ix.get('chunks', '-')}",
+        f"  Phase:         {_shown(ix.phase)}",
+        f"  Documents:     {_shown(ix.documents)} ({_shown(ix.failed, '0')} failed)",
+        f"  Chunks:        {_shown(ix.chunks)}",
     ]
-    total, done = ix.get("pass_total"), ix.get("pass_done")
+    total, done = ix.pass_total, ix.pass_done
     if total:
         lines.append(f"  Pass:          {done}/{total} documents ({100 * (done or 0) // total} %)")
-    lines.append(f"  Last indexed:  {ix.get('last_indexed_at', 'never')}")
-    warnings = observed.get("warnings") or []
-    if warnings:
-        lines += ["", "Warnings", *(f"  - {w}" for w in warnings)]
-    evaluation = st.get("evaluation")
+    lines.append(f"  Last indexed:  {_shown(ix.last_indexed_at, 'never')}")
+    if observed.warnings:
+        lines += ["", "Warnings", *(f"  - {w}" for w in observed.warnings)]
+    ev = st.evaluation
     lines += ["", "Last evaluation"]
-    if evaluation:
+    if ev is not None and ev.recall_at_k is not None and ev.mrr is not None:
         lines.append(
-            f"  recall@{evaluation['k']} {evaluation['recall_at_k']:.3f} · MRR "
-            f"{evaluation['mrr']:.3f} over {evaluation['cases']} questions "
-            f"({age(evaluation.get('at'), now)} ago)"
+            f"  recall@{ev.k} {ev.recall_at_k:.3f} · MRR {ev.mrr:.3f} over {ev.cases} questions "
+            f"({age(ev.at, now)} ago)"
         )
     else:
         lines.append(f"  none (kubectl metis evaluate {meta['name']})")
-    conditions = st.get("conditions") or []
-    if conditions:
+    if st.conditions:
         rows = [["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"]]
-        rows += [[c["type"], c["status"], c.get("reason", ""),
-                  age(c.get("lastTransitionTime"), now), c.get("message", "")]
-                 for c in conditions]  # fmt: skip
+        rows += [
+            [
+                c.type,
+                c.status,
+                _shown(c.reason, ""),
+                age(c.last_transition_time, now),
+                _shown(c.message, ""),
+            ]
+            for c in st.conditions
+        ]
         lines += ["", "Conditions", _indent(table(rows))]
     lines += ["", "Events"]
     if events:
         recent = sorted(events, key=_event_time)[-EVENTS_SHOWN:]
         rows = [["AGE", "TYPE", "REASON", "MESSAGE"]]
-        rows += [[age(_event_time(e), now), e.get("type", ""), e.get("reason", ""),
-                  e.get("message", "")] for e in recent]  # fmt: skip
+        rows += [
+            [age(_event_time(e), now), e.get("type", ""), e.get("reason", ""), e.get("message", "")]
+            for e in recent
+        ]
         lines.append(_indent(table(rows)))
     else:
         lines.append("  none")
@@ -183,62 +206,54 @@ def evaluate_value(k: int, stamp: int) -> str:
 
 
 class Cluster:
-    """The API server as the user's kubeconfig reaches it."""
+    """The API server as the user's kubeconfig reaches it: the bases, their Events and
+    their indexers, each failure said as a PluginError."""
 
     def __init__(self, kubeconfig: str | None, context: str | None) -> None:
         try:
-            self.api = config.new_client_from_config(config_file=kubeconfig, context=context)
-            _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-        except (ConfigException, OSError) as e:
+            api = kube.from_kubeconfig(kubeconfig, context)
+            self.default_namespace = kube.kubeconfig_namespace(kubeconfig, context)
+        except kube.ConfigError as e:
             raise PluginError(f"no usable kubeconfig: {e}") from None
-        if context:
-            contexts, _ = config.list_kube_config_contexts(config_file=kubeconfig)
-            active = next((c for c in contexts if c["name"] == context), active)
-        self.default_namespace = (active.get("context") or {}).get("namespace") or "default"
-        self.custom = client.CustomObjectsApi(self.api)
-        self.core = client.CoreV1Api(self.api)
+        self._api = kube.Cluster(api, timeout=REQUEST_SECONDS)
 
     def base(self, namespace: str, name: str) -> dict[str, Any]:
         try:
-            found = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name
-            )
-        except ApiException as e:
+            return self.request("GET", kube.path(API_VERSION, PLURAL, namespace, name))
+        except kube.ApiError as e:
             raise _refusal(e, f'no knowledge base "{name}" in namespace "{namespace}"') from None
-        return dict(found)
 
     def bases(self, namespace: str | None) -> list[dict[str, Any]]:
         try:
-            if namespace is None:
-                found = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
-            else:
-                found = self.custom.list_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL
-                )
-        except ApiException as e:
-            raise _refusal(e, "the KnowledgeBase resource is not installed (kubectl apply -k "
-                           "crds/)") from None  # fmt: skip
-        return sorted(found["items"], key=lambda b: (b["metadata"]["namespace"],
-                                                     b["metadata"]["name"]))  # fmt: skip
+            found = self.request("GET", kube.path(API_VERSION, PLURAL, namespace))
+        except kube.ApiError as e:
+            raise _refusal(
+                e, "the KnowledgeBase resource is not installed (kubectl apply -k crds/)"
+            ) from None
+        return sorted(
+            found["items"], key=lambda b: (b["metadata"]["namespace"], b["metadata"]["name"])
+        )
 
     def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        path = f"/api/v1/namespaces/{namespace}/events"
-        query = [("fieldSelector", f"involvedObject.name={name},involvedObject.kind=KnowledgeBase")]
-        status, data = self.request("GET", path, query=query)
-        if status == 403:
-            return []  # a user who may not read Events still gets the rest
-        if status >= 400:
-            raise PluginError(f"cannot list the Events of {name}: {_api_message(data, status)}")
-        return list(data.get("items") or [])
+        query = {"fieldSelector": f"involvedObject.name={name},involvedObject.kind={KIND}"}
+        try:
+            found = self.request("GET", kube.path("v1", "events", namespace), query=query)
+        except kube.ApiError as e:
+            if e.status == 403:
+                return []  # a user who may not read Events still gets the rest
+            raise PluginError(f"cannot list the Events of {name}: {_api_message(e)}") from None
+        return list(found.get("items") or [])
 
     def annotate(self, namespace: str, name: str, key: str, value: str) -> None:
         self.base(namespace, name)  # names a missing base before a patch would
         try:
-            self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name,
-                {"metadata": {"annotations": {key: value}}},
-            )  # fmt: skip
-        except ApiException as e:
+            self.request(
+                "PATCH",
+                kube.path(API_VERSION, PLURAL, namespace, name),
+                body={"metadata": {"annotations": {key: value}}},
+                content_type="application/merge-patch+json",
+            )
+        except kube.ApiError as e:
             raise _refusal(e, f'no knowledge base "{name}" in namespace "{namespace}"') from None
 
     def indexer(
@@ -247,72 +262,47 @@ class Cluster:
         method: str,
         route: str,
         body: Mapping[str, Any] | None = None,
-        query: Sequence[tuple[str, Any]] = (),
+        query: Mapping[str, str | int] | None = None,
     ) -> Any:
         """`route` of the base's indexer, through the API server's service proxy."""
         ns, name = base["metadata"]["namespace"], base["metadata"]["name"]
         path = f"/api/v1/namespaces/{ns}/services/http:metis-{name}:http/proxy{route}"
-        status, data = self.request(method, path, body=body, query=query)
-        if status < 400:
-            return data
-        error = data.get("error") if isinstance(data, dict) else None
-        if isinstance(error, dict):  # the indexer's own answer
-            raise PluginError(f"{name}: {error.get('code')}: {error.get('message')}")
-        if status == 403:
-            raise PluginError(f"not allowed: {_api_message(data, status)}")
-        st = base.get("status") or {}
-        raise PluginError(
-            f"knowledge base {name} is not ready: it is {st.get('state', 'not reconciled yet')}"
-            + (f" ({st['reason']})" if st.get("reason") else "")
-            + f"; the API server's proxy said: {_api_message(data, status)}"
-        )
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Mapping[str, Any] | None = None,
-        query: Sequence[tuple[str, Any]] = (),
-    ) -> tuple[int, Any]:
-        """One call with the kubeconfig's credentials: (status, parsed JSON or text)."""
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        params = self.api.param_serialize(
-            method=method, resource_path=path, query_params=list(query), header_params=headers,
-            body=dict(body) if body is not None else None, auth_settings=["BearerToken"],
-        )  # fmt: skip
         try:
-            answer = self.api.call_api(*params, _request_timeout=130)
-            answer.read()
-        except ApiException as e:
-            return int(e.status or 500), _parse(e.body)
+            return self.request(method, path, body=body, query=query)
+        except kube.ApiError as e:
+            error = e.body.get("error") if isinstance(e.body, dict) else None
+            if isinstance(error, dict):  # the indexer's own answer
+                raise PluginError(f"{name}: {error.get('code')}: {error.get('message')}") from None
+            if e.status == 403:
+                raise PluginError(f"not allowed: {_api_message(e)}") from None
+            st = KnowledgeBaseStatus.read(base.get("status"))
+            state = _shown(st.state, "not reconciled yet")
+            raise PluginError(
+                f"knowledge base {name} is not ready: it is {state}"
+                + (f" ({st.reason})" if st.reason else "")
+                + f"; the API server's proxy said: {_api_message(e)}"
+            ) from None
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        """One call with the kubeconfig's credentials: its JSON; non-2xx as kube.ApiError."""
+        try:
+            return self._api.request(method, path, **kw)
         except OSError as e:
             raise PluginError(f"cannot reach the API server: {e}") from None
-        return answer.status, _parse(answer.data)
 
 
-def _parse(raw: bytes | str | None) -> Any:
-    try:
-        return json.loads(raw or b"null")
-    except ValueError:
-        return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+def _api_message(e: kube.ApiError) -> str:
+    if isinstance(e.body, dict) and e.body.get("message"):
+        return str(e.body["message"])
+    return f"HTTP {e.status}" + (f": {str(e.body).strip()[:200]}" if e.body else "")
 
 
-def _api_message(data: Any, status: int) -> str:
-    if isinstance(data, dict) and data.get("message"):
-        return str(data["message"])
-    return f"HTTP {status}" + (f": {str(data).strip()[:200]}" if data else "")
-
-
-def _refusal(e: ApiException, missing: str) -> PluginError:
-    data = _parse(e.body)
+def _refusal(e: kube.ApiError, missing: str) -> PluginError:
     if e.status == 404:
         return PluginError(missing)
     if e.status in (401, 403):
-        return PluginError(f"not allowed: {_api_message(data, e.status)}")
-    return PluginError(_api_message(data, int(e.status or 500)))
+        return PluginError(f"not allowed: {_api_message(e)}")
+    return PluginError(_api_message(e))
 
 
 # --------------------------------------------------------------------------- commands
@@ -324,17 +314,25 @@ def _common(suppress: bool) -> argparse.ArgumentParser:
     default: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
     c = argparse.ArgumentParser(add_help=False)
     c.add_argument("-n", "--namespace", help="the namespace (default: the context's)", **default)
-    c.add_argument("-A", "--all-namespaces", action="store_true",
-                   help="every namespace (status without a base)", **default)
+    c.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="every namespace (status without a base)",
+        **default,
+    )
     c.add_argument("--context", help="the kubeconfig context to use", **default)
     c.add_argument("--kubeconfig", help="the kubeconfig file (default: $KUBECONFIG)", **default)
-    return c  # fmt: skip
+    return c
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = _common(suppress=True)
-    p = argparse.ArgumentParser(prog="kubectl metis", parents=[_common(suppress=False)],
-                                description="Metis knowledge bases from kubectl")
+    p = argparse.ArgumentParser(
+        prog="kubectl metis",
+        parents=[_common(suppress=False)],
+        description="Metis knowledge bases from kubectl",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("status", parents=[common], help="a base's state, index and evaluation")
     s.add_argument("base", nargs="?")
@@ -354,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("evaluate", parents=[common], help="run a base's evaluation set")
     e.add_argument("base")
     e.add_argument("--k", type=int, default=10)
-    return p  # fmt: skip
+    return p
 
 
 def run(args: argparse.Namespace, now: dt.datetime) -> str:
@@ -375,16 +373,22 @@ def run(args: argparse.Namespace, now: dt.datetime) -> str:
         return f"knowledgebase.{GROUP}/{args.base} annotated {key}={value}"
     base = cluster.base(ns, args.base)
     if args.command == "documents":
-        query = [("page_size", schema.PAGE_SIZE_MAX)]
-        query += [("state", "failed")] if args.failed else []
+        query: dict[str, str | int] = {"page_size": schema.PAGE_SIZE_MAX}
+        query |= {"state": "failed"} if args.failed else {}
         page = cluster.indexer(base, "GET", "/v1/documents", query=query)
         return render_documents(schema.DocumentsPage.model_validate(page))
-    request = schema.SearchRequest(query=args.question, top_k=args.top_k, mode=args.mode,
-                                   rerank=False if args.no_rerank else None)  # fmt: skip
+    request = schema.SearchRequest(
+        query=args.question,
+        top_k=args.top_k,
+        mode=args.mode,
+        rerank=False if args.no_rerank else None,
+    )
     answer = cluster.indexer(base, "POST", "/v1/search", request.model_dump(exclude_none=True))
     if args.json:
         return json.dumps(answer, indent=2, ensure_ascii=False)
-    indexer_cli.print_answer(schema.SearchAnswer.model_validate(answer).model_dump(exclude_none=True))
+    indexer_cli.print_answer(
+        schema.SearchAnswer.model_validate(answer).model_dump(exclude_none=True)
+    )
     return ""
 
 

@@ -96,8 +96,7 @@ def written(
     meta: dict[str, Any] = {"name": NAME, "namespace": namespace}
     if lease is not None:
         meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
-    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
-            "spec": spec}  # fmt: skip
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
 
 
 class Elector:
@@ -138,11 +137,16 @@ class Elector:
         body = written(lease, action, self.me, self.namespace, dt.datetime.now(dt.UTC))
         try:
             if action is Action.CREATE:
-                self.cluster.request("POST", self.path.rsplit("/", 1)[0], body=body,
-                                     query={"fieldManager": self.cluster.manager})  # fmt: skip
+                self.cluster.request(
+                    "POST",
+                    self.path.rsplit("/", 1)[0],
+                    body=body,
+                    query={"fieldManager": self.cluster.manager},
+                )
             else:
-                self.cluster.request("PUT", self.path, body=body,
-                                     query={"fieldManager": self.cluster.manager})  # fmt: skip
+                self.cluster.request(
+                    "PUT", self.path, body=body, query={"fieldManager": self.cluster.manager}
+                )
         except kube.ApiError as e:
             if e.status == 409:  # another replica wrote first
                 return False
@@ -187,8 +191,12 @@ class Elector:
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.me:
                 return
             spec = {**lease["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}
-            self.cluster.request("PUT", self.path, body={**lease, "spec": spec},
-                                 query={"fieldManager": self.cluster.manager})  # fmt: skip
+            self.cluster.request(
+                "PUT",
+                self.path,
+                body={**lease, "spec": spec},
+                query={"fieldManager": self.cluster.manager},
+            )
             log.info("%s released the Lease", self.me)
         except (kube.ApiError, OSError) as e:
             log.warning("cannot release the Lease: %s", e)
@@ -210,8 +218,9 @@ class StandbyHealth:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
-        threading.Thread(target=self.server.serve_forever, name="standby health",
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(
+            target=self.server.serve_forever, name="standby health", daemon=True
+        ).start()
 
     def close(self) -> None:
         self.server.shutdown()

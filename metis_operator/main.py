@@ -15,12 +15,12 @@ import sys
 import kopf
 
 from metis_operator import handlers, kube, leader, report
-from metis_operator import settings as settings_mod
+from metis_operator.settings import load
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        settings = settings_mod.load(os.environ, sys.argv[1:] if argv is None else argv)
+        settings = load(os.environ, sys.argv[1:] if argv is None else argv)
     except ValueError as e:
         print(f"metis-operator: {e}", file=sys.stderr)
         return 2

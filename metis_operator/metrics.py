@@ -35,26 +35,44 @@ class Metrics:
         m = cls(
             registry=r,
             reconciliations=Counter(
-                "metis_operator_reconciliations", "Reconciliations of a base", ["trigger"],
+                "metis_operator_reconciliations",
+                "Reconciliations of a base",
+                ["trigger"],
                 registry=r,
             ),
             errors=Counter(
-                "metis_operator_reconcile_errors", "Reconciliations that failed with an error",
-                ["trigger"], registry=r,
-            ),
-            seconds=Histogram(
-                "metis_operator_reconcile_seconds", "Seconds one reconciliation took",
+                "metis_operator_reconcile_errors",
+                "Reconciliations that failed with an error",
+                ["trigger"],
                 registry=r,
             ),
-            bases=Gauge("metis_operator_knowledge_bases", "Knowledge bases per state",
-                        ["state"], registry=r),
-            state=Gauge("metis_knowledge_base_state", "1 for the state a base is in, else 0",
-                        ["namespace", "knowledgebase", "state"], registry=r),
-            recall=Gauge("metis_evaluation_recall_at_k", "A base's last evaluation: recall at k",
-                         ["namespace", "knowledgebase"], registry=r),
-            mrr=Gauge("metis_evaluation_mrr", "A base's last evaluation: mean reciprocal rank",
-                      ["namespace", "knowledgebase"], registry=r),
-        )  # fmt: skip
+            seconds=Histogram(
+                "metis_operator_reconcile_seconds",
+                "Seconds one reconciliation took",
+                registry=r,
+            ),
+            bases=Gauge(
+                "metis_operator_knowledge_bases", "Knowledge bases per state", ["state"], registry=r
+            ),
+            state=Gauge(
+                "metis_knowledge_base_state",
+                "1 for the state a base is in, else 0",
+                ["namespace", "knowledgebase", "state"],
+                registry=r,
+            ),
+            recall=Gauge(
+                "metis_evaluation_recall_at_k",
+                "A base's last evaluation: recall at k",
+                ["namespace", "knowledgebase"],
+                registry=r,
+            ),
+            mrr=Gauge(
+                "metis_evaluation_mrr",
+                "A base's last evaluation: mean reciprocal rank",
+                ["namespace", "knowledgebase"],
+                registry=r,
+            ),
+        )
         m._count()
         return m
 

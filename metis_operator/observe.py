@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from metis_operator import crd
+from metis_operator.api import identity
 from metis_operator.state import PodView
 
 """On a source PVC: the revision of its data source that the base must read."""
@@ -28,11 +28,11 @@ def claim_bound(claim: Mapping[str, Any] | None) -> bool:
 
 def from_data_source(claim: Mapping[str, Any]) -> bool:
     """A drive from a data source carries the revision annotation, empty until listed."""
-    return crd.REVISION in _annotations(claim)
+    return identity.REVISION in _annotations(claim)
 
 
 def revision(claim: Mapping[str, Any]) -> str:
-    return _annotations(claim).get(crd.REVISION, "").strip()
+    return _annotations(claim).get(identity.REVISION, "").strip()
 
 
 def _waiting(status: Mapping[str, Any]) -> str | None:

@@ -148,11 +148,15 @@ class Prober:
             log.info("%s %s answers again", self.role, self.name, extra={"service": self.name})
         self.history = after_success(self.history, (model, detail), model_id)
 
-
     def _failed(self, detail: str, now: float) -> None:
         if self.history.failing_since is None:
-            log.warning("%s %s does not answer: %s", self.role, self.name, detail,
-                        extra={"service": self.name, "role": self.role})  # fmt: skip
+            log.warning(
+                "%s %s does not answer: %s",
+                self.role,
+                self.name,
+                detail,
+                extra={"service": self.name, "role": self.role},
+            )
         self.history = after_failure(self.history, detail, now)
 
 
@@ -173,9 +177,14 @@ class Probers:
         if prober is None:
             users = self._users.setdefault(key, set())
             prober = Prober(
-                self.http, url, key[2], interval=self.interval, grace=self.grace,
-                on_change=lambda: self.wake(set(users)), name=f"{key[0]}/{key[1]}",
-            )  # fmt: skip
+                self.http,
+                url,
+                key[2],
+                interval=self.interval,
+                grace=self.grace,
+                on_change=lambda: self.wake(set(users)),
+                name=f"{key[0]}/{key[1]}",
+            )
             self._probers[key] = prober
             prober.start()
         self._users.setdefault(key, set()).add(user)

@@ -1,4 +1,4 @@
-"""Retrieval quality as a cluster signal (issue 14): pure decisions, no I/O.
+"""Retrieval quality as a cluster signal: pure decisions, no I/O.
 
 A base's evaluation set (`.metis/evals.jsonl`) measures how well it finds what it should.
 What changes that is how the base is built: its embedding model and its chunking. So each
@@ -19,6 +19,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from metis_operator.api.status_types import Evaluation
+
 CONDITION = "QualityRegressed"
 """True when the evaluation after a change of embedding model or chunking is worse than
 the one before by more than the tolerance; False when it held (or for a baseline)."""
@@ -33,17 +35,18 @@ def retrieval(spec: Mapping[str, Any]) -> str:
     reranker is asked at search time (it changes no index)."""
     embedding = (spec.get("embedding") or {}).get("deployment", "?")
     chunking = spec.get("chunking") or {}
-    return f"embedding {embedding}, chunks {chunking.get('size', 1200)}/" \
-           f"{chunking.get('overlap', 200)}"  # fmt: skip
+    return (
+        f"embedding {embedding}, chunks {chunking.get('size', 1200)}/{chunking.get('overlap', 200)}"
+    )
 
 
-def due(current: str, evaluation: Mapping[str, Any] | None, tried: str | None) -> bool:
+def due(current: str, evaluation: Evaluation | None, tried: str | None) -> bool:
     """Whether a Ready base running `current` settings is evaluated again: it has an
     evaluation, made under other settings (or before they were recorded), and `current`
     was not already tried and refused (its evaluation set gone)."""
     if evaluation is None or tried == current:
         return False
-    return evaluation.get(RETRIEVAL) != current
+    return evaluation.retrieval != current
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Judgement:
     """What an evaluation after a change means: the condition to set and the Event."""
 
     condition: dict[str, Any]
-    """QualityRegressed (without lastTransitionTime: status.merge_conditions adds it)."""
+    """QualityRegressed (without lastTransitionTime: status_compose.merge_conditions adds it)."""
     event_type: str
     event_reason: str
     message: str
@@ -76,9 +79,12 @@ def judge(
     recall_drop = previous["recall_at_k"] - current["recall_at_k"]
     mrr_drop = previous["mrr"] - current["mrr"]
     if round(max(recall_drop, mrr_drop), 9) > tolerance:  # 0.9 - 0.85 is 0.0500...04
-        return _judgement(True, "Regressed",
-                          f"evaluation fell from {was} to {now}; tolerance {tolerance:g}",
-                          generation)  # fmt: skip
+        return _judgement(
+            True,
+            "Regressed",
+            f"evaluation fell from {was} to {now}; tolerance {tolerance:g}",
+            generation,
+        )
     return _judgement(False, "Held", f"evaluation held: {now}, was {was}", generation)
 
 

@@ -1,9 +1,9 @@
 """One reconciliation of a base, level-based: read what is, bring the children into
 shape, observe them and the indexer, derive the state, and compose the status.
 
-It never writes the status itself and knows nothing of kopf: handlers.py writes
+It never writes the status itself and knows nothing of kopf: status_update.py writes
 what changed and posts the Events. The calls to the base's indexer (its status,
-the requests a user makes by annotation) are indexer.py's.
+the requests a user makes by annotation) are indexer_client.py's.
 """
 
 from __future__ import annotations
@@ -11,51 +11,26 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
-
 from metis_indexer.config import IndexerConfig
-from metis_operator import children, crd, kube, observe
-from metis_operator import indexer as indexer_mod
-from metis_operator import spec as spec_mod
-from metis_operator import status as status_mod
-from metis_operator.cache import Cache, Deps
-from metis_operator.metrics import Metrics
-from metis_operator.prober import EMBEDDING_ROLE, RERANKER_ROLE, Probers
-from metis_operator.settings import Settings
-from metis_operator.state import (
-    Model,
-    ModelCheck,
-    Observation,
-    State,
-    Verdict,
-    derive,
-)
-
-log = logging.getLogger("metis_operator")
-
-
-@dataclasses.dataclass
-class Context:
-    """What every handler shares: built once at start-up, kept in kopf's memo."""
-
-    settings: Settings
-    cluster: kube.Cluster
-    http: httpx.AsyncClient
-    metrics: Metrics
-    cache: Cache
-    probers: Probers
-    tokens: set[tuple[str, str]] = dataclasses.field(default_factory=set)
-    """Bases whose token Secret this process has seen (Secrets are not watched)."""
+from metis_operator import children, indexer_client, kube, observe, status_compose
+from metis_operator.api import identity
+from metis_operator.api.spec import KnowledgeBaseSpec, SpecError, parse, to_indexer_config
+from metis_operator.api.status_types import KnowledgeBaseStatus
+from metis_operator.cache import Deps
+from metis_operator.context import Context
+from metis_operator.prober import EMBEDDING_ROLE, RERANKER_ROLE
+from metis_operator.state import Model, ModelCheck, Observation, State, Verdict, derive
 
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
+    """What one reconciliation decided (the state, the status) and did to the children."""
+
     verdict: Verdict
-    status: dict[str, Any]
+    status: KnowledgeBaseStatus
     deps: Deps
     applied: tuple[str, ...] = ()
     """What this reconciliation created or repaired: `Deployment metis-x created`."""
@@ -102,8 +77,10 @@ def operators_change(desired: Mapping[str, Any], actual: Mapping[str, Any] | Non
     recorded), and its pod template would change."""
     if actual is None:
         return False
-    want = (desired["metadata"].get("annotations") or {}).get(crd.GENERATION_ANNOTATION)
-    have = ((actual.get("metadata") or {}).get("annotations") or {}).get(crd.GENERATION_ANNOTATION)
+    want = (desired["metadata"].get("annotations") or {}).get(identity.GENERATION_ANNOTATION)
+    have = ((actual.get("metadata") or {}).get("annotations") or {}).get(
+        identity.GENERATION_ANNOTATION
+    )
     template = desired["spec"]["template"]
     return (have is None or have == want) and not children.is_subset(
         template, (actual.get("spec") or {}).get("template")
@@ -111,7 +88,7 @@ def operators_change(desired: Mapping[str, Any], actual: Mapping[str, Any] | Non
 
 
 def _hash(obj: Mapping[str, Any]) -> str | None:
-    return ((obj.get("metadata") or {}).get("annotations") or {}).get(crd.HASH_ANNOTATION)
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(identity.HASH_ANNOTATION)
 
 
 async def _read(ctx: Context, kind: str, manifest: Mapping[str, Any], fresh: bool) -> Any:
@@ -124,7 +101,7 @@ async def _read(ctx: Context, kind: str, manifest: Mapping[str, Any], fresh: boo
 async def _apply_children(
     ctx: Context,
     owner: children.Owner,
-    spec: spec_mod.KnowledgeBaseSpec,
+    spec: KnowledgeBaseSpec,
     config: IndexerConfig,
     *,
     generation: int,
@@ -147,7 +124,7 @@ async def _apply_children(
         ctx.tokens.add(key)
     deployment = children.deployment(owner, spec, ctx.settings)
     annotations = deployment["metadata"].setdefault("annotations", {})
-    annotations[crd.GENERATION_ANNOTATION] = str(generation)
+    annotations[identity.GENERATION_ANNOTATION] = str(generation)
     desired = [
         children.config_map(owner, config),
         children.service(owner, ctx.settings),
@@ -183,7 +160,7 @@ class _Inputs:
     deps: Deps
 
 
-async def _inputs(ctx: Context, owner: children.Owner, spec: spec_mod.KnowledgeBaseSpec) -> _Inputs:
+async def _inputs(ctx: Context, owner: children.Owner, spec: KnowledgeBaseSpec) -> _Inputs:
     ns = owner.namespace
     claims = [ctx.cache.claim(ns, d) for d in spec.drives]
     embedding, embedding_url, selector = await _check_model(
@@ -234,8 +211,8 @@ async def run(
     owner = children.Owner.of(body)
     generation = int(body["metadata"].get("generation", 0))
     try:
-        spec = spec_mod.parse(owner.name, body.get("spec") or {})
-    except spec_mod.SpecError as e:
+        spec = parse(owner.name, body.get("spec") or {})
+    except SpecError as e:
         ctx.probers.release((owner.namespace, owner.name), set())
         return _outcome(
             previous,
@@ -253,15 +230,24 @@ async def run(
     )
     address = f"http://{owner.child}.{owner.namespace}.svc:{ctx.settings.indexer.port}"
     done = functools.partial(
-        _outcome, previous, generation=generation, address=address, revisions=inputs.revisions,
-        with_reranker=spec.reranker is not None, deps=inputs.deps,
-    )  # fmt: skip
+        _outcome,
+        previous,
+        generation=generation,
+        address=address,
+        revisions=inputs.revisions,
+        with_reranker=spec.reranker is not None,
+        deps=inputs.deps,
+    )
     if derive(o).state is State.FAILED or inputs.embedding_url is None:
         return done(o)  # the children stay as they are: there is nothing right to apply
-    config = spec_mod.to_indexer_config(
-        owner.name, spec, port=ctx.settings.indexer.port, embedding_url=inputs.embedding_url,
-        reranker_url=inputs.reranker_url, revisions=inputs.revisions,
-    ).model_copy(update={"generation": generation})  # fmt: skip
+    config = to_indexer_config(
+        owner.name,
+        spec,
+        port=ctx.settings.indexer.port,
+        embedding_url=inputs.embedding_url,
+        reranker_url=inputs.reranker_url,
+        revisions=inputs.revisions,
+    ).model_copy(update={"generation": generation})
     claim, deployment, applied, rollout = await _apply_children(
         ctx, owner, spec, config, generation=generation, fresh=fresh, may_roll=may_roll
     )
@@ -269,7 +255,7 @@ async def run(
     pod = observe.pod_view(pods, dt.datetime.now(dt.UTC))
     indexer, error = (None, None)
     if pod is not None and pod.running and not pod.terminating:
-        indexer, error = await indexer_mod.status(ctx, owner)
+        indexer, error = await indexer_client.status(ctx, owner)
     outcome = done(
         dataclasses.replace(
             o,
@@ -295,8 +281,14 @@ def _outcome(
     deps: Deps,
 ) -> Outcome:
     verdict = derive(o)
-    status = status_mod.compose(
-        previous, verdict, o, generation=generation, address=address, revisions=revisions,
-        with_reranker=with_reranker, now=now(),
-    )  # fmt: skip
+    status = status_compose.compose(
+        previous,
+        verdict,
+        o,
+        generation=generation,
+        address=address,
+        revisions=revisions,
+        with_reranker=with_reranker,
+        now=now(),
+    )
     return Outcome(verdict, status, deps)

@@ -38,6 +38,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+def about(key: tuple[str, str], **fields: str) -> dict[str, str]:
+    """The `extra=` of a line about the base `key` (namespace, name)."""
+    return {"base": f"{key[0]}/{key[1]}", **fields}
+
+
+def say(key: tuple[str, str], message: str, **fields: str) -> None:
+    """A line about the base `key`: `namespace/name: message`."""
+    log.info("%s/%s: %s", key[0], key[1], message, extra=about(key, **fields))
+
+
 def configure_logging(fmt: str) -> None:
     """Root logging in `fmt` (text or json), with kopf's and httpx's chatter quiet:
     every request and every handler run would be a line."""

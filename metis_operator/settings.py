@@ -35,8 +35,8 @@ class IndexerSettings:
 
     port: int = _env("METIS_INDEXER_PORT", 7700)
     """TCP port of the indexer's API: in the pod, its Service and its configuration.
-    DESIGN.md fixes 7700; tests set a free port because every indexer they run
-    shares one loopback."""
+    7700 in a cluster; tests set a free port because every indexer they run shares
+    one loopback."""
 
     index_storage: str = _env("METIS_INDEX_STORAGE", "10Gi")
     """Size asked for each base's own drive (PVC `metis-<name>`), a Kubernetes
@@ -66,7 +66,8 @@ class ReachSettings:
     """Seconds a status poll or a model probe may take: past it, it does not answer."""
 
     evaluate_timeout_seconds: float = _env("METIS_EVALUATE_TIMEOUT_SECONDS", 90.0)
-    """Seconds an evaluation may take: the indexer stops its own at 60 s (spec 001)."""
+    """Seconds an evaluation may take: the indexer stops its own at 60 s
+    (tests/unit/test_evaluation.py)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A base's state, derived from what the operator observed by a pure function.
 
-`derive` walks DESIGN.md's table in its priority order (Failed, Pending, Starting,
+`derive` walks the state table in its priority order (Failed, Pending, Starting,
 Waiting, Indexing, Ready) with early returns; the first row that holds wins and
 says why in a sentence a person can act on. No I/O here: `reconcile` gathers an
 `Observation`, this module decides (tests/operator/test_state.py is the table).
@@ -13,11 +13,11 @@ import enum
 from collections.abc import Mapping
 
 from metis_indexer.schema import StatusAnswer
-from metis_operator.spec import Placement
+from metis_operator.api.spec import Placement
 
 
 class State(enum.StrEnum):
-    """The states of spec 001, in DESIGN.md's priority order."""
+    """A base's states, in the priority order `derive` tries them."""
 
     FAILED = "Failed"
     """It cannot run as asked: the spec, a drive or a model Service is wrong."""

@@ -1,4 +1,4 @@
-"""The indexer's HTTP API (DESIGN.md, port 7700): thin handlers over `service.Indexer`.
+"""The indexer's HTTP API (port 7700): thin handlers over `answers.Answers`.
 
 Bodies are parsed into pydantic models, and the service answers in them too
 (schema.py), so the OpenAPI document (built from the same models) is what the
@@ -10,7 +10,6 @@ operator's token when one is set; one evaluation runs at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import hmac
@@ -33,8 +32,8 @@ from aiohttp.web_request import BaseRequest
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from pydantic import BaseModel
 
-from metis_indexer import config as config_mod
 from metis_indexer import console, mcp
+from metis_indexer.answers import Answers
 from metis_indexer.errors import BadRequest, Conflict, Refusal, TimedOut, Unauthorized
 from metis_indexer.schema import (
     DocumentsPage,
@@ -104,15 +103,17 @@ class Costly:
         self.evaluation = None
         took = time.monotonic() - started
         if task.cancelled():
-            log.info("evaluation cancelled after %.1f s: its client went away "
-                     "(or the indexer stops)", took)
+            log.info(
+                "evaluation cancelled after %.1f s: its client went away (or the indexer stops)",
+                took,
+            )
         elif (e := task.exception()) is not None:
             log.info("evaluation failed after %.1f s: %s", took, e)
         else:
             log.info("evaluation of %d questions done in %.1f s", task.result().cases, took)
 
 
-indexer_key = web.AppKey("indexer", Indexer)
+answers_key = web.AppKey("answers", Answers)
 costly_key = web.AppKey("costly", Costly)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -141,7 +142,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.exception("error handling %s %s", request.method, request.path)
         response = error(500, "INTERNAL", "the indexer failed on this request; see its log")
     route = request.match_info.route.name or "none"
-    request.app[indexer_key].metrics.requests.labels(route=route, code=response.status).inc()
+    request.app[answers_key].metrics.requests.labels(route=route, code=response.status).inc()
     return response
 
 
@@ -150,9 +151,12 @@ def _http_error(request: web.Request, e: web.HTTPException) -> web.Response:
     undecodable) in the API's shape."""
     if isinstance(e, web.HTTPMethodNotAllowed):
         allowed = ", ".join(sorted(e.allowed_methods))
-        return error(405, "METHOD_NOT_ALLOWED",
-                     f"{request.method} is not allowed on {request.path}; it takes {allowed}",
-                     {"Allow": allowed})
+        return error(
+            405,
+            "METHOD_NOT_ALLOWED",
+            f"{request.method} is not allowed on {request.path}; it takes {allowed}",
+            {"Allow": allowed},
+        )
     if isinstance(e, web.HTTPNotFound):
         return error(404, "NOT_FOUND", f"no route {request.method} {request.path}")
     if isinstance(e, web.HTTPRequestEntityTooLarge):
@@ -171,14 +175,16 @@ async def read_body(request: web.Request) -> bytes:
         async with asyncio.timeout(BODY_SECONDS):
             return await request.read()
     except TimeoutError:
-        raise TimedOut("REQUEST_TIMEOUT",
-                         f"the body did not arrive whole within {BODY_SECONDS:g} s") from None
+        raise TimedOut(
+            "REQUEST_TIMEOUT", f"the body did not arrive whole within {BODY_SECONDS:g} s"
+        ) from None
     except web.RequestPayloadError as e:
         why = e.__cause__ or e
         encoding = request.headers.get("Content-Encoding")
         said = f" (Content-Encoding: {encoding})" if encoding else ""
-        raise BadRequest("INVALID_BODY",
-                         f"the body could not be read{said}: {_words(why)}") from None
+        raise BadRequest(
+            "INVALID_BODY", f"the body could not be read{said}: {_words(why)}"
+        ) from None
 
 
 def _words(e: BaseException) -> str:
@@ -187,49 +193,50 @@ def _words(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-async def searched(indexer: Indexer, asked: bytes | SearchRequest) -> SearchAnswer:
+async def searched(answers: Answers, asked: bytes | SearchRequest) -> SearchAnswer:
     """A search from its body (or an already parsed request: the console's), every
     outcome counted in `metis_searches_total`: ok, degraded (answered without a model),
     error (refused, 4xx or 503) and failed (the indexer broke: 500)."""
-    count = indexer.metrics.searches
+    count = answers.metrics.searches
     try:
         req = asked if isinstance(asked, SearchRequest) else parse_body(SearchRequest, asked)
     except BadRequest:
         count.labels(mode="unknown", outcome="error").inc()  # no mode to name: not a search
         raise
     try:
-        result = await indexer.search(check_search(req))
+        result = await answers.search(check_search(req))
     except Refusal:
         count.labels(mode=req.mode, outcome="error").inc()
         raise
     except Exception:
         count.labels(mode=req.mode, outcome="failed").inc()
         raise
-    count.labels(mode=req.mode, outcome="degraded" if result.warnings and result.results
-                 else "ok").inc()  # fmt: skip
+    count.labels(
+        mode=req.mode, outcome="degraded" if result.warnings and result.results else "ok"
+    ).inc()
     for step, ms in result.took:
-        indexer.metrics.search_seconds.labels(step=step, mode=result.mode).observe(ms / 1000.0)
+        answers.metrics.search_seconds.labels(step=step, mode=result.mode).observe(ms / 1000.0)
     return result
 
 
 async def search(request: web.Request) -> web.Response:
-    result = await searched(request.app[indexer_key], await read_body(request))
-    return answer(result, exclude_none=True)  # a score a step did not give is absent (spec 002)
+    result = await searched(request.app[answers_key], await read_body(request))
+    return answer(result, exclude_none=True)  # a score a step did not give is absent
 
 
 async def status(request: web.Request) -> web.Response:
-    return answer(request.app[indexer_key].status())
+    return answer(request.app[answers_key].status())
 
 
 async def documents(request: web.Request) -> web.Response:
     q = parse_query(DocumentsQuery, request.query)
-    return answer(request.app[indexer_key].documents(q.page, q.page_size, q.state))
+    return answer(request.app[answers_key].documents(q.page, q.page_size, q.state))
 
 
 async def reindex(request: web.Request) -> web.Response:
     request.app[costly_key].authorize(request)
     req = parse_body(ReindexRequest, await read_body(request))
-    request.app[indexer_key].request_pass(full=req.full)
+    request.app[answers_key].request_pass(full=req.full)
     return answer(ReindexAnswer(accepted=True, full=req.full), status=202)
 
 
@@ -243,9 +250,10 @@ async def evaluate(request: web.Request) -> web.Response:
     req = parse_body(EvaluateRequest, await read_body(request))
     check_k("k", req.k)
     if costly.evaluation is not None:
-        raise Conflict("EVALUATION_RUNNING",
-                       "an evaluation is running; ask again when it has finished")
-    task = asyncio.create_task(request.app[indexer_key].evaluate(req.k), name="metis-evaluation")
+        raise Conflict(
+            "EVALUATION_RUNNING", "an evaluation is running; ask again when it has finished"
+        )
+    task = asyncio.create_task(request.app[answers_key].evaluate(req.k), name="metis-evaluation")
     costly.evaluation = task
     task.add_done_callback(functools.partial(costly.finished, time.monotonic()))
     try:
@@ -257,7 +265,7 @@ async def evaluate(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[indexer_key].metrics.registry)
+    body = generate_latest(request.app[answers_key].metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -266,27 +274,59 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    indexer = request.app[indexer_key]
-    if not indexer.loaded:
-        return error(503, "KNOWLEDGE_BASE_NOT_READY", f"the index is {indexer.state.phase}")
-    return answer(Readiness(ok=True, phase=indexer.state.phase))
+    answers = request.app[answers_key]
+    if not answers.loaded:
+        return error(503, "KNOWLEDGE_BASE_NOT_READY", f"the index is {answers.phase}")
+    return answer(Readiness(ok=True, phase=answers.phase))
 
 
 async def openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi_document(token=request.app[costly_key].token is not None))
 
 
-SEARCH_400 = ("QUERY_EMPTY", "QUERY_TOO_LONG", "TOP_K_OUT_OF_RANGE", "INVALID_BODY",
-              "NO_EMBEDDING_MODEL")
-EVALUATE_400 = ("EVAL_EMPTY", "EVAL_FILE", "EVAL_CASE_INVALID", "EVAL_TOO_LARGE",
-                "TOP_K_OUT_OF_RANGE", "INVALID_BODY", "QUERY_EMPTY", "QUERY_TOO_LONG")
-CODES = ("QUERY_EMPTY", "QUERY_TOO_LONG", "TOP_K_OUT_OF_RANGE", "INVALID_BODY",
-         "NO_EMBEDDING_MODEL", "EVAL_EMPTY", "EVAL_FILE", "EVAL_CASE_INVALID", "EVAL_TOO_LARGE",
-         "UNAUTHORIZED", "NOT_FOUND", "METHOD_NOT_ALLOWED", "STANDBY", "EVALUATION_RUNNING",
-         "KNOWLEDGE_BASE_NOT_READY", "EMBEDDING_MODEL_UNAVAILABLE", "INTERNAL",
-         "REQUEST_TIMEOUT", "INVALID_REQUEST", "URI_TOO_LONG", "HEADERS_TOO_LARGE",
-         "FORBIDDEN", "MISDIRECTED_REQUEST")
-"""Every code the indexer answers: spec 001's, plus NOT_FOUND, METHOD_NOT_ALLOWED,
+SEARCH_400 = (
+    "QUERY_EMPTY",
+    "QUERY_TOO_LONG",
+    "TOP_K_OUT_OF_RANGE",
+    "INVALID_BODY",
+    "NO_EMBEDDING_MODEL",
+)
+EVALUATE_400 = (
+    "EVAL_EMPTY",
+    "EVAL_FILE",
+    "EVAL_CASE_INVALID",
+    "EVAL_TOO_LARGE",
+    "TOP_K_OUT_OF_RANGE",
+    "INVALID_BODY",
+    "QUERY_EMPTY",
+    "QUERY_TOO_LONG",
+)
+CODES = (
+    "QUERY_EMPTY",
+    "QUERY_TOO_LONG",
+    "TOP_K_OUT_OF_RANGE",
+    "INVALID_BODY",
+    "NO_EMBEDDING_MODEL",
+    "EVAL_EMPTY",
+    "EVAL_FILE",
+    "EVAL_CASE_INVALID",
+    "EVAL_TOO_LARGE",
+    "UNAUTHORIZED",
+    "NOT_FOUND",
+    "METHOD_NOT_ALLOWED",
+    "STANDBY",
+    "EVALUATION_RUNNING",
+    "KNOWLEDGE_BASE_NOT_READY",
+    "EMBEDDING_MODEL_UNAVAILABLE",
+    "INTERNAL",
+    "REQUEST_TIMEOUT",
+    "INVALID_REQUEST",
+    "URI_TOO_LONG",
+    "HEADERS_TOO_LARGE",
+    "FORBIDDEN",
+    "MISDIRECTED_REQUEST",
+)
+"""Every code the indexer answers: the API's own, plus NOT_FOUND, METHOD_NOT_ALLOWED,
 UNAUTHORIZED, EVALUATION_RUNNING and INTERNAL; REQUEST_TIMEOUT (a body too slow);
 INVALID_REQUEST, URI_TOO_LONG and HEADERS_TOO_LARGE (what the HTTP parser refuses);
 FORBIDDEN and MISDIRECTED_REQUEST (the MCP transport's Origin and Host checks)."""
@@ -307,20 +347,43 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
         return {"description": what, "content": {"application/json": {"schema": ref(name)}}}
 
     def err(what: str, *codes: str) -> dict[str, Any]:
-        schema = {"allOf": [ref("Error"), {"properties": {"error": {"properties": {
-            "code": {"enum": list(codes)}}}}}]}
+        schema = {
+            "allOf": [
+                ref("Error"),
+                {"properties": {"error": {"properties": {"code": {"enum": list(codes)}}}}},
+            ]
+        }
         return {"description": what, "content": {"application/json": {"schema": schema}}}
 
     too_large = err(f"The body is larger than {MAX_BODY} bytes", "INVALID_BODY")
     security: dict[str, Any] = {"security": [{"operatorToken": []}]} if token else {}
-    unauthorized: dict[str, Any] = {"401": {
-        **err("Without the operator's token (Authorization: Bearer <token>)", "UNAUTHORIZED"),
-        "headers": {"WWW-Authenticate": {"schema": {"type": "string", "const": "Bearer"}}},
-    }} if token else {}
+    unauthorized: dict[str, Any] = (
+        {
+            "401": {
+                **err(
+                    "Without the operator's token (Authorization: Bearer <token>)", "UNAUTHORIZED"
+                ),
+                "headers": {"WWW-Authenticate": {"schema": {"type": "string", "const": "Bearer"}}},
+            }
+        }
+        if token
+        else {}
+    )
 
     schemas: dict[str, Any] = {}
-    for model in (SearchRequest, SearchAnswer, ReindexRequest, ReindexAnswer, EvaluateRequest,
-                  Evaluation, StatusAnswer, DocumentsPage, Health, Readiness, ErrorAnswer):
+    for model in (
+        SearchRequest,
+        SearchAnswer,
+        ReindexRequest,
+        ReindexAnswer,
+        EvaluateRequest,
+        Evaluation,
+        StatusAnswer,
+        DocumentsPage,
+        Health,
+        Readiness,
+        ErrorAnswer,
+    ):
         s = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(s.pop("$defs", {}))
         schemas[model.__name__] = s
@@ -329,78 +392,119 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {
-            "title": "Metis indexer", "version": "1",
+            "title": "Metis indexer",
+            "version": "1",
             "description": "Any route answers 404 NOT_FOUND for a path it does not have and "
-                           "405 METHOD_NOT_ALLOWED (with Allow) for a method it does not take; "
-                           f"408 REQUEST_TIMEOUT for a body not whole within {BODY_SECONDS:g} "
-                           "s; 400 INVALID_REQUEST, 414 URI_TOO_LONG (a request line over "
-                           f"{MAX_LINE} bytes) and 431 HEADERS_TOO_LARGE (a header over "
-                           f"{MAX_FIELD} bytes) for what is not valid HTTP. Every error is "
-                           "JSON: {\"error\": {\"code\", \"message\"}}. MCP (Streamable "
-                           "HTTP, stateless, JSON answers) is served at POST /mcp.",
+            "405 METHOD_NOT_ALLOWED (with Allow) for a method it does not take; "
+            f"408 REQUEST_TIMEOUT for a body not whole within {BODY_SECONDS:g} "
+            "s; 400 INVALID_REQUEST, 414 URI_TOO_LONG (a request line over "
+            f"{MAX_LINE} bytes) and 431 HEADERS_TOO_LARGE (a header over "
+            f"{MAX_FIELD} bytes) for what is not valid HTTP. Every error is "
+            'JSON: {"error": {"code", "message"}}. MCP (Streamable '
+            "HTTP, stateless, JSON answers) is served at POST /mcp.",
         },
         "paths": {
-            "/v1/search": {"post": {
-                "summary": "Hybrid search with citations",
-                "requestBody": body("SearchRequest"),
-                "responses": {
-                    "200": ok("SearchAnswer", "The results"),
-                    "400": err("The question or the body is refused", *SEARCH_400),
-                    "413": too_large,
-                    "503": err("The index is not loaded, or mode dense without its model",
-                               "KNOWLEDGE_BASE_NOT_READY", "EMBEDDING_MODEL_UNAVAILABLE"),
-                }}},
-            "/v1/status": {"get": {
-                "summary": "Phase, totals and pass progress",
-                "responses": {"200": ok("StatusAnswer", "The status")}}},
-            "/v1/documents": {"get": {
-                "summary": "Documents with their state and why one failed",
-                "parameters": query_parameters(DocumentsQuery),
-                "responses": {"200": ok("DocumentsPage", "A page of documents"),
-                              "400": err("A parameter out of its bounds", "INVALID_BODY")}}},
-            "/v1/reindex": {"post": {
-                "summary": "Start a pass (full: read everything again)",
-                "requestBody": body("ReindexRequest", required=False),
-                **security,
-                "responses": {
-                    "202": ok("ReindexAnswer", "Accepted"),
-                    "400": err("The body is refused", "INVALID_BODY"),
-                    **unauthorized,
-                    "409": err("A replacement is taking over", "STANDBY"),
-                    "413": too_large,
-                }}},
-            "/v1/evaluate": {"post": {
-                "summary": "Evaluate .metis/evals.jsonl of the source drives, one at a time",
-                "requestBody": body("EvaluateRequest", required=False),
-                **security,
-                "responses": {
-                    "200": ok("Evaluation", "The figures"),
-                    "400": err("The body or the evaluation set is refused", *EVALUATE_400),
-                    **unauthorized,
-                    "409": err("An evaluation is running", "EVALUATION_RUNNING"),
-                    "413": too_large,
-                    "503": err("Mode dense without its model", "EMBEDDING_MODEL_UNAVAILABLE"),
-                }}},
-            "/metrics": {"get": {
-                "summary": "Prometheus metrics",
-                "responses": {"200": {"description": "Text exposition",
-                                      "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
-            "/healthz": {"get": {"summary": "Liveness",
-                                 "responses": {"200": ok("Health", "Up")}}},
-            "/readyz": {"get": {
-                "summary": "Readiness: the index is loaded",
-                "responses": {"200": ok("Readiness", "Ready"),
-                              "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY")}}},
-            "/openapi.json": {"get": {
-                "summary": "This document",
-                "responses": {"200": {"description": "OpenAPI 3.1",
-                                      "content": {"application/json": {
-                                          "schema": {"type": "object"}}}}}}},
+            "/v1/search": {
+                "post": {
+                    "summary": "Hybrid search with citations",
+                    "requestBody": body("SearchRequest"),
+                    "responses": {
+                        "200": ok("SearchAnswer", "The results"),
+                        "400": err("The question or the body is refused", *SEARCH_400),
+                        "413": too_large,
+                        "503": err(
+                            "The index is not loaded, or mode dense without its model",
+                            "KNOWLEDGE_BASE_NOT_READY",
+                            "EMBEDDING_MODEL_UNAVAILABLE",
+                        ),
+                    },
+                }
+            },
+            "/v1/status": {
+                "get": {
+                    "summary": "Phase, totals and pass progress",
+                    "responses": {"200": ok("StatusAnswer", "The status")},
+                }
+            },
+            "/v1/documents": {
+                "get": {
+                    "summary": "Documents with their state and why one failed",
+                    "parameters": query_parameters(DocumentsQuery),
+                    "responses": {
+                        "200": ok("DocumentsPage", "A page of documents"),
+                        "400": err("A parameter out of its bounds", "INVALID_BODY"),
+                    },
+                }
+            },
+            "/v1/reindex": {
+                "post": {
+                    "summary": "Start a pass (full: read everything again)",
+                    "requestBody": body("ReindexRequest", required=False),
+                    **security,
+                    "responses": {
+                        "202": ok("ReindexAnswer", "Accepted"),
+                        "400": err("The body is refused", "INVALID_BODY"),
+                        **unauthorized,
+                        "409": err("A replacement is taking over", "STANDBY"),
+                        "413": too_large,
+                    },
+                }
+            },
+            "/v1/evaluate": {
+                "post": {
+                    "summary": "Evaluate .metis/evals.jsonl of the source drives, one at a time",
+                    "requestBody": body("EvaluateRequest", required=False),
+                    **security,
+                    "responses": {
+                        "200": ok("Evaluation", "The figures"),
+                        "400": err("The body or the evaluation set is refused", *EVALUATE_400),
+                        **unauthorized,
+                        "409": err("An evaluation is running", "EVALUATION_RUNNING"),
+                        "413": too_large,
+                        "503": err("Mode dense without its model", "EMBEDDING_MODEL_UNAVAILABLE"),
+                    },
+                }
+            },
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {
+                        "200": {
+                            "description": "Text exposition",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
+            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": ok("Health", "Up")}}},
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness: the index is loaded",
+                    "responses": {
+                        "200": ok("Readiness", "Ready"),
+                        "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY"),
+                    },
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "responses": {
+                        "200": {
+                            "description": "OpenAPI 3.1",
+                            "content": {"application/json": {"schema": {"type": "object"}}},
+                        }
+                    },
+                }
+            },
         },
         "components": {
             "schemas": schemas,
-            **({"securitySchemes": {"operatorToken": {"type": "http", "scheme": "bearer"}}}
-               if token else {}),
+            **(
+                {"securitySchemes": {"operatorToken": {"type": "http", "scheme": "bearer"}}}
+                if token
+                else {}
+            ),
         },
     }
 
@@ -441,14 +545,21 @@ class _Connection(RequestHandler):
         self.requests = requests
 
     def handle_error(
-        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
         if request.writer.output_size > 0:
             raise ConnectionError("the answer had begun; no error can follow it")
         status, code, said = parser_refusal(status, exc)
-        log.info("refused a request from %s: %s (%s)", request.remote, said, _words(exc)
-                 if exc else status)  # fmt: skip
+        log.info(
+            "refused a request from %s: %s (%s)",
+            request.remote,
+            said,
+            _words(exc) if exc else status,
+        )
         response = error(status, code, said)
         response.force_close()
         self.requests.labels(route="none", code=status).inc()
@@ -467,8 +578,13 @@ def parser_refusal(status: int, exc: BaseException | None) -> tuple[int, str, st
     if isinstance(exc, TransferEncodingError | ContentLengthError):
         return 400, "INVALID_BODY", f"the body was cut short or malformed: {_words(exc)}"
     if isinstance(exc, HttpProcessingError) or status == 400:
-        return 400, "INVALID_REQUEST", f"the request is not valid HTTP/1.1: {_words(exc)}" \
-            if exc else "the request is not valid HTTP/1.1"
+        return (
+            400,
+            "INVALID_REQUEST",
+            f"the request is not valid HTTP/1.1: {_words(exc)}"
+            if exc
+            else "the request is not valid HTTP/1.1",
+        )
     return status, "INTERNAL", "the indexer failed on this request; see its log"
 
 
@@ -487,57 +603,54 @@ def runner(app: web.Application) -> web.AppRunner:
     """The app's runner: no access log, a request whose client went away is cancelled
     (it stops costing model time), the line limits above, and the parser's refusals in
     the API's shape, counted."""
-    requests = app[indexer_key].metrics.requests
+    requests = app[answers_key].metrics.requests
 
     class Runner(web.AppRunner):
         async def _make_server(self) -> web.Server:
             made = await super()._make_server()
-            return _Server(made.request_handler, request_factory=made.request_factory,
-                           handler_cancellation=made.handler_cancellation, requests=requests,
-                           **made._kwargs)  # fmt: skip
+            return _Server(
+                made.request_handler,
+                request_factory=made.request_factory,
+                handler_cancellation=made.handler_cancellation,
+                requests=requests,
+                **made._kwargs,
+            )
 
-    return Runner(app, access_log=None, handler_cancellation=True,
-                  max_line_size=MAX_LINE, max_field_size=MAX_FIELD)
+    return Runner(
+        app,
+        access_log=None,
+        handler_cancellation=True,
+        max_line_size=MAX_LINE,
+        max_field_size=MAX_FIELD,
+    )
 
 
 def create_app(
     indexer: Indexer, *, token: str | None = None, config_path: Path | None = None
 ) -> web.Application:
-    """The app; the indexer's passes start and stop with it. `token`: the operator's,
-    required on the routes that cost model time (None: they are open, as locally).
-    `config_path`: the configuration file to follow; a change is applied while the app
-    runs."""
+    """The app; the indexer starts and stops with it. `token`: the operator's, required on
+    the routes that cost model time (None: they are open, as locally). `config_path`: the
+    configuration file to follow; a change is applied while the app runs."""
+    answers = indexer.answers
     app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
-    app[indexer_key] = indexer
+    app[answers_key] = answers
     app[costly_key] = Costly(token=token)
 
-    async def passes(_: web.Application) -> AsyncIterator[None]:
+    async def running(_: web.Application) -> AsyncIterator[None]:
         started = time.monotonic()
-        await indexer.start()
+        await indexer.start(follow=config_path)
         log.info("indexer started in %.2f s", time.monotonic() - started)
         yield
         await indexer.stop()
 
     async def ask(req: SearchRequest) -> SearchAnswer | ErrorBody:
         try:
-            return await searched(indexer, req)
+            return await searched(answers, req)
         except Refusal as e:
             return ErrorBody(code=e.code, message=e.message)
 
-    app.cleanup_ctx.append(passes)
-    if config_path is not None:
-
-        async def following(_: web.Application) -> AsyncIterator[None]:
-            task = asyncio.create_task(
-                config_mod.follow(config_path, indexer.apply_config), name="metis-config"
-            )
-            yield
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-        app.cleanup_ctx.append(following)
+    app.cleanup_ctx.append(running)
     setup_routes(app)
-    console.add_search_page(app, ask, indexer.config.name)
-    mcp.mount(app, indexer, functools.partial(searched, indexer), read_body)
+    console.add_search_page(app, ask, answers.config.name)
+    mcp.mount(app, answers, functools.partial(searched, answers), read_body)
     return app

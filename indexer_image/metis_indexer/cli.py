@@ -1,11 +1,12 @@
 """`metis`: run the indexer on local folders, ask it questions, serve a local model.
 
+Usage:
+
     metis serve --source docs=./handbook --index ./.metis-index --embedding http://127.0.0.1:7800
     METIS_API_TOKEN=… metis serve …   (reindex and evaluate then need Authorization: Bearer …)
     metis search "how many vacation days" --top-k 3
     metis status | documents | reindex [--full] | eval [--k 10]
     metis models --port 7800
-    metis console --kubeconfig ~/.kube/config --port 8080
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ import httpx
 from aiohttp import web
 from pydantic import ValidationError
 
-from metis_indexer import config as config_mod
 from metis_indexer import limits
-from metis_indexer.config import IndexerConfig
+from metis_indexer.config import ConfigError, IndexerConfig, explain, load
 
 DEFAULT_URL = "http://127.0.0.1:7700"
 TOKEN_ENV = "METIS_API_TOKEN"
@@ -56,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="index local folders and serve the search API")
     serve.add_argument("--config", type=Path, help="a JSON configuration (as the operator writes)")
-    serve.add_argument("--source", action="append", type=parse_source, default=[],
-                       metavar="NAME=PATH[:SUBPATH]")
+    serve.add_argument(
+        "--source", action="append", type=parse_source, default=[], metavar="NAME=PATH[:SUBPATH]"
+    )
     serve.add_argument("--index", type=Path, help="the folder that keeps the index")
     serve.add_argument("--embedding", metavar="URL", help="an OpenAI-compatible embeddings server")
     serve.add_argument("--reranker", metavar="URL", help="a reranker server")
@@ -67,13 +68,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=7700)
     serve.add_argument("--workers", type=int, default=2)
-    serve.add_argument("--embedding-batch", type=int, default=64,
-                       help="passages per embeddings request, across documents (1-2048)")
-    serve.add_argument("--vectors", choices=limits.VECTOR_KINDS, default=limits.VECTORS_DEFAULT,
-                       help="vectors in memory: float32, or int8 rescored exactly from disk")
-    serve.add_argument("--check-seconds", type=float, default=60.0,
-                       help="seconds between looks of the integrity check, which reads a few "
-                            "pages more of the index file each look")
+    serve.add_argument(
+        "--embedding-batch",
+        type=int,
+        default=64,
+        help="passages per embeddings request, across documents (1-2048)",
+    )
+    serve.add_argument(
+        "--vectors",
+        choices=limits.VECTOR_KINDS,
+        default=limits.VECTORS_DEFAULT,
+        help="vectors in memory: float32, or int8 rescored exactly from disk",
+    )
+    serve.add_argument(
+        "--check-seconds",
+        type=float,
+        default=60.0,
+        help="seconds between looks of the integrity check, which reads a few "
+        "pages more of the index file each look",
+    )
 
     def client(name: str, help_: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_)
@@ -99,10 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
     e = client("eval", "evaluate .metis/evals.jsonl of the sources")
     e.add_argument("--k", type=int, default=10)
 
-    from metis_indexer import console
-
-    console.add_arguments(sub.add_parser("console", help="the web console: every base, search"))
-
     m = sub.add_parser("models", help="serve the local embedding model (tests, quick start)")
     m.add_argument("--host", default="127.0.0.1")
     m.add_argument("--port", type=int, default=7800)
@@ -111,9 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve_config(args: argparse.Namespace) -> IndexerConfig:
     if args.config is not None:
-        return config_mod.load(args.config)
+        return load(args.config)
     if not args.source or args.index is None:
-        raise config_mod.ConfigError("serve needs --config, or --source and --index")
+        raise ConfigError("serve needs --config, or --source and --index")
     raw: dict[str, Any] = {
         "name": "local",
         "sources": args.source,
@@ -134,16 +143,14 @@ def serve_config(args: argparse.Namespace) -> IndexerConfig:
     try:
         return IndexerConfig.model_validate(raw)
     except ValidationError as e:
-        raise config_mod.ConfigError(config_mod.explain(e)) from None
+        raise ConfigError(explain(e)) from None
 
 
 async def _serve(cfg: IndexerConfig, config_path: Path | None) -> None:
     from metis_indexer.api import create_app, runner
     from metis_indexer.service import Indexer
 
-    indexer = Indexer(cfg)
-    if sys.stderr.isatty():
-        indexer.on_progress = _progress_bar
+    indexer = Indexer(cfg, on_progress=_progress_bar if sys.stderr.isatty() else None)
     token = os.environ.get(TOKEN_ENV) or None
     running = runner(create_app(indexer, token=token, config_path=config_path))
     await running.setup()
@@ -167,8 +174,9 @@ def _progress_bar(state: Any) -> None:
     width = shutil.get_terminal_size((80, 20)).columns
     if state.phase == "indexing" and state.total:
         filled = int(30 * state.done / state.total)
-        line = (f"indexing [{'#' * filled}{'.' * (30 - filled)}] "
-                f"{state.done}/{state.total} documents")
+        line = (
+            f"indexing [{'#' * filled}{'.' * (30 - filled)}] {state.done}/{state.total} documents"
+        )
     else:
         line = f"{state.phase}{': ' + state.reason if state.reason else ''}"
     sys.stderr.write("\r" + line[: width - 1].ljust(width - 1))
@@ -177,13 +185,15 @@ def _progress_bar(state: Any) -> None:
     sys.stderr.flush()
 
 
-def _call(method: str, url: str, body: dict[str, Any] | None = None,
-          params: dict[str, Any] | None = None) -> Any:
+def _call(
+    method: str, url: str, body: dict[str, Any] | None = None, params: dict[str, Any] | None = None
+) -> Any:
     token = os.environ.get(TOKEN_ENV)
     headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
-        response = httpx.request(method, url, json=body, params=params, headers=headers,
-                                 timeout=120.0)
+        response = httpx.request(
+            method, url, json=body, params=params, headers=headers, timeout=120.0
+        )
     except httpx.HTTPError as e:
         raise SystemExit(f"metis: cannot reach the indexer at {url}: {e}") from None
     data = response.json()
@@ -212,8 +222,9 @@ def print_answer(answer: dict[str, Any]) -> None:
         print(f"warning: {w}")
     for i, r in enumerate(answer["results"], start=1):
         c = r["citation"]
-        where = f"page {c['page']}" if c.get("page") else f"line {c['line']}" if c.get(
-            "line") else ""
+        where = (
+            f"page {c['page']}" if c.get("page") else f"line {c['line']}" if c.get("line") else ""
+        )
         headings = c.get("headings", [])
         if headings and headings[0] == c.get("title"):
             headings = headings[1:]
@@ -224,8 +235,7 @@ def print_answer(answer: dict[str, Any]) -> None:
         print(f"   {c['snippet']}")
         print(f"   {score_line(r['scores'])}")
     took = answer["took"]
-    print(f"({answer['mode']}{', reranked' if answer['reranked'] else ''}; "
-          f"{took['total']:.1f} ms)")
+    print(f"({answer['mode']}{', reranked' if answer['reranked'] else ''}; {took['total']:.1f} ms)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,22 +246,25 @@ def main(argv: list[str] | None = None) -> int:
         from metis_indexer.models.localmodel.server import main as models_main
 
         return models_main(["--host", args.host, "--port", str(args.port)])
-    if args.command == "console":
-        from metis_indexer import console
-
-        return console.main(args)
     if args.command == "serve":
         try:
             cfg = serve_config(args)
-        except config_mod.ConfigError as e:
+        except ConfigError as e:
             print(f"metis: {e}", file=sys.stderr)
             return 2
         asyncio.run(_serve(cfg, args.config))
         return 0
     url = args.url.rstrip("/")
     if args.command == "search":
-        filters = {k: v for k, v in (("path_prefix", args.prefix), ("kinds", args.kind),
-                                     ("sources", args.source)) if v}
+        filters = {
+            k: v
+            for k, v in (
+                ("path_prefix", args.prefix),
+                ("kinds", args.kind),
+                ("sources", args.source),
+            )
+            if v
+        }
         body: dict[str, Any] = {"query": args.question, "top_k": args.top_k, "mode": args.mode}
         if args.no_rerank:
             body["rerank"] = False

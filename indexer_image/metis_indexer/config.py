@@ -3,20 +3,12 @@ and what `metis serve` builds from its flags. One JSON document, checked here.""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-from collections.abc import Awaitable, Callable
 from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from metis_indexer import limits
-
-FOLLOW_SECONDS = 5
-"""Seconds between looks at the configuration file."""
-
-log = logging.getLogger("metis")
 
 
 class _Model(BaseModel):
@@ -152,21 +144,3 @@ def explain(e: ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in e.errors()
     )
-
-
-async def follow(path: Path, apply: Callable[[IndexerConfig], Awaitable[None]]) -> None:
-    """Follow a configuration file (a ConfigMap's mount): each change is applied; one that
-    cannot run is logged and the running configuration kept."""
-    last = path.read_bytes()
-    while True:
-        await asyncio.sleep(FOLLOW_SECONDS)
-        try:
-            current = path.read_bytes()
-        except OSError:
-            continue
-        if current != last:
-            last = current
-            try:
-                await apply(load(path))
-            except ConfigError as e:
-                log.error("configuration not applied: %s", e)

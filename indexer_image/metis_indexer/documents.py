@@ -1,7 +1,7 @@
 """The shapes every reader produces and the chunker consumes.
 
-Readers turn a file into a `Document` (or raise `ReadFailed`); the chunker turns
-a `Document` into `Chunk`s. Both are plain frozen dataclasses: they are created by
+Readers turn a file into a `ParsedDocument` (or raise `ReadFailed`); the chunker turns
+a `ParsedDocument` into `Chunk`s. Both are plain frozen dataclasses: they are created by
 the thousand per pass, and they never cross a process or HTTP boundary unchecked.
 """
 
@@ -12,7 +12,7 @@ import enum
 
 
 class Kind(enum.StrEnum):
-    """The kinds of document Metis reads (spec 001, "Files read")."""
+    """The kinds of document Metis reads."""
 
     MD = "md"
     TXT = "txt"
@@ -70,7 +70,9 @@ class Section:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Document:
+class ParsedDocument:
+    """A file as its reader parsed it: its title, and its text in sections."""
+
     title: str | None
     kind: Kind
     sections: tuple[Section, ...]

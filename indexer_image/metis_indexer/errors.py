@@ -1,4 +1,4 @@
-"""The indexer's domain errors: each carries the spec's code and HTTP status.
+"""The indexer's domain errors: each carries its API code and HTTP status.
 
 The core raises these; the HTTP app's one middleware turns them into
 `{"error": {"code", "message"}}` answers, with the error's headers.

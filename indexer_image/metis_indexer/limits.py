@@ -1,4 +1,4 @@
-"""The limits a knowledge base is held to (spec 000, spec 001), in one place: the
+"""The limits a knowledge base is held to, in one place: the
 operator's spec, the indexer's configuration, the chunker and the sources read them,
 and a test holds crds/knowledgebase.yaml to them."""
 
@@ -32,7 +32,7 @@ def rescan_allowed(seconds: int) -> bool:
 
 
 def path_problem(path: str) -> str | None:
-    """Why a source's path is not a folder of its drive (spec 001: relative, no . or ..
+    """Why a source's path is not a folder of its drive (relative, no . or ..
     parts), or None when it is one."""
     if path.startswith("/"):
         return "must be relative to its drive, without a leading /"

@@ -1,5 +1,5 @@
 """The indexer over the Model Context Protocol: `/mcp` on the indexer's own app, so an AI
-agent finds a base's search the way it finds any tool (issue 14).
+agent finds a base's search the way it finds any tool.
 
 The official SDK (`mcp`) serves it: its MCPServer describes the tools, its Streamable
 HTTP session manager speaks the protocol, and aiohttp-asgi's resource hands `/mcp`
@@ -26,13 +26,14 @@ from mcp.types import ToolAnnotations
 from pydantic import ValidationError, WithJsonSchema
 
 from metis_indexer import schema
+from metis_indexer.answers import Answers
 from metis_indexer.documents import Kind
 from metis_indexer.errors import Refusal
-from metis_indexer.service import Indexer
 
 PATH = "/mcp"
-READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
-                            open_world_hint=False)  # fmt: skip
+READ_ONLY = ToolAnnotations(
+    read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+)
 
 KINDS = [k.value for k in Kind]
 
@@ -57,12 +58,12 @@ Ask = Callable[[bytes], Awaitable[schema.SearchAnswer]]
 """The HTTP API's search from a body: parsed, checked and counted as the API does."""
 
 
-def server(indexer: Indexer, ask: Ask) -> MCPServer:
+def server(answers: Answers, ask: Ask) -> MCPServer:
     """The tools of one indexer."""
-    name = f"metis-{indexer.config.name}"
+    name = f"metis-{answers.config.name}"
     mcp = MCPServer(
         name=name,
-        title=f"Metis knowledge base {indexer.config.name}",
+        title=f"Metis knowledge base {answers.config.name}",
         instructions=(
             "A knowledge base of a team's documents (Markdown, text, HTML, PDF, Word). Use "
             "`search` to find passages that answer a question, each cited (document, "
@@ -91,8 +92,11 @@ def server(indexer: Indexer, ask: Ask) -> MCPServer:
         answer and the search fell back. Narrow with `path_prefix` (a folder), `kinds`
         (file types) or `sources` (drive names). Cite the citation's document when you
         use a passage."""
-        filters = {k: v for k, v in (("path_prefix", path_prefix), ("kinds", kinds),
-                                     ("sources", sources)) if v is not None}  # fmt: skip
+        filters = {
+            k: v
+            for k, v in (("path_prefix", path_prefix), ("kinds", kinds), ("sources", sources))
+            if v is not None
+        }
         body: dict[str, Any] = {"query": query, "top_k": top_k, "mode": mode}
         if rerank is not None:
             body["rerank"] = rerank
@@ -110,21 +114,22 @@ def server(indexer: Indexer, ask: Ask) -> MCPServer:
         `scanning`, `indexing`, `waiting` for the embedding model, `standby`) and why,
         how many documents and chunks it holds, how many failed, the progress of the
         current pass, when it last finished indexing, and warnings."""
-        answer = schema.StatusAnswer.model_validate(indexer.status())
+        answer = schema.StatusAnswer.model_validate(answers.status())
         return dict(answer.model_dump(mode="json"))
 
     @mcp.tool(annotations=READ_ONLY)
     def documents(
-        state: Literal["failed", "indexed"] | None = "failed", page: int = 1,
+        state: Literal["failed", "indexed"] | None = "failed",
+        page: int = 1,
         page_size: int = 100,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """The knowledge base's documents, by default those that could not be read, each
         with why (`scanned PDF without a text layer (no OCR)`, `password-protected`,
         `larger than 64 MB`, ...) and the parser's detail. `state` `indexed` lists the
         searchable ones, null all; `page` from 1, `page_size` 1-1000."""
         try:
             query = schema.DocumentsQuery(page=page, page_size=page_size, state=state)
-            page_ = indexer.documents(query.page, query.page_size, query.state)
+            page_ = answers.documents(query.page, query.page_size, query.state)
         except ValidationError as e:
             raise ToolError(schema.invalid(e).message) from None
         except Refusal as e:
@@ -140,11 +145,11 @@ class _Exchange(ASGIContext):
     aiohttp-asgi's own receive answers `http.request` with an empty body forever once the
     body is read, and never `http.disconnect`, without ever suspending: an app that
     listens for the disconnect (sse-starlette does) then spins the event loop, and the
-    whole indexer with it (issue 24). Here the body, read whole and bounded beforehand,
-    is one message; the next receive waits until the answer is sent or the client has
-    gone, then says `http.disconnect`. An error the SDK answers in plain text (its
-    transport checks: Host, Origin, Content-Type, size) is answered in the API's error
-    shape; its JSON-RPC errors are MCP's own and pass as they are.
+    whole indexer with it (`tests/service/test_hostile.py`). Here the body, read whole
+    and bounded beforehand, is one message; the next receive waits until the answer is
+    sent or the client has gone, then says `http.disconnect`. An error the SDK answers
+    in plain text (its transport checks: Host, Origin, Content-Type, size) is answered
+    in the API's error shape; its JSON-RPC errors are MCP's own and pass as they are.
     """
 
     def __init__(self, app: Any, request: web.Request, body: bytes) -> None:
@@ -193,8 +198,10 @@ REFUSALS: dict[int, tuple[str, str]] = {
     400: ("INVALID_BODY", "the body must be JSON (Content-Type: application/json)"),
     403: ("FORBIDDEN", "the request's Origin is not allowed (DNS-rebinding protection)"),
     413: ("INVALID_BODY", "the body is too large"),
-    421: ("MISDIRECTED_REQUEST",
-          "the request's Host is not one this indexer answers (DNS-rebinding protection)"),
+    421: (
+        "MISDIRECTED_REQUEST",
+        "the request's Host is not one this indexer answers (DNS-rebinding protection)",
+    ),
 }
 """What each plain-text refusal of the SDK's transport checks means."""
 
@@ -207,16 +214,20 @@ def _gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-def mount(app: web.Application, indexer: Indexer, ask: Ask,
-          read_body: Callable[[web.Request], Awaitable[bytes]]) -> None:
-    """Serve `server(indexer)` at `POST /mcp` of `app`, its session manager running with
+def mount(
+    app: web.Application,
+    answers: Answers,
+    ask: Ask,
+    read_body: Callable[[web.Request], Awaitable[bytes]],
+) -> None:
+    """Serve `server(answers)` at `POST /mcp` of `app`, its session manager running with
     the app. Stateless with JSON answers, the transport needs no GET stream and no
     DELETE of a session: those are answered 405 with `Allow: POST` (the MCP transport
     spec allows it), by the router like any method a route lacks. `read_body`: the
     API's own bounded, deadlined read. On loopback the SDK's DNS-rebinding protection
     admits only loopback Host headers."""
-    mcp = server(indexer, ask)
-    mcp.streamable_http_app(json_response=True, stateless_http=True, host=indexer.config.host)
+    mcp = server(answers, ask)
+    mcp.streamable_http_app(json_response=True, stateless_http=True, host=answers.config.host)
     manager = mcp.session_manager
 
     async def handle(request: web.Request) -> web.StreamResponse:

@@ -35,26 +35,38 @@ class Metrics:
         return cls(
             registry=r,
             search_seconds=Histogram(
-                "metis_search_step_seconds", "Time of each search step, by mode.",
-                ["step", "mode"], registry=r, buckets=_LATENCY_BUCKETS,
+                "metis_search_step_seconds",
+                "Time of each search step, by mode.",
+                ["step", "mode"],
+                registry=r,
+                buckets=_LATENCY_BUCKETS,
             ),
             searches=Counter(
                 "metis_searches_total",
                 "Searches by mode asked and outcome (ok; degraded: answered without a model; "
-                "error: refused; failed: the indexer broke).", ["mode", "outcome"], registry=r,
+                "error: refused; failed: the indexer broke).",
+                ["mode", "outcome"],
+                registry=r,
             ),
             documents=Gauge("metis_documents", "Documents indexed.", registry=r),
             chunks=Gauge("metis_chunks", "Chunks indexed.", registry=r),
-            failed=Gauge("metis_documents_failed", "Documents that could not be read.",
-                         registry=r),
-            phase=Gauge("metis_phase", "1 for the index's current phase, 0 for the others.",
-                        ["phase"], registry=r),
-            pass_total=Gauge("metis_pass_documents", "Documents the current pass reads.",
-                             registry=r),
-            pass_done=Gauge("metis_pass_documents_done", "Documents the current pass has read.",
-                            registry=r),
+            failed=Gauge("metis_documents_failed", "Documents that could not be read.", registry=r),
+            phase=Gauge(
+                "metis_phase",
+                "1 for the index's current phase, 0 for the others.",
+                ["phase"],
+                registry=r,
+            ),
+            pass_total=Gauge(
+                "metis_pass_documents", "Documents the current pass reads.", registry=r
+            ),
+            pass_done=Gauge(
+                "metis_pass_documents_done", "Documents the current pass has read.", registry=r
+            ),
             pass_seconds=Histogram(
-                "metis_pass_seconds", "Duration of finished passes.", registry=r,
+                "metis_pass_seconds",
+                "Duration of finished passes.",
+                registry=r,
                 buckets=(0.1, 1, 5, 15, 60, 300, 900, 3600, 14400),
             ),
             index_rebuilds=Counter(
@@ -66,20 +78,25 @@ class Metrics:
                 "metis_index_damage_found_total",
                 "Times damage to the index file was met, by what met it (start, pass, search, "
                 "check: the integrity check that reads a few pages a minute).",
-                ["found_by"], registry=r,
+                ["found_by"],
+                registry=r,
             ),
             requests=Counter(
                 "metis_http_requests_total",
                 "HTTP requests answered, by route (none: refused before any route) and status.",
-                ["route", "code"], registry=r,
+                ["route", "code"],
+                registry=r,
             ),
             embed_seconds=Histogram(
-                "metis_embedding_request_seconds", "Latency of embedding requests for passages.",
-                registry=r, buckets=_LATENCY_BUCKETS,
+                "metis_embedding_request_seconds",
+                "Latency of embedding requests for passages.",
+                registry=r,
+                buckets=_LATENCY_BUCKETS,
             ),
             embed_failures=Counter(
                 "metis_embedding_failures_total",
-                "Embedding requests that failed after their retries.", registry=r,
+                "Embedding requests that failed after their retries.",
+                registry=r,
             ),
         )
 

@@ -1,7 +1,7 @@
-"""The bodies the indexer's API takes and gives (spec 002, DESIGN.md), as pydantic models.
+"""The bodies the indexer's API takes and gives, as pydantic models.
 
 Requests are parsed with strict types (`"5"` is not a top_k) and then checked by
-`check_*` functions, so each limit gets the spec's own error code rather than a
+`check_*` functions, so each limit gets its own error code rather than a
 generic INVALID_BODY. The limits still appear in the models' JSON Schemas (and so
 in the OpenAPI document) through `json_schema_extra`, from the same constants.
 """
@@ -26,15 +26,20 @@ Phase = Literal["loading", "scanning", "indexing", "ready", "waiting", "standby"
 DocumentState = Literal["indexed", "failed"]
 
 _QUERY_SCHEMA: dict[str, Any] = {
-    "minLength": 1, "maxLength": QUERY_MAX, "pattern": r"\S",
+    "minLength": 1,
+    "maxLength": QUERY_MAX,
+    "pattern": r"\S",
     "description": f"The question: 1 to {QUERY_MAX} characters, not only blanks "
-                   "(QUERY_EMPTY, QUERY_TOO_LONG).",
+    "(QUERY_EMPTY, QUERY_TOO_LONG).",
 }
 
 
 def _k_schema(name: str) -> dict[str, Any]:
-    return {"minimum": 1, "maximum": TOP_K_MAX,
-            "description": f"{name}: 1 to {TOP_K_MAX} (TOP_K_OUT_OF_RANGE)."}
+    return {
+        "minimum": 1,
+        "maximum": TOP_K_MAX,
+        "description": f"{name}: 1 to {TOP_K_MAX} (TOP_K_OUT_OF_RANGE).",
+    }
 
 
 class _Body(BaseModel):
@@ -123,7 +128,7 @@ class LastPass(BaseModel):
 
 
 class StatusAnswer(BaseModel):
-    """`GET /v1/status`: what the operator reads to write a base's status (spec 001).
+    """`GET /v1/status`: what the operator reads to write a base's status.
 
     Unknown fields are refused, so a field the service adds without this model
     fails the tests instead of going undocumented.

@@ -27,15 +27,22 @@ def chrome(width: int = 1280, height: int = 900) -> webdriver.Chrome:
         raise RuntimeError("chromium and chromium-driver are missing: run `make browser`")
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                f"--window-size={width},{height}", "--force-device-scale-factor=1"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+        "--force-device-scale-factor=1",
+    ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(options=options, service=Service(executable_path=driver))
 
 
-def wait(driver: webdriver.Chrome, what: str, check: Callable[[Any], Any],
-         timeout: float = WAIT_SECONDS) -> Any:
+def wait(
+    driver: webdriver.Chrome, what: str, check: Callable[[Any], Any], timeout: float = WAIT_SECONDS
+) -> Any:
     """Poll `check(driver)` until it is truthy (Selenium's own polling, with a deadline).
     A live page replaces rows as updates arrive: an element found a moment before may be
     gone when it is read, which is another round, not a failure."""
@@ -57,5 +64,6 @@ def screenshot(driver: webdriver.Chrome, name: str) -> None:
 
 def fits(driver: webdriver.Chrome) -> bool:
     """No sideways scrolling: the page is no wider than the window."""
-    return bool(driver.execute_script(
-        "return document.documentElement.scrollWidth <= window.innerWidth"))
+    return bool(
+        driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+    )

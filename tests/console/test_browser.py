@@ -22,9 +22,12 @@ from tests.support.model_server import ModelServer, running_model_server
 ROOT = Path(__file__).resolve().parents[2]
 SCORE_LINE = re.compile(
     r"^meaning \d\.\d{3} \(#\d+\) · (words \d+\.\d{2} \(#\d+\) · )?fused 0\.\d{4} · "
-    r"reranker -?\d\.\d{3}$")
-EVIL = ("# Xylophone notes\n\nThe xylophone room: <script>window.pwned = 1; "
-        "document.title = 'pwned'</script> and <img src=x onerror=\"window.pwned = 2\">.\n")
+    r"reranker -?\d\.\d{3}$"
+)
+EVIL = (
+    "# Xylophone notes\n\nThe xylophone room: <script>window.pwned = 1; "
+    "document.title = 'pwned'</script> and <img src=x onerror=\"window.pwned = 2\">.\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +37,9 @@ def model() -> Iterator[ModelServer]:
 
 
 @pytest.fixture(scope="module")
-def indexer(model: ModelServer, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[processes.Process]:
+def indexer(
+    model: ModelServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[processes.Process]:
     work = tmp_path_factory.mktemp("console")
     handbook = work / "handbook"
     shutil.copytree(ROOT / "examples" / "handbook", handbook)
@@ -60,13 +64,15 @@ def open_search(driver: webdriver.Chrome, base_url: str, **params: str) -> None:
 
 
 def test_a_search_link_shows_cited_results_with_the_score_line(
-        browser: webdriver.Chrome, indexer: processes.Process) -> None:
+    browser: webdriver.Chrome, indexer: processes.Process
+) -> None:
     open_search(browser, indexer.base_url, q="How many holidays do I get?")
     results = browser.find_elements(By.CSS_SELECTOR, "ol.results > li.result")
     assert results, browser.page_source[-2000:]
     first = results[0]
-    assert re.match(r"^handbook/policies/leave\.md, line \d+",
-                    first.find_element(By.CSS_SELECTOR, ".cite").text)
+    assert re.match(
+        r"^handbook/policies/leave\.md, line \d+", first.find_element(By.CSS_SELECTOR, ".cite").text
+    )
     assert first.find_element(By.CSS_SELECTOR, ".place").text.startswith("Leave policy")
     assert "holidays" in [m.text.lower() for m in browser.find_elements(By.TAG_NAME, "mark")]
     for r in results:
@@ -79,7 +85,8 @@ def test_a_search_link_shows_cited_results_with_the_score_line(
 
 
 def test_compare_shows_the_three_ranks_and_why_each_came_up(
-        browser: webdriver.Chrome, indexer: processes.Process) -> None:
+    browser: webdriver.Chrome, indexer: processes.Process
+) -> None:
     open_search(browser, indexer.base_url, q="Xid 79 GPU fallen off the bus", compare="1")
     heads = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "table.compare th")]
     assert heads == ["Both", "Meaning", "Words", "Passage", "Why it came up"]
@@ -88,20 +95,30 @@ def test_compare_shows_the_three_ranks_and_why_each_came_up(
     first = [td.text for td in rows[0].find_elements(By.TAG_NAME, "td")]
     assert first[:3] == ["1", "1", "1"]
     assert "handbook/runbooks/gpu-errors.txt" in first[3]
-    assert re.match(r"^close in meaning \(#\d+\) and shares words \(#\d+\) — both agree; "
-                    r"the reranker scored it -?\d\.\d{3}$", first[4]), first[4]
+    assert re.match(
+        r"^close in meaning \(#\d+\) and shares words \(#\d+\) — both agree; "
+        r"the reranker scored it -?\d\.\d{3}$",
+        first[4],
+    ), first[4]
     whys = [r.find_elements(By.TAG_NAME, "td")[4].text for r in rows]
     assert any("— it says the same thing in other words" in w for w in whys), whys
     screenshot(browser, "compare")
 
 
-@pytest.mark.parametrize(("question", "code", "message"), [
-    ("", "QUERY_EMPTY", "the question is empty"),
-    ("a" * 4001, "QUERY_TOO_LONG", "the question has 4001 characters; at most 4000 are allowed"),
-])
+@pytest.mark.parametrize(
+    ("question", "code", "message"),
+    [
+        ("", "QUERY_EMPTY", "the question is empty"),
+        (
+            "a" * 4001,
+            "QUERY_TOO_LONG",
+            "the question has 4001 characters; at most 4000 are allowed",
+        ),
+    ],
+)
 def test_a_refused_question_shows_the_specs_code_and_message(
-        browser: webdriver.Chrome, indexer: processes.Process, question: str, code: str,
-        message: str) -> None:
+    browser: webdriver.Chrome, indexer: processes.Process, question: str, code: str, message: str
+) -> None:
     open_search(browser, indexer.base_url, q=question)
     error = browser.find_element(By.CSS_SELECTOR, "[role=alert]").text
     assert code in error and message in error
@@ -109,7 +126,8 @@ def test_a_refused_question_shows_the_specs_code_and_message(
 
 
 def test_a_document_holding_a_script_is_shown_not_run(
-        browser: webdriver.Chrome, indexer: processes.Process) -> None:
+    browser: webdriver.Chrome, indexer: processes.Process
+) -> None:
     open_search(browser, indexer.base_url, q="xylophone", mode="keyword")
     snippet = browser.find_element(By.CSS_SELECTOR, "li.result .snippet").text
     assert "<script>window.pwned = 1;" in snippet
@@ -119,7 +137,8 @@ def test_a_document_holding_a_script_is_shown_not_run(
 
 
 def test_the_page_is_usable_by_keyboard_and_at_390_px(
-        browser: webdriver.Chrome, indexer: processes.Process) -> None:
+    browser: webdriver.Chrome, indexer: processes.Process
+) -> None:
     browser.set_window_size(390, 844)
     browser.get(f"{indexer.base_url}/")
     browser.find_element(By.TAG_NAME, "body").send_keys("/")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from metis_indexer.console.cluster import EVENTS_KEPT, Cluster
+from metis_operator.console.cluster import EVENTS_KEPT, Cluster
 
 
 def base(name: str, state: str = "Ready", namespace: str = "team-a") -> dict[str, Any]:
@@ -15,16 +15,21 @@ def base(name: str, state: str = "Ready", namespace: str = "team-a") -> dict[str
 
 
 def event(uid: str, about: str, last: str) -> dict[str, Any]:
-    return {"metadata": {"uid": uid, "namespace": "team-a"}, "message": uid,
-            "lastTimestamp": last, "involvedObject": {"kind": "KnowledgeBase", "name": about,
-                                                      "namespace": "team-a"}}
+    return {
+        "metadata": {"uid": uid, "namespace": "team-a"},
+        "message": uid,
+        "lastTimestamp": last,
+        "involvedObject": {"kind": "KnowledgeBase", "name": about, "namespace": "team-a"},
+    }
 
 
 def test_a_list_then_changes_keep_the_bases_as_the_api_server_has_them() -> None:
     cluster = Cluster()
     cluster.listed_bases([base("b"), base("a", "Indexing")])
     assert [(v.key, v.state) for v in cluster.views()] == [
-        ("team-a/a", "Indexing"), ("team-a/b", "Ready")]
+        ("team-a/a", "Indexing"),
+        ("team-a/b", "Ready"),
+    ]
     seen = cluster.version
     cluster.base_event("MODIFIED", base("a", "Ready"))
     cluster.base_event("DELETED", base("b"))
@@ -42,8 +47,10 @@ def test_the_same_list_again_wakes_no_page() -> None:
 
 def test_events_are_kept_per_base_newest_first_and_few() -> None:
     cluster = Cluster()
-    cluster.listed_events([event(f"e{i:02}", "a", f"2026-11-30T21:{i:02}:00Z")
-                           for i in range(EVENTS_KEPT + 5)] + [event("x", "b", "t")])
+    cluster.listed_events(
+        [event(f"e{i:02}", "a", f"2026-11-30T21:{i:02}:00Z") for i in range(EVENTS_KEPT + 5)]
+        + [event("x", "b", "t")]
+    )
     shown = cluster.recent_events("team-a/a")
     assert len(shown) == EVENTS_KEPT
     assert shown[0].message == f"e{EVENTS_KEPT + 4:02}"

@@ -13,28 +13,33 @@ from hypothesis import strategies as st
 from metis_indexer.console.views import (
     FormError,
     SearchForm,
-    base_view,
     compare,
-    event_view,
-    indexer_url,
     marked,
     merge,
     parse_search,
     score_line,
     search_query,
-    when,
     why,
 )
 from metis_indexer.schema import Result, Scores
+from metis_operator.console.views import base_view, event_view, indexer_url, when
 
 
 def result(doc: str, *, line: int = 1, **scores: Any) -> Result:
-    return Result.model_validate({
-        "score": 0.5, "text": f"text of {doc}",
-        "citation": {"source": "docs", "document": doc, "kind": "md", "line": line,
-                     "snippet": f"snippet of {doc}"},
-        "scores": scores,
-    })
+    return Result.model_validate(
+        {
+            "score": 0.5,
+            "text": f"text of {doc}",
+            "citation": {
+                "source": "docs",
+                "document": doc,
+                "kind": "md",
+                "line": line,
+                "snippet": f"snippet of {doc}",
+            },
+            "scores": scores,
+        }
+    )
 
 
 def parsed(url_query: str, **kw: Any) -> SearchForm:
@@ -51,11 +56,21 @@ def test_a_url_without_a_question_asks_nothing() -> None:
 
 
 def test_a_url_says_every_part_of_a_search() -> None:
-    form = parsed("q=Xid+79&base=a/x&base=b/y&mode=keyword&rerank=0&rerank=1&compare=1"
-                  "&top_k=7&prefix=runbooks/&kind=txt&kind=pdf&source=docs,+notes")
-    assert form == SearchForm(q="Xid 79", bases=("a/x", "b/y"), mode="keyword", rerank=True,
-                              compare=True, top_k=7, prefix="runbooks/", kinds=("txt", "pdf"),
-                              sources=("docs", "notes"))
+    form = parsed(
+        "q=Xid+79&base=a/x&base=b/y&mode=keyword&rerank=0&rerank=1&compare=1"
+        "&top_k=7&prefix=runbooks/&kind=txt&kind=pdf&source=docs,+notes"
+    )
+    assert form == SearchForm(
+        q="Xid 79",
+        bases=("a/x", "b/y"),
+        mode="keyword",
+        rerank=True,
+        compare=True,
+        top_k=7,
+        prefix="runbooks/",
+        kinds=("txt", "pdf"),
+        sources=("docs", "notes"),
+    )
     req = form.request()
     assert req.mode == "keyword" and req.rerank is None and req.top_k == 7
     assert req.filters is not None and req.filters.kinds == ["txt", "pdf"]
@@ -68,22 +83,38 @@ def test_a_cleared_rerank_box_sends_only_the_hidden_zero() -> None:
     assert form.request("dense").mode == "dense"
 
 
-@pytest.mark.parametrize(("query", "code", "said"), [
-    pytest.param("q=&base=a/x", "QUERY_EMPTY", "the question is empty", id="empty"),
-    pytest.param("q=+++&base=a/x", "QUERY_EMPTY", "the question is empty", id="blank"),
-    pytest.param("q=" + "a" * 4001 + "&base=a/x", "QUERY_TOO_LONG",
-                 "the question has 4001 characters; at most 4000 are allowed", id="too-long"),
-    pytest.param("q=x&base=a/x&top_k=0", "TOP_K_OUT_OF_RANGE",
-                 "top_k is 0; it must be between 1 and 50", id="top-k-0"),
-    pytest.param("q=x&base=a/x&top_k=51", "TOP_K_OUT_OF_RANGE",
-                 "top_k is 51; it must be between 1 and 50", id="top-k-51"),
-    pytest.param("q=x&base=a/x&top_k=five", "INVALID_BODY", "top_k is 'five'", id="top-k-text"),
-    pytest.param("q=x&base=a/x&mode=fuzzy", "INVALID_BODY", "mode is 'fuzzy'", id="mode"),
-    pytest.param("q=x&base=a/x&kind=exe", "INVALID_BODY", "kind 'exe'", id="kind"),
-    pytest.param("q=x", "INVALID_BODY", "no base is chosen", id="no-base"),
-])
+@pytest.mark.parametrize(
+    ("query", "code", "said"),
+    [
+        pytest.param("q=&base=a/x", "QUERY_EMPTY", "the question is empty", id="empty"),
+        pytest.param("q=+++&base=a/x", "QUERY_EMPTY", "the question is empty", id="blank"),
+        pytest.param(
+            "q=" + "a" * 4001 + "&base=a/x",
+            "QUERY_TOO_LONG",
+            "the question has 4001 characters; at most 4000 are allowed",
+            id="too-long",
+        ),
+        pytest.param(
+            "q=x&base=a/x&top_k=0",
+            "TOP_K_OUT_OF_RANGE",
+            "top_k is 0; it must be between 1 and 50",
+            id="top-k-0",
+        ),
+        pytest.param(
+            "q=x&base=a/x&top_k=51",
+            "TOP_K_OUT_OF_RANGE",
+            "top_k is 51; it must be between 1 and 50",
+            id="top-k-51",
+        ),
+        pytest.param("q=x&base=a/x&top_k=five", "INVALID_BODY", "top_k is 'five'", id="top-k-text"),
+        pytest.param("q=x&base=a/x&mode=fuzzy", "INVALID_BODY", "mode is 'fuzzy'", id="mode"),
+        pytest.param("q=x&base=a/x&kind=exe", "INVALID_BODY", "kind 'exe'", id="kind"),
+        pytest.param("q=x", "INVALID_BODY", "no base is chosen", id="no-base"),
+    ],
+)
 def test_a_search_the_indexer_would_refuse_is_refused_with_its_code(
-        query: str, code: str, said: str) -> None:
+    query: str, code: str, said: str
+) -> None:
     with pytest.raises(FormError) as e:
         parsed(query)
     assert e.value.body.code == code
@@ -96,15 +127,18 @@ def test_the_page_of_one_base_asks_that_base_whatever_the_url_says() -> None:
 
 forms = st.builds(
     SearchForm,
-    q=st.text(st.characters(blacklist_categories=["Cs", "Cc"]), min_size=1, max_size=40)
-    .filter(str.strip),
-    bases=st.lists(st.from_regex(r"[a-z]{1,5}/[a-z]{1,5}", fullmatch=True), min_size=1,
-                   max_size=3, unique=True).map(tuple),
+    q=st.text(st.characters(blacklist_categories=["Cs", "Cc"]), min_size=1, max_size=40).filter(
+        str.strip
+    ),
+    bases=st.lists(
+        st.from_regex(r"[a-z]{1,5}/[a-z]{1,5}", fullmatch=True), min_size=1, max_size=3, unique=True
+    ).map(tuple),
     mode=st.sampled_from(["hybrid", "dense", "keyword"]),
-    rerank=st.booleans(), compare=st.booleans(), top_k=st.integers(1, 50),
+    rerank=st.booleans(),
+    compare=st.booleans(),
+    top_k=st.integers(1, 50),
     prefix=st.from_regex(r"[a-z/]{0,8}", fullmatch=True),
-    kinds=st.lists(st.sampled_from(["md", "txt", "html", "pdf", "docx"]), unique=True)
-    .map(tuple),
+    kinds=st.lists(st.sampled_from(["md", "txt", "html", "pdf", "docx"]), unique=True).map(tuple),
     sources=st.lists(st.from_regex(r"[a-z]{1,6}", fullmatch=True), unique=True).map(tuple),
 )
 
@@ -120,14 +154,19 @@ def test_a_search_link_opens_the_same_search(form: SearchForm) -> None:
 def test_several_bases_merge_by_reciprocal_rank_each_hit_with_its_base() -> None:
     hits = merge({"a/x": [result("x1"), result("x2")], "b/y": [result("y1")]}, top_k=5)
     assert [(h.base, h.result.citation.document, h.rank) for h in hits] == [
-        ("a/x", "x1", 1), ("b/y", "y1", 1), ("a/x", "x2", 2)]
+        ("a/x", "x1", 1),
+        ("b/y", "y1", 1),
+        ("a/x", "x2", 2),
+    ]
     assert hits[0].merged == pytest.approx(1 / 61)
     assert hits[2].merged == pytest.approx(1 / 62)
 
 
 def test_merging_keeps_top_k() -> None:
-    hits = merge({"a/x": [result(f"x{i}") for i in range(5)],
-                  "b/y": [result(f"y{i}") for i in range(5)]}, top_k=3)
+    hits = merge(
+        {"a/x": [result(f"x{i}") for i in range(5)], "b/y": [result(f"y{i}") for i in range(5)]},
+        top_k=3,
+    )
     assert [h.result.citation.document for h in hits] == ["x0", "y0", "x1"]
 
 
@@ -145,44 +184,56 @@ def test_why_both_retrievers_found_it() -> None:
 
 
 def test_why_only_by_words() -> None:
-    assert why(None, 1, None) == ("shares words (#1); not among the closest in meaning — "
-                                  "it names a term of the question exactly")
+    assert why(None, 1, None) == (
+        "shares words (#1); not among the closest in meaning — "
+        "it names a term of the question exactly"
+    )
 
 
 def test_why_only_by_meaning() -> None:
-    assert why(1, None, None) == ("close in meaning (#1); its words do not match — "
-                                  "it says the same thing in other words")
+    assert why(1, None, None) == (
+        "close in meaning (#1); its words do not match — it says the same thing in other words"
+    )
 
 
 def test_why_is_followed_by_the_rerankers_score() -> None:
-    assert why(3, 4, 0.97) == ("close in meaning (#3) and shares words (#4) — both agree; "
-                               "the reranker scored it 0.970")
+    assert why(3, 4, 0.97) == (
+        "close in meaning (#3) and shares words (#4) — both agree; the reranker scored it 0.970"
+    )
 
 
 def test_the_score_line_is_the_specs() -> None:
-    scores = Scores(dense=0.83, dense_rank=1, keyword=7.41, keyword_rank=2, fused=0.0328,
-                    rerank=0.97)
-    assert score_line(scores) == ("meaning 0.830 (#1) · words 7.41 (#2) · fused 0.0328 · "
-                                  "reranker 0.970")
+    scores = Scores(
+        dense=0.83, dense_rank=1, keyword=7.41, keyword_rank=2, fused=0.0328, rerank=0.97
+    )
+    assert score_line(scores) == (
+        "meaning 0.830 (#1) · words 7.41 (#2) · fused 0.0328 · reranker 0.970"
+    )
 
 
 def test_the_score_line_leaves_out_a_step_that_did_not_score() -> None:
     assert score_line(Scores(keyword=4.78, keyword_rank=1, fused=0.0164)) == (
-        "words 4.78 (#1) · fused 0.0164")
+        "words 4.78 (#1) · fused 0.0164"
+    )
 
 
 def test_compare_lists_every_passage_with_its_rank_in_each_mode() -> None:
-    both = merge({"a/x": [result("p", dense_rank=2, keyword_rank=1, rerank=0.9),
-                          result("q", dense_rank=1)]}, 5)
-    meaning = merge({"a/x": [result("q", dense_rank=1), result("p", dense_rank=2),
-                             result("r", dense_rank=3)]}, 5)
+    both = merge(
+        {"a/x": [result("p", dense_rank=2, keyword_rank=1, rerank=0.9), result("q", dense_rank=1)]},
+        5,
+    )
+    meaning = merge(
+        {"a/x": [result("q", dense_rank=1), result("p", dense_rank=2), result("r", dense_rank=3)]},
+        5,
+    )
     words = merge({"a/x": [result("p", keyword_rank=1), result("s", keyword_rank=2)]}, 5)
     rows = compare({"hybrid": both, "dense": meaning, "keyword": words})
     got = {r.hit.result.citation.document: (dict(r.ranks), r.why) for r in rows}
     assert [r.hit.result.citation.document for r in rows] == ["p", "q", "s", "r"]
-    assert got["p"] == ({"hybrid": 1, "dense": 2, "keyword": 1},
-                        "close in meaning (#2) and shares words (#1) — both agree; "
-                        "the reranker scored it 0.900")
+    assert got["p"] == (
+        {"hybrid": 1, "dense": 2, "keyword": 1},
+        "close in meaning (#2) and shares words (#1) — both agree; the reranker scored it 0.900",
+    )
     assert got["r"][0] == {"hybrid": None, "dense": 3, "keyword": None}
     assert got["r"][1].startswith("close in meaning (#3); its words do not match")
     assert got["s"][1].startswith("shares words (#2); not among the closest in meaning")
@@ -217,15 +268,28 @@ def kb(status: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def test_a_base_indexing_shows_its_progress() -> None:
-    view = base_view(kb({
-        "state": "Indexing", "reason": "indexing 3 of 8 documents",
-        "observed": {"index": {"phase": "indexing", "documents": 3, "chunks": 9, "failed": 1,
-                               "pass_total": 8, "pass_done": 3},
-                     "address": "http://metis-handbook.team-a.svc:7700",
-                     "warnings": ["reranker scales to zero"]},
-        "evaluation": {"k": 10, "cases": 12, "recall_at_k": 0.9, "mrr": 0.75, "at": "t"},
-        "conditions": [{"type": "Ready", "status": "False", "reason": "Indexing"}],
-    }))
+    view = base_view(
+        kb(
+            {
+                "state": "Indexing",
+                "reason": "indexing 3 of 8 documents",
+                "observed": {
+                    "index": {
+                        "phase": "indexing",
+                        "documents": 3,
+                        "chunks": 9,
+                        "failed": 1,
+                        "pass_total": 8,
+                        "pass_done": 3,
+                    },
+                    "address": "http://metis-handbook.team-a.svc:7700",
+                    "warnings": ["reranker scales to zero"],
+                },
+                "evaluation": {"k": 10, "cases": 12, "recall_at_k": 0.9, "mrr": 0.75, "at": "t"},
+                "conditions": [{"type": "Ready", "status": "False", "reason": "Indexing"}],
+            }
+        )
+    )
     assert (view.key, view.state, view.progress) == ("team-a/handbook", "Indexing", (3, 8))
     assert view.evaluation is not None and view.evaluation.mrr == 0.75
     assert view.warnings == ["reranker scales to zero"]
@@ -233,8 +297,14 @@ def test_a_base_indexing_shows_its_progress() -> None:
 
 
 def test_a_ready_base_shows_no_progress_bar() -> None:
-    view = base_view(kb({"state": "Ready", "observed": {"index": {
-        "phase": "ready", "pass_total": 8, "pass_done": 8}}}))
+    view = base_view(
+        kb(
+            {
+                "state": "Ready",
+                "observed": {"index": {"phase": "ready", "pass_total": 8, "pass_done": 8}},
+            }
+        )
+    )
     assert view.progress is None
 
 
@@ -245,12 +315,41 @@ def test_a_base_the_operator_has_not_seen_yet() -> None:
     assert not view.address
 
 
+def test_a_status_this_version_cannot_read_in_part_shows_the_rest() -> None:
+    """A state a newer operator wrote, and a hand-edited total: the base is shown, its
+    state Unknown, with everything else it has."""
+    view = base_view(
+        kb(
+            {
+                "state": "Hibernating",
+                "reason": "asleep until the first question",
+                "observed": {"index": {"documents": 8, "chunks": 31}},
+                "progress": ["not", "a", "string"],
+            }
+        )
+    )
+    assert (view.state, view.reason) == ("Unknown", "asleep until the first question")
+    assert (view.documents, view.chunks) == (8, 31)
+
+
 def test_an_event_is_shown_when_it_was_last_seen() -> None:
-    e = event_view({"metadata": {"creationTimestamp": "t0"}, "type": "Warning",
-                    "reason": "Failed", "message": "no drive docs", "count": 3,
-                    "lastTimestamp": "t9"})
+    e = event_view(
+        {
+            "metadata": {"creationTimestamp": "t0"},
+            "type": "Warning",
+            "reason": "Failed",
+            "message": "no drive docs",
+            "count": 3,
+            "lastTimestamp": "t9",
+        }
+    )
     assert (e.type, e.reason, e.message, e.count, e.last) == (
-        "Warning", "Failed", "no drive docs", 3, "t9")
+        "Warning",
+        "Failed",
+        "no drive docs",
+        3,
+        "t9",
+    )
 
 
 def test_a_base_is_reached_at_its_address_or_through_the_template() -> None:
@@ -258,7 +357,8 @@ def test_a_base_is_reached_at_its_address_or_through_the_template() -> None:
     assert indexer_url(address, None) == address
     assert indexer_url(address, "http://127.0.0.1:{port}") == "http://127.0.0.1:7700"
     assert indexer_url(address, "http://{name}.{namespace}:{port}/") == (
-        "http://metis-handbook.team-a:7700")
+        "http://metis-handbook.team-a:7700"
+    )
 
 
 def test_a_timestamp_is_shown_to_the_minute_in_utc() -> None:

@@ -1,5 +1,5 @@
-"""Dead rows are reclaimed as a base is read again and again (issue 24: 30 full reindexes
-took a base from 151 to 257 MB, and its dense step from 0.33 to 13 ms)."""
+"""Dead rows are reclaimed as a base is read again and again (before they were, 30 full
+reindexes took a base from 151 to 257 MB, and its dense step from 0.33 to 13 ms)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from metis_indexer.index import vectors
 from metis_indexer.index.memory import (
     MIN_ROWS,
-    Document,
     Index,
+    Replacement,
     compaction_capacity,
     grown,
 )
@@ -41,21 +41,26 @@ def paragraphs(n: int) -> list[str]:
     raise AssertionError(f"only {len(out)} paragraphs in {PEPS}")
 
 
-def base(n_docs: int = 120, per_doc: int = 10) -> list[Document]:
+def base(n_docs: int = 120, per_doc: int = 10) -> list[Replacement]:
     """A base of 1,200 chunks by default: more than `MIN_ROWS`, so that a full reindex
     reaches the write path's compaction."""
     texts = paragraphs(n_docs * per_doc)
     rng = np.random.default_rng(24)
-    out: list[Document] = []
+    out: list[Replacement] = []
     for i in range(n_docs):
         parts = texts[i * per_doc : (i + 1) * per_doc]
         chunks = [chunk(t, (f"Part {i % 7}",), line=j + 1) for j, t in enumerate(parts)]
-        out.append((record(f"f{i}.md", chunks=per_doc), chunks,
-                    rng.standard_normal((per_doc, DIM)).astype(np.float32)))
+        out.append(
+            Replacement(
+                record(f"f{i}.md", chunks=per_doc),
+                chunks,
+                rng.standard_normal((per_doc, DIM)).astype(np.float32),
+            )
+        )
     return out
 
 
-def full_reindex(index: Index, documents: list[Document]) -> None:
+def full_reindex(index: Index, documents: list[Replacement]) -> None:
     """Every document written again, a pass's writer's groups at a time, then settled."""
     for at in range(0, len(documents), 32):
         index.put_documents(documents[at : at + 32])
@@ -78,8 +83,12 @@ def answers(index: Index, questions: list[tuple[str, np.ndarray]]) -> list[objec
             legs = [read.dense(vector, allowed, 20), read.by_words(words.split(), None, 20)]
         for leg in legs:
             rows = [r for r, _ in leg]
-            out.append([(int(index.row_chunk[r]), round(s, 5), c.record.path, c.line, c.headings)
-                        for (r, s), c in zip(leg, index.cited(rows), strict=True)])
+            out.append(
+                [
+                    (int(index.row_chunk[r]), round(s, 5), c.record.path, c.line, c.headings)
+                    for (r, s), c in zip(leg, index.cited(rows), strict=True)
+                ]
+            )
     return out
 
 
@@ -94,9 +103,16 @@ def vector_files(folder: Path) -> list[str]:
 
 def questions(n: int = 8) -> list[tuple[str, np.ndarray]]:
     rng = np.random.default_rng(5)
-    words = ["python generator expressions", "unicode strings", "import statement",
-             "the standard library", "exception handling", "keyword arguments",
-             "decorator syntax", "integer division"]
+    words = [
+        "python generator expressions",
+        "unicode strings",
+        "import statement",
+        "the standard library",
+        "exception handling",
+        "keyword arguments",
+        "decorator syntax",
+        "integer division",
+    ]
     vecs = rng.standard_normal((n, DIM)).astype(np.float32)
     return [(words[i % len(words)], v / np.linalg.norm(v)) for i, v in enumerate(vecs)]
 
@@ -166,9 +182,7 @@ def test_a_hundred_full_reindexes_hold_what_a_fresh_load_of_the_base_holds(tmp_p
     assert answers(index, questions()) == answers(fresh, questions())
 
 
-def test_dead_rows_waiting_for_compaction_are_passed_over_and_never_answered(
-    tmp_path, monkeypatch
-):
+def test_dead_rows_waiting_for_compaction_are_passed_over_and_never_answered(tmp_path, monkeypatch):
     """Fewer dead rows than a compaction waits for (under a quarter): the dense scan passes
     over the pieces that hold only them (before, it read every row), and answers what a
     fresh load of the same base answers, either way vectors are held. What int8's scan

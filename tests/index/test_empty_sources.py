@@ -1,7 +1,7 @@
 """What a search says before anything is indexed, from a real indexer over a source that holds
-no document Metis reads: KNOWLEDGE_BASE_NOT_READY before its index loads (spec 001), then the
-two "nothing is indexed" warnings of spec 002, which the search's pure core only passes on and
-the indexer chooses from how far its pass got."""
+no document Metis reads: KNOWLEDGE_BASE_NOT_READY before its index loads, then the two
+"nothing is indexed" warnings of `metis_indexer.answers`, which the search's pure core only
+passes on and the indexer chooses from how far its pass got."""
 
 import asyncio
 from pathlib import Path
@@ -11,33 +11,35 @@ import pytest
 from metis_indexer.config import IndexerConfig, SourceConfig
 from metis_indexer.errors import Unavailable
 from metis_indexer.ingest.runner import PassState
+from metis_indexer.progress import OnProgress
 from metis_indexer.schema import SearchAnswer, SearchRequest
 from metis_indexer.service import Indexer
 
 
-def indexer_of_a_picture(tmp_path: Path) -> Indexer:
+def indexer_of_a_picture(tmp_path: Path, on_progress: OnProgress | None = None) -> Indexer:
     drive = tmp_path / "drive"
     (drive / "pictures").mkdir(parents=True)
     (drive / "pictures" / "logo.png").write_bytes(b"\x89PNG")
     config = IndexerConfig(
-        sources=[SourceConfig(drive="docs", root=drive)], index_dir=tmp_path / "index",
-        rescan_seconds=0, workers=1,
+        sources=[SourceConfig(drive="docs", root=drive)],
+        index_dir=tmp_path / "index",
+        rescan_seconds=0,
+        workers=1,
     )
-    return Indexer(config)
+    return Indexer(config, on_progress=on_progress)
 
 
 def test_a_search_before_the_index_loads_is_not_ready(tmp_path):
     indexer = indexer_of_a_picture(tmp_path)
     with pytest.raises(Unavailable) as e:
-        asyncio.run(indexer.search(SearchRequest(query="anything")))
+        asyncio.run(indexer.answers.search(SearchRequest(query="anything")))
     assert e.value.code == "KNOWLEDGE_BASE_NOT_READY"
     assert e.value.message == "the index is not serving yet: it is loading"
-    indexer.index.store.close()
+    indexer.passes.index.store.close()
 
 
 async def searches_around_the_first_pass(tmp_path: Path) -> tuple[list[str], SearchAnswer]:
     """What `empty_warning` says while the first pass scans, and a search once it is done."""
-    indexer = indexer_of_a_picture(tmp_path)
     during: list[str] = []
     done = asyncio.Event()
 
@@ -45,13 +47,13 @@ async def searches_around_the_first_pass(tmp_path: Path) -> tuple[list[str], Sea
         if state.completed:
             done.set()
         elif state.phase == "scanning":
-            during.append(indexer.empty_warning())
+            during.append(indexer.answers.empty_warning())
 
-    indexer.on_progress = progress
+    indexer = indexer_of_a_picture(tmp_path, progress)
     await indexer.start()
     try:
         await asyncio.wait_for(done.wait(), 120)
-        return during, await indexer.search(SearchRequest(query="anything"))
+        return during, await indexer.answers.search(SearchRequest(query="anything"))
     finally:
         await indexer.stop()
 

@@ -8,8 +8,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from metis_indexer import texts
-from metis_indexer.index.memory import Index, Settings
+from metis_indexer.index import texts
+from metis_indexer.index.memory import Index, IndexSettings, Replacement
 
 from .helpers import axis, chunk, new_index, record
 
@@ -34,7 +34,7 @@ def test_a_document_round_trips_through_disk(tmp_path):
     )
     again = Index(tmp_path)
     again.load()
-    assert again.settings() == Settings("test-model", 8, 1200, 200)
+    assert again.settings() == IndexSettings("test-model", 8, 1200, 200)
     assert again.chunk_count == 2
     assert [again.headings[h] for h in again.row_headings[:2]] == [("Leave",), ("Leave", "Sick")]
     assert again.row_line[0] == 3
@@ -119,12 +119,16 @@ def test_a_failed_write_leaves_memory_and_disk_as_they_were(tmp_path):
 def test_documents_written_together_fail_alone(tmp_path):
     index = new_index(tmp_path)
     index.put_document(record("old.md"), [chunk("former text")], None)
-    errors = index.put_documents([
-        (record("a.md"), [chunk("alpha words")], np.stack([axis(0)])),
-        (record("b.md"), [chunk("beta \ud800 surrogate")], None),
-        (record("c.md"), [chunk("gamma"), chunk("delta")], np.zeros((1, 8), np.float32)),
-        (record("old.md"), [chunk("latter text")], np.stack([axis(2)])),
-    ])
+    errors = index.put_documents(
+        [
+            Replacement(record("a.md"), [chunk("alpha words")], np.stack([axis(0)])),
+            Replacement(record("b.md"), [chunk("beta \ud800 surrogate")], None),
+            Replacement(
+                record("c.md"), [chunk("gamma"), chunk("delta")], np.zeros((1, 8), np.float32)
+            ),
+            Replacement(record("old.md"), [chunk("latter text")], np.stack([axis(2)])),
+        ]
+    )
     assert errors[0] is None and errors[3] is None
     assert isinstance(errors[1], UnicodeEncodeError), "text SQLite cannot store"
     assert isinstance(errors[2], ValueError) and "2 chunks but 1 vectors" in str(errors[2])
@@ -146,11 +150,11 @@ WRITER = textwrap.dedent(
     import sys
     import numpy as np
     from metis_indexer.documents import Chunk
-    from metis_indexer.index.memory import Index, Settings
+    from metis_indexer.index.memory import Index, IndexSettings, Replacement
     from metis_indexer.index.store import FileRecord
     index = Index(__import__("pathlib").Path(sys.argv[1]))
     if index.settings() is None:
-        index.adopt(Settings("m", 8, 1200, 200))
+        index.adopt(IndexSettings("m", 8, 1200, 200))
     index.load()
     print("ready", flush=True)
     i = 0
@@ -162,7 +166,7 @@ WRITER = textwrap.dedent(
             chunks = [Chunk(None, (), f"doc {i} part {j} word{i}x{j}", None, 1, 0, 0)
                       for j in range(n)]
             rec = FileRecord("docs", f"d{i % 50}.md", "md", 1, 1, "h", "indexed", "t", chunks=n)
-            documents.append((rec, chunks, np.ones((n, 8), np.float32)))
+            documents.append(Replacement(rec, chunks, np.ones((n, 8), np.float32)))
             i += 1
         index.put_documents(documents)
         print("put", i, flush=True)
@@ -175,7 +179,8 @@ def test_a_kill_at_any_moment_loses_at_most_the_documents_in_flight(tmp_path, gr
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     for attempt in range(3):
         proc = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(tmp_path), str(group)], stdout=subprocess.PIPE,
+            [sys.executable, "-c", WRITER, str(tmp_path), str(group)],
+            stdout=subprocess.PIPE,
             env=env,
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
@@ -208,17 +213,18 @@ def test_a_word_unknown_to_a_question_is_found_once_a_document_brings_it(tmp_pat
 def test_new_chunking_keeps_the_index_and_a_new_model_keeps_its_chunks(tmp_path):
     index = new_index(tmp_path)
     index.put_document(record("a.md"), [chunk("alpha words")], np.stack([axis(0)]))
-    index.adopt(Settings("test-model", 8, 400, 100))
+    index.adopt(IndexSettings("test-model", 8, 400, 100))
     assert index.chunk_count == 1 and index.has_vector[0], "same model: vectors stay"
-    index.adopt(Settings("other-model", 4, 400, 100))
+    index.adopt(IndexSettings("other-model", 4, 400, 100))
     assert index.chunk_count == 1 and not index.has_vector[: index.n_rows].any()
     assert keyword_rows(index, "alpha") == [0], "still found by words"
     index.put_document(record("b.md"), [chunk("beta")], np.ones((1, 4), np.float32))
     again = Index(tmp_path)
     again.load()
-    assert again.settings() == Settings("other-model", 4, 400, 100)
+    assert again.settings() == IndexSettings("other-model", 4, 400, 100)
     assert again.vectors.dimensions == 4 and again.has_vector[: again.n_rows].tolist() == [
-        False, True,
+        False,
+        True,
     ]
 
 
@@ -234,19 +240,18 @@ def tfs_of(index: Index, word: str) -> list[int]:
     return [t for _, t in sorted(found)]
 
 
-def test_words_of_an_older_version_are_counted_again_from_the_stored_texts(
-    tmp_path, monkeypatch
-):
+def test_words_of_an_older_version_are_counted_again_from_the_stored_texts(tmp_path, monkeypatch):
     """An index written when BM25 counted the title once (words version 1) and loaded by
     this version: adopting this version's settings (a pass's first step) counts its words
     again without reading its documents; a load alone keeps what is stored."""
     monkeypatch.setattr(texts, "TITLE_WEIGHT", 1)
     old = Index(tmp_path)
-    old.adopt(Settings("test-model", 8, 1200, 200, words="1"))
-    old.put_document(record("a.md", title="Handbook", chunks=2),
-                     [chunk("vacation days handbook", title="Handbook"),
-                      chunk("sick leave", title="Handbook")],
-                     np.stack([axis(0), axis(1)]))
+    old.adopt(IndexSettings("test-model", 8, 1200, 200, words="1"))
+    old.put_document(
+        record("a.md", title="Handbook", chunks=2),
+        [chunk("vacation days handbook", title="Handbook"), chunk("sick leave", title="Handbook")],
+        np.stack([axis(0), axis(1)]),
+    )
     old.store.close()
     monkeypatch.undo()
     assert texts.TITLE_WEIGHT == 2 and texts.WORDS_VERSION == "2"
@@ -256,9 +261,9 @@ def test_words_of_an_older_version_are_counted_again_from_the_stored_texts(
     assert index.settings().words == "1"
     assert tfs_of(index, "handbook") == [2, 1], "loading alone keeps the stored counts"
     chunk_ids = index.row_chunk[: index.n_rows].tolist()
-    index.adopt(Settings("test-model", 8, 1200, 200))
+    index.adopt(IndexSettings("test-model", 8, 1200, 200))
     assert tfs_of(index, "handbook") == [3, 2]
-    assert index.settings() == Settings("test-model", 8, 1200, 200, words="2")
+    assert index.settings() == IndexSettings("test-model", 8, 1200, 200, words="2")
     assert index.has_vector[: index.n_rows].all(), "the same model: vectors stay"
     assert index.row_chunk[: index.n_rows].tolist() == chunk_ids, "no chunk was written again"
     [entry] = index.files.values()
@@ -272,22 +277,21 @@ def test_words_of_an_older_version_are_counted_again_from_the_stored_texts(
 def test_words_counted_again_may_be_words_no_chunk_had(tmp_path, monkeypatch):
     monkeypatch.setattr(texts, "searched", lambda title, headings, text: text)
     old = new_index(tmp_path)
-    old.adopt(Settings("test-model", 8, 1200, 200, words="0"))
-    old.put_document(record("a.md", title="Handbook"), [chunk("vacation", title="Handbook")],
-                     None)
+    old.adopt(IndexSettings("test-model", 8, 1200, 200, words="0"))
+    old.put_document(record("a.md", title="Handbook"), [chunk("vacation", title="Handbook")], None)
     monkeypatch.undo()
     assert keyword_rows(old, "handbook") == []
-    old.adopt(Settings("test-model", 8, 1200, 200))
+    old.adopt(IndexSettings("test-model", 8, 1200, 200))
     assert keyword_rows(old, "handbook") == [0], "a question finds the word new to the index"
     assert keyword_rows(old, "vacation") == [0]
 
 
 def test_an_index_that_never_recorded_its_words_has_them_counted_again():
-    meta = Settings("m", 8, 1200, 200).as_meta()
+    meta = IndexSettings("m", 8, 1200, 200).as_meta()
     del meta["words"]
-    before = Settings.from_meta(meta)
-    assert before is not None and before.words == "" and before != Settings("m", 8, 1200, 200)
-    assert before.key == Settings("m", 8, 1200, 200).key, "documents are not read again"
+    before = IndexSettings.from_meta(meta)
+    assert before is not None and before.words == "" and before != IndexSettings("m", 8, 1200, 200)
+    assert before.key == IndexSettings("m", 8, 1200, 200).key, "documents are not read again"
 
 
 def test_a_loaded_index_scores_words_as_the_index_that_wrote_it(tmp_path):

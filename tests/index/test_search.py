@@ -103,8 +103,9 @@ def test_the_embedding_model_silent_degrades_to_keywords(index):
     models = Models(embed=silent, embedding_name="model bge-m3", timeout=0.05)
     a = ask(index, models, query="vacation")
     assert a.mode == "keyword" and paths(a)
-    assert a.warnings == ["model bge-m3 did not answer (no answer within 0.05 s): results by "
-                          "keywords only"]
+    assert a.warnings == [
+        "model bge-m3 did not answer (no answer within 0.05 s): results by keywords only"
+    ]
     with pytest.raises(Unavailable) as e:
         ask(index, models, query="vacation", mode="dense")
     assert e.value.code == "EMBEDDING_MODEL_UNAVAILABLE"
@@ -131,8 +132,9 @@ def test_the_reranker_orders_and_its_failure_keeps_the_fused_order(index):
     fused = ask(index, query="days vacation gpu")
     b = ask(index, Models(rerank=broken, reranker_name="reranker bge"), query="days vacation gpu")
     assert not b.reranked and paths(b) == paths(fused)
-    assert b.warnings == ["reranker bge did not answer (connection refused): results in the "
-                          "fused order"]
+    assert b.warnings == [
+        "reranker bge did not answer (connection refused): results in the fused order"
+    ]
     c = ask(index, Models(rerank=by_length), query="days vacation gpu", rerank=False)
     assert not c.reranked and paths(c) == paths(fused)
 
@@ -168,8 +170,10 @@ def test_chunks_without_vectors_are_found_by_words(tmp_path):
     assert a.mode == "hybrid" and set(paths(a)) == {"a.md", "b.md"}
     plain = next(r for r in a.results if r.citation.document == "a.md")
     assert plain.scores.dense_rank is None and plain.scores.keyword_rank == 1
-    assert a.warnings == ["1 chunks have no vector yet (indexed while the embedding model did "
-                          "not answer): they are found by keywords only"]
+    assert a.warnings == [
+        "1 chunks have no vector yet (indexed while the embedding model did "
+        "not answer): they are found by keywords only"
+    ]
 
 
 def test_candidate_counts_follow_the_spec():
@@ -274,7 +278,8 @@ def test_the_legs_run_side_by_side_with_the_answers_of_one_after_the_other(tmp_p
     for i in range(300):
         text = " ".join(rng.choice(words, 6))
         index.put_document(
-            record(f"f{i}.md", source="odd" if i % 2 else "even"), [chunk(text)],
+            record(f"f{i}.md", source="odd" if i % 2 else "even"),
+            [chunk(text)],
             rng.standard_normal((1, 32)).astype(np.float32),
         )
     req = parse_body(SearchRequest, json.dumps({"query": "paid sick days", "filters": filters}))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from metis_indexer.index import snapshot
-from metis_indexer.index.memory import Index
+from metis_indexer.index.memory import Index, Replacement
 
 from .helpers import chunk, new_index, record
 
@@ -26,8 +26,7 @@ def fill(index: Index, seed: int, documents: int = 40, first: int = 0) -> None:
     for i in range(first, first + documents):
         texts = [f"doc{i} part{j} common word{i % 9} w{j}" for j in range(3)]
         vectors = rng.standard_normal((3, DIM)).astype(np.float32)
-        index.put_document(record(f"f{i}.md"), [chunk(t, (f"H{i % 4}",)) for t in texts],
-                           vectors)
+        index.put_document(record(f"f{i}.md"), [chunk(t, (f"H{i % 4}",)) for t in texts], vectors)
 
 
 def answers(index: Index) -> list[object]:
@@ -42,8 +41,12 @@ def answers(index: Index) -> list[object]:
         hits = index.by_words(words, None, 500)  # every match: ties fall by row
         out.append(sorted((int(index.row_chunk[r]), s) for r, s in hits))
     live = np.flatnonzero(index.alive[: index.n_rows]).tolist()
-    out.append(sorted((int(index.row_chunk[r]), c.headings, c.record.path)
-                      for r, c in zip(live, index.cited(live), strict=True)))
+    out.append(
+        sorted(
+            (int(index.row_chunk[r]), c.headings, c.record.path)
+            for r, c in zip(live, index.cited(live), strict=True)
+        )
+    )
     return out
 
 
@@ -140,10 +143,14 @@ def test_a_kill_while_the_snapshot_is_saved_leaves_a_consistent_index(tmp_path):
     writer = new_index(tmp_path, 256, "int8")
     rng = np.random.default_rng(10)
     for i in range(0, 3000, 50):
-        writer.put_documents([
-            (record(f"f{j}.md"), [chunk(f"doc{j} common")], rng.standard_normal((1, 256)))
-            for j in range(i, i + 50)
-        ])
+        writer.put_documents(
+            [
+                Replacement(
+                    record(f"f{j}.md"), [chunk(f"doc{j} common")], rng.standard_normal((1, 256))
+                )
+                for j in range(i, i + 50)
+            ]
+        )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path)], env=env)
     deadline = time.monotonic() + 60
@@ -180,8 +187,12 @@ def test_rows_loaded_from_a_snapshot_are_compacted_and_added_to_like_any_others(
     rng = np.random.default_rng(12)
     vectors = rng.standard_normal((2400, DIM)).astype(np.float32)
     for index in indexes.values():
-        index.put_documents([(record(f"f{i}.md"), [chunk(f"doc{i}")], vectors[i : i + 1])
-                             for i in range(2400)])
+        index.put_documents(
+            [
+                Replacement(record(f"f{i}.md"), [chunk(f"doc{i}")], vectors[i : i + 1])
+                for i in range(2400)
+            ]
+        )
     again = loaded(tmp_path / "int8", "int8")
     assert again.vectors.base
     for index in (again, indexes["float32"]):

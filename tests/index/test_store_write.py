@@ -12,27 +12,35 @@ import pytest
 from hypothesis import strategies as st
 
 from metis_indexer.index import store
-from metis_indexer.index.memory import Index
+from metis_indexer.index.memory import Index, Replacement
 from metis_indexer.index.store import Terms, _terms_blob, _terms_blobs
 
 from .helpers import chunk, new_index, record
 
 
-@hypothesis.given(st.lists(st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(1, 999)),
-                                    max_size=6), max_size=8))
+@hypothesis.given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(1, 999)), max_size=6), max_size=8
+    )
+)
 def test_a_documents_blobs_are_each_chunks_own(chunks):
     sizes = np.array([len(c) for c in chunks], dtype=np.int64)
     term_ids = np.array([t for c in chunks for t, _ in c], dtype=np.int32)
     counts = np.array([n for c in chunks for _, n in c], dtype=np.int32)
     assert _terms_blobs(term_ids, counts, sizes) == [
-        _terms_blob(np.array([t for t, _ in c], dtype=np.int32),
-                    np.array([n for _, n in c], dtype=np.int32))
+        _terms_blob(
+            np.array([t for t, _ in c], dtype=np.int32), np.array([n for _, n in c], dtype=np.int32)
+        )
         for c in chunks
     ]
 
 
-@hypothesis.given(st.lists(st.dictionaries(st.text("abcé", min_size=1, max_size=3),
-                                          st.integers(1, 9), max_size=5), max_size=6))
+@hypothesis.given(
+    st.lists(
+        st.dictionaries(st.text("abcé", min_size=1, max_size=3), st.integers(1, 9), max_size=5),
+        max_size=6,
+    )
+)
 def test_a_documents_words_are_named_once_and_pickle_whole(chunks):
     terms = Terms.of(chunks)
     assert [terms.words[i] for i in terms.which] == [w for c in chunks for w in c]
@@ -82,8 +90,8 @@ def test_a_document_that_fails_takes_back_the_words_it_named(tmp_path):
     document that brings the word writes it."""
     index = new_index(tmp_path)
     index.put_document(record("a.md"), [chunk("alpha")], None)
-    bad = (record("b.md"), [chunk("omega")], np.zeros((2, 8), dtype=np.float32))  # 2 vectors
-    good = (record("c.md"), [chunk("alpha psi")], None)
+    bad = Replacement(record("b.md"), [chunk("omega")], np.zeros((2, 8), np.float32))  # 2 vectors
+    good = Replacement(record("c.md"), [chunk("alpha psi")], None)
     errors = index.put_documents([bad, good])
     assert errors[0] is not None and errors[1] is None
     assert "omega" not in index.store._written_words
@@ -101,9 +109,11 @@ def test_the_log_is_copied_into_the_database_by_the_checkpointer(tmp_path, monke
     rng = np.random.default_rng(3)
     big = 0
     while wal.stat().st_size < store.CHECKPOINT_BYTES:  # 8 vectors of 4 KB a document
-        index.put_document(record(f"{big}.md", chunks=8),
-                           [chunk(f"text {big} {j}") for j in range(8)],
-                           rng.standard_normal((8, 1024)).astype(np.float32))
+        index.put_document(
+            record(f"{big}.md", chunks=8),
+            [chunk(f"text {big} {j}") for j in range(8)],
+            rng.standard_normal((8, 1024)).astype(np.float32),
+        )
         big += 1
     small = 0
     deadline = time.monotonic() + 30

@@ -147,7 +147,9 @@ def operator(kube: ControlPlane, installed: None, tmp_path: Path) -> Iterator[Op
 
 @pytest.fixture(scope="module")
 def pods_node(
-    kube: ControlPlane, installed: None, request: pytest.FixtureRequest,
+    kube: ControlPlane,
+    installed: None,
+    request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[node.Node, str] | None]:
     """The real node for this module's indexer pods (and the indexer image's name), or

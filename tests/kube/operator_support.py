@@ -116,9 +116,12 @@ class StallingProxy:
                     if stalled:
                         threading.Event().wait(proxy.seconds)
                 answer = httpx.request(
-                    self.command, proxy.target + self.path, content=body, timeout=60,
+                    self.command,
+                    proxy.target + self.path,
+                    content=body,
+                    timeout=60,
                     headers={"content-type": self.headers.get("content-type", "")},
-                )  # fmt: skip
+                )
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self.send_response(answer.status_code)
                     self.send_header("content-type", answer.headers.get("content-type", ""))
@@ -197,16 +200,20 @@ class Operator:
             log.flush()
             self.proc = subprocess.Popen(
                 self.wrap([str(Path(sys.executable).parent / "metis-operator")]),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-            )  # fmt: skip
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         self.starts += 1
         if self.env.get("METIS_LEADER_ELECTION") != "true":
             self.wait_healthy()
         return self
 
     def wait_healthy(self, timeout: float = 60) -> None:
-        wait_for(self._healthy, timeout=timeout, what="the operator's /healthz",
-                 alive=self.check_alive)  # fmt: skip
+        wait_for(
+            self._healthy, timeout=timeout, what="the operator's /healthz", alive=self.check_alive
+        )
 
     def _healthy(self) -> bool:
         try:
@@ -288,9 +295,13 @@ def kstatus(kube: ControlPlane, obj: dict[str, Any]) -> dict[str, str]:
 
 def read_kstatus(bin_dir: Path, obj: dict[str, Any]) -> dict[str, str]:
     out = subprocess.run(
-        [str(bin_dir / "kstatus")], input=json.dumps(obj), capture_output=True, text=True,
-        check=True, timeout=30,
-    )  # fmt: skip
+        [str(bin_dir / "kstatus")],
+        input=json.dumps(obj),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
     return dict(json.loads(out.stdout))
 
 

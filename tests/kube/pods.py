@@ -56,6 +56,7 @@ class Pods(Protocol):
         """The operator for this test's namespace alone: the bases other tests left behind
         (their namespaces are deleted without waiting) are not its business."""
         ...
+
     def install(self) -> None: ...
 
     host: str
@@ -97,15 +98,17 @@ class StandInPods:
         try:
             yield name
         finally:
-            self.kube.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false",
-                              check=False)  # fmt: skip
+            self.kube.kubectl(
+                "delete", "node", name, "--ignore-not-found", "--wait=false", check=False
+            )
 
     def drive(self, name: str, folder: Path) -> None:
         make_drive(self.kube, self.namespace, name, folder)
 
     def model_service(self, name: str, port: int, *, selector: bool = False) -> None:
-        model_service(self.kube, self.namespace, name, port,
-                      selector={"app": name} if selector else None)  # fmt: skip
+        model_service(
+            self.kube, self.namespace, name, port, selector={"app": name} if selector else None
+        )
 
     def models(self, port: int | None = None) -> ModelServer:
         return start_model_server(port=port)
@@ -144,8 +147,9 @@ class RealPods:
         try:
             yield node.NODE_NAME
         finally:
-            self.kube.kubectl("label", "node", node.NODE_NAME, *(f"{k}-" for k in labels),
-                              check=False)  # fmt: skip
+            self.kube.kubectl(
+                "label", "node", node.NODE_NAME, *(f"{k}-" for k in labels), check=False
+            )
 
     def drive(self, name: str, folder: Path) -> None:
         """A drive the pod's user (10001) may read: a hostPath mount shows the folder
@@ -168,9 +172,16 @@ class RealPods:
 
     def operator(self, workdir: Path, **kw: Any) -> Operator:
         env = {"METIS_INDEXER_IMAGE": self.image, **kw.pop("env", {})}
-        return Operator(self.kube, workdir, INDEXER_PORT, url_template=None,
-                        wrap=self.node.host_command, env=env, namespaces=(self.namespace,),
-                        **kw)  # fmt: skip
+        return Operator(
+            self.kube,
+            workdir,
+            INDEXER_PORT,
+            url_template=None,
+            wrap=self.node.host_command,
+            env=env,
+            namespaces=(self.namespace,),
+            **kw,
+        )
 
     def install(self) -> None:
         """manifests/, its operator Deployment scaled to none: the tests run the operator

@@ -24,13 +24,17 @@ NO_ROOT = "a real node needs root (containerd, network namespaces, iptables)"
     ("requested", "unusable", "kind", "says"),
     [
         ("auto", None, "real", "a real one"),
-        ("auto", NO_ROOT, "stand-in", f"the stand-in kubelet (no real node on this machine: "
-                                      f"{NO_ROOT})"),
+        (
+            "auto",
+            NO_ROOT,
+            "stand-in",
+            f"the stand-in kubelet (no real node on this machine: {NO_ROOT})",
+        ),
         ("stand-in", None, "stand-in", "asked for with --node stand-in"),
         ("stand-in", NO_ROOT, "stand-in", "asked for with --node stand-in"),
         ("real", None, "real", "a real one"),
     ],
-)  # fmt: skip
+)
 def test_the_node_is_real_where_the_machine_allows_and_the_choice_is_said(
     requested: str, unusable: str | None, kind: str, says: str
 ) -> None:
@@ -79,10 +83,23 @@ def test_cluster_up_serves_kubectl_and_stops_everything_on_sigint(
     work, audit = tmp_path / "cluster", tmp_path / "audit.log"
     log = (tmp_path / "cluster-up.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "metis_dev.cli", "cluster", "up", "--dir", str(work),
-         "--audit-log", str(audit), "--node", "stand-in"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "metis_dev.cli",
+            "cluster",
+            "up",
+            "--dir",
+            str(work),
+            "--audit-log",
+            str(audit),
+            "--node",
+            "stand-in",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
 
         def started() -> bool:
@@ -97,8 +114,9 @@ def test_cluster_up_serves_kubectl_and_stops_everything_on_sigint(
         assert (info.kind, info.name) == ("stand-in", "metis-local")
 
         kubectl = kube_binaries / "kubectl"
-        nodes = json.loads(run_kubectl(kubectl, work / "kubeconfig", "get", "nodes",
-                                       "-o", "json").stdout)  # fmt: skip
+        nodes = json.loads(
+            run_kubectl(kubectl, work / "kubeconfig", "get", "nodes", "-o", "json").stdout
+        )
         [node] = nodes["items"]
         assert node["metadata"]["name"] == "metis-local"
         ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}

@@ -127,9 +127,16 @@ def test_crd_cel_validation_status_subresource_and_conflicts(
 
     # Status subresource: status is written only through it, and does not bump generation.
     kube.kubectl(
-        "patch", "gadget", "good", "-n", ns, "--subresource=status", "--type=merge",
-        "-p", '{"status": {"phase": "Ready"}}',
-    )  # fmt: skip
+        "patch",
+        "gadget",
+        "good",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        '{"status": {"phase": "Ready"}}',
+    )
     kube.kubectl(
         "wait", "gadget/good", "-n", ns, "--for=jsonpath={.status.phase}=Ready", "--timeout=30s"
     )
@@ -137,9 +144,15 @@ def test_crd_cel_validation_status_subresource_and_conflicts(
     obj = kube.rest().get(path)
     assert obj["metadata"]["generation"] == 1
     kube.kubectl(
-        "patch", "gadget", "good", "-n", ns, "--type=merge",
-        "-p", '{"spec": {"maxReplicas": 4}, "status": {"phase": "Bogus"}}',
-    )  # fmt: skip
+        "patch",
+        "gadget",
+        "good",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec": {"maxReplicas": 4}, "status": {"phase": "Bogus"}}',
+    )
     obj = kube.rest().get(path)
     assert obj["status"] == {"phase": "Ready"}
     assert obj["metadata"]["generation"] == 2

@@ -47,8 +47,12 @@ def test_make_demo_shows_the_main_job_and_stops_everything(
 ) -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "cluster_demo.py")],
-        capture_output=True, text=True, timeout=420, check=False, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=420,
+        check=False,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     text = out.stdout
     # The demo says which node it ran: the real one wherever the machine allows and no
@@ -57,8 +61,10 @@ def test_make_demo_shows_the_main_job_and_stops_everything(
     if node.unusable() is None and not real:
         assert "its one real node is in use by process" in text, text[:2000]
     if real:
-        assert f"On a real node ({node.NODE_NAME}): the indexer runs in a container from " \
-            "localhost/metis-indexer:" in text  # fmt: skip
+        assert (
+            f"On a real node ({node.NODE_NAME}): the indexer runs in a container from "
+            "localhost/metis-indexer:" in text
+        )
         assert f"without selector, endpoints {node.GATEWAY}:" in text
         # The answers came through the base's Service, by name, as a pod asks it.
         assert "--url http://metis-handbook.demo.svc:7700 --top-k 2" in text
@@ -82,18 +88,15 @@ def test_make_demo_shows_the_main_job_and_stops_everything(
 
     assert "State:                Ready" in text  # the describe excerpt
     assert re.search(r"Normal +Ready ", text)  # its Events (wider with a Warning)
-    for citation in ("docs/handbook/policies/leave.md, line 12",
-                     "runbooks/gpu-errors.txt, line 1",
-                     "docs/handbook/travel.pdf, page 2"):  # fmt: skip
+    for citation in (
+        "docs/handbook/policies/leave.md, line 12",
+        "runbooks/gpu-errors.txt, line 1",
+        "docs/handbook/travel.pdf, page 2",
+    ):
         assert citation in text, text[-3000:]
     assert re.search(r"meaning [\d.]+ \(#1\) · words [\d.]+ \(#\d+\) · fused", text)
 
-    console = subprocess.run([sys.executable, "-m", "metis_indexer.cli", "console", "--help"],
-                             capture_output=True, check=False)  # fmt: skip
-    if console.returncode == 0:
-        assert re.search(r"^console: http://127\.0\.0\.1:\d+/$", text, re.MULTILINE), text[-2000:]
-    else:
-        assert "(no console: this Metis has no `metis console`)" in text
+    assert re.search(r"^console: http://127\.0\.0\.1:\d+/$", text, re.MULTILINE), text[-2000:]
 
     work = re.search(r"cluster up --dir (/\S+)/cluster", text)
     assert work is not None
@@ -106,20 +109,22 @@ def test_make_demo_shows_the_main_job_and_stops_everything(
 
 
 def test_the_describe_excerpt_drops_spec_and_conditions() -> None:
-    described = "\n".join([
-        "Name:         handbook",
-        "Spec:",
-        "  Sources:",
-        "    Drive:  docs",
-        "Status:",
-        "  Conditions:",
-        "    Type:   Ready",
-        "  Observed:",
-        "    Machine:  metis-local",
-        "  State:  Ready",
-        "Events:",
-        "  Normal  Ready  0s  metis-operator  everything is indexed",
-    ])  # fmt: skip
+    described = "\n".join(
+        [
+            "Name:         handbook",
+            "Spec:",
+            "  Sources:",
+            "    Drive:  docs",
+            "Status:",
+            "  Conditions:",
+            "    Type:   Ready",
+            "  Observed:",
+            "    Machine:  metis-local",
+            "  State:  Ready",
+            "Events:",
+            "  Normal  Ready  0s  metis-operator  everything is indexed",
+        ]
+    )
     assert excerpt(described) == [
         "Name:         handbook",
         "Status:",

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from metis_dev.build import ensure_binaries
-from metis_operator import status as status_mod
+from metis_operator import status_compose
 from metis_operator.state import Observation, State, Verdict
 from tests.kube.operator_support import read_kstatus
 
@@ -21,10 +21,16 @@ def bin_dir() -> Path:
 
 
 def base(state: State, generation: int, observed: int) -> dict[str, Any]:
-    status = status_mod.compose(
-        {}, Verdict(state, f"why {state}"), Observation(), generation=observed, address=None,
-        revisions={}, with_reranker=False, now="2026-01-01T00:00:00Z",
-    )  # fmt: skip
+    status = status_compose.compose(
+        {},
+        Verdict(state, f"why {state}"),
+        Observation(),
+        generation=observed,
+        address=None,
+        revisions={},
+        with_reranker=False,
+        now="2026-01-01T00:00:00Z",
+    ).dump()
     return {
         "apiVersion": "metis.astraeus.io/v1",
         "kind": "KnowledgeBase",
@@ -44,9 +50,16 @@ def base(state: State, generation: int, observed: int) -> dict[str, Any]:
         (State.WAITING, 3, 3, "InProgress"),
         (State.FAILED, 3, 3, "Failed"),
     ],
-    ids=["ready", "ready-but-a-newer-generation", "indexing", "starting", "pending",
-         "waiting", "failed"],
-)  # fmt: skip
+    ids=[
+        "ready",
+        "ready-but-a-newer-generation",
+        "indexing",
+        "starting",
+        "pending",
+        "waiting",
+        "failed",
+    ],
+)
 def test_kstatus_reads_each_state_as_meant(
     bin_dir: Path, state: State, generation: int, observed: int, expected: str
 ) -> None:

@@ -78,9 +78,13 @@ def kubectl_metis(
         "KUBECONFIG": str(kubeconfig or kube.kubeconfig),
     }
     return subprocess.run(
-        [str(kube.kubectl_path), "metis", *args], capture_output=True, text=True, env=env,
-        timeout=150, check=False,
-    )  # fmt: skip
+        [str(kube.kubectl_path), "metis", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=150,
+        check=False,
+    )
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> str:
@@ -96,20 +100,37 @@ def publish(kube: ControlPlane, namespace: str, base: str, port: int) -> str:
     ip = subset["addresses"][0]["ip"]  # the API server's own address, on this machine
     with socket.socket() as s:
         s.bind((ip, 0))  # fails here, plainly, where the address is not this machine's
-    pods = api.get(f"/api/v1/namespaces/{namespace}/pods?labelSelector="
-                   f"app.kubernetes.io/instance={base}")["items"]  # fmt: skip
+    pods = api.get(
+        f"/api/v1/namespaces/{namespace}/pods?labelSelector=app.kubernetes.io/instance={base}"
+    )["items"]
     (pod,) = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
     name = pod["metadata"]["name"]
-    api.patch(f"/api/v1/namespaces/{namespace}/pods/{name}/status",
-              {"status": {"podIP": ip, "podIPs": [{"ip": ip}]}})  # fmt: skip
-    api.post(f"/api/v1/namespaces/{namespace}/endpoints", {
-        "metadata": {"name": f"metis-{base}"},
-        "subsets": [{
-            "addresses": [{"ip": ip, "targetRef": {"kind": "Pod", "namespace": namespace,
-                                                   "name": name, "uid": pod["metadata"]["uid"]}}],
-            "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-        }],
-    })  # fmt: skip
+    api.patch(
+        f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+        {"status": {"podIP": ip, "podIPs": [{"ip": ip}]}},
+    )
+    api.post(
+        f"/api/v1/namespaces/{namespace}/endpoints",
+        {
+            "metadata": {"name": f"metis-{base}"},
+            "subsets": [
+                {
+                    "addresses": [
+                        {
+                            "ip": ip,
+                            "targetRef": {
+                                "kind": "Pod",
+                                "namespace": namespace,
+                                "name": name,
+                                "uid": pod["metadata"]["uid"],
+                            },
+                        }
+                    ],
+                    "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+                }
+            ],
+        },
+    )
     return ip
 
 
@@ -128,8 +149,11 @@ def test_kubectl_metis_status_search_and_requests(
     (drive / "broken.pdf").write_bytes(b"%PDF-1.4 this is not a PDF at all")
     make_drive(kube, ns, "handbook", drive)
     model_service(kube, ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
-    spec = {"sources": [{"drive": "handbook"}], "embedding": {"deployment": "minilm"},
-            "rescan_seconds": 0}  # fmt: skip
+    spec = {
+        "sources": [{"drive": "handbook"}],
+        "embedding": {"deployment": "minilm"},
+        "rescan_seconds": 0,
+    }
     for name, body in (("handbook", spec), ("lost", {**spec, "sources": [{"drive": "absent"}]})):
         kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(kb(name, body)))
     wait_state(kube, ns, "lost", "Failed", alive=alive)
@@ -145,8 +169,9 @@ def test_kubectl_metis_status_search_and_requests(
     assert f"Address:         http://metis-handbook.{ns}.svc:{operator.indexer_port}" in out
     assert f"Machine:         {node}" in out
     conditions = out.split("\nConditions\n")[1].split("\nEvents\n")
-    assert any(line.split()[:3] == ["Ready", "True", "Ready"]
-               for line in conditions[0].splitlines())  # fmt: skip
+    assert any(
+        line.split()[:3] == ["Ready", "True", "Ready"] for line in conditions[0].splitlines()
+    )
     assert any(line.split()[1:3] == ["Normal", "Ready"] for line in conditions[1].splitlines())
     assert "none (kubectl metis evaluate handbook)" in out
 
@@ -166,8 +191,9 @@ def test_kubectl_metis_status_search_and_requests(
     missing = kubectl_metis(kube, "status", "nope", "-n", ns)
     assert missing.returncode == 1
     assert f'error: no knowledge base "nope" in namespace "{ns}"' in missing.stderr
-    stranger = kube.write_kubeconfig(tmp_path / "stranger.kubeconfig", "someone-else",
-                                     groups=("metis-test:nobody",))  # fmt: skip
+    stranger = kube.write_kubeconfig(
+        tmp_path / "stranger.kubeconfig", "someone-else", groups=("metis-test:nobody",)
+    )
     refused = kubectl_metis(kube, "status", "handbook", "-n", ns, kubeconfig=stranger)
     assert refused.returncode == 1 and "error: not allowed: " in refused.stderr
     assert 'User "someone-else" cannot get resource "knowledgebases"' in refused.stderr
@@ -177,19 +203,36 @@ def test_kubectl_metis_status_search_and_requests(
 
     # Search through the API server's service proxy, printed as `metis search` prints.
     publish(kube, ns, "handbook", operator.indexer_port)
-    out = ok(kubectl_metis(kube, "search", "handbook", "How many holidays do I get?",
-                           "--top-k", "2", "-n", ns))  # fmt: skip
+    out = ok(
+        kubectl_metis(
+            kube, "search", "handbook", "How many holidays do I get?", "--top-k", "2", "-n", ns
+        )
+    )
     direct = subprocess.run(
-        metis("search", "How many holidays do I get?", "--top-k", "2", "--url",
-              f"http://127.0.0.1:{operator.indexer_port}"),
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
+        metis(
+            "search",
+            "How many holidays do I get?",
+            "--top-k",
+            "2",
+            "--url",
+            f"http://127.0.0.1:{operator.indexer_port}",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     lines = out.splitlines()
     assert lines[:-1] == direct.splitlines()[:-1]  # all but the time it took
     assert lines[0].startswith("1. handbook/policies/leave.md, line ")
     assert lines[-1].startswith("(hybrid; ") and lines[-1].endswith(" ms)")
-    answer = json.loads(ok(kubectl_metis(kube, "search", "handbook", "Xid 79", "--mode",
-                                         "keyword", "--json", "-n", ns)))  # fmt: skip
+    answer = json.loads(
+        ok(
+            kubectl_metis(
+                kube, "search", "handbook", "Xid 79", "--mode", "keyword", "--json", "-n", ns
+            )
+        )
+    )
     assert answer["mode"] == "keyword"
     assert answer["results"][0]["citation"]["document"] == "runbooks/gpu-errors.txt"
     bad = kubectl_metis(kube, "search", "handbook", "x", "--top-k", "99", "-n", ns)
@@ -204,18 +247,26 @@ def test_kubectl_metis_status_search_and_requests(
     out = ok(kubectl_metis(kube, "reindex", "handbook", "--full", "-n", ns))
     value = _annotation(kube, ns, "handbook", "metis.astraeus.io/reindex")
     assert value.startswith("full ") and f"annotated metis.astraeus.io/reindex={value}" in out
-    wait_for(lambda: ("Reindex", "a full reindex started") in state_events(kube, ns, "handbook"),
-             timeout=60, what="the Reindex Event", alive=alive)  # fmt: skip
+    wait_for(
+        lambda: ("Reindex", "a full reindex started") in state_events(kube, ns, "handbook"),
+        timeout=60,
+        what="the Reindex Event",
+        alive=alive,
+    )
     ok(kubectl_metis(kube, "evaluate", "handbook", "--k", "3", "-n", ns))
     assert _annotation(kube, ns, "handbook", "metis.astraeus.io/evaluate").startswith("k=3 ")
     evaluation: dict[str, Any] = wait_for(
         lambda: get_kb(kube, ns, "handbook").get("status", {}).get("evaluation"),
-        timeout=120, what="the evaluation in the status", alive=alive,
-    )  # fmt: skip
+        timeout=120,
+        what="the evaluation in the status",
+        alive=alive,
+    )
     assert evaluation["k"] == 3
     out = ok(kubectl_metis(kube, "status", "handbook", "-n", ns))
-    assert (f"recall@3 {evaluation['recall_at_k']:.3f} · MRR {evaluation['mrr']:.3f} over "
-            f"{evaluation['cases']} questions") in out  # fmt: skip
+    assert (
+        f"recall@3 {evaluation['recall_at_k']:.3f} · MRR {evaluation['mrr']:.3f} over "
+        f"{evaluation['cases']} questions"
+    ) in out
     gone = kubectl_metis(kube, "reindex", "nope", "-n", ns)
     assert gone.returncode == 1 and f'no knowledge base "nope" in namespace "{ns}"' in gone.stderr
 

@@ -73,13 +73,21 @@ def reconciliations(op: Operator) -> float:
 def looked_again(op: Operator, times: int = 3) -> None:
     """Wait until the operator has reconciled `times` more times."""
     start = reconciliations(op)
-    wait_for(lambda: reconciliations(op) >= start + times, timeout=60,
-             what=f"{times} more reconciliations", alive=op.check_alive)  # fmt: skip
+    wait_for(
+        lambda: reconciliations(op) >= start + times,
+        timeout=60,
+        what=f"{times} more reconciliations",
+        alive=op.check_alive,
+    )
 
 
 def spec_for(pool: str) -> dict[str, Any]:
-    return {"sources": [{"drive": "docs"}], "embedding": {"deployment": "minilm"},
-            "placement": {"labels": {"pool": pool}}, "rescan_seconds": 0}  # fmt: skip
+    return {
+        "sources": [{"drive": "docs"}],
+        "embedding": {"deployment": "minilm"},
+        "placement": {"labels": {"pool": pool}},
+        "rescan_seconds": 0,
+    }
 
 
 def setup(kube: ControlPlane, ns: str, models: ModelServer, tmp_path: Path) -> None:
@@ -120,8 +128,11 @@ def test_two_replicas_act_once_and_the_standby_takes_over(
     try:
         first.start().wait_healthy()
         second.start()
-        wait_for(lambda: kube.rest().get(LEASE)["spec"]["holderIdentity"] == "replica-a",
-                 timeout=30, what="replica-a to lead")  # fmt: skip
+        wait_for(
+            lambda: kube.rest().get(LEASE)["spec"]["holderIdentity"] == "replica-a",
+            timeout=30,
+            what="replica-a to lead",
+        )
         apply_kb(kube, ns, kb("handbook", spec_for(node)))
         wait_state(kube, ns, "handbook", "Ready", timeout=120, alive=first.check_alive)
         assert second._healthy() and not acting(second)  # alive, standing by
@@ -129,8 +140,11 @@ def test_two_replicas_act_once_and_the_standby_takes_over(
         indexer = pods.indexer("handbook")
         passes = indexer.status()["passes"]
         kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/reindex=1")
-        wait_for(lambda: indexer.status()["passes"] == passes + 1, timeout=30,
-                 what="the pass the annotation asked for")  # fmt: skip
+        wait_for(
+            lambda: indexer.status()["passes"] == passes + 1,
+            timeout=30,
+            what="the pass the annotation asked for",
+        )
         wait_state(kube, ns, "handbook", "Ready", alive=first.check_alive)
         looked_again(first)
         assert indexer.status()["passes"] == passes + 1
@@ -140,23 +154,36 @@ def test_two_replicas_act_once_and_the_standby_takes_over(
         # The leader dies: the standby takes the Lease once it has not been renewed
         # for its duration (15 s) and acts on the next request.
         first.stop(signal.SIGKILL)
-        wait_for(lambda: kube.rest().get(LEASE)["spec"]["holderIdentity"] == "replica-b",
-                 timeout=15 + 2 + 5, interval=0.5, what="replica-b to take over")  # fmt: skip
-        wait_for(lambda: acting(second), timeout=30, what="replica-b to act",
-                 alive=second.check_alive)  # fmt: skip
-        kube.kubectl("annotate", "kb", "handbook", "-n", ns, "--overwrite",
-                     "metis.astraeus.io/reindex=2")  # fmt: skip
-        wait_for(lambda: indexer.status()["passes"] == passes + 2, timeout=60,
-                 what="a pass asked of the new leader", alive=second.check_alive)  # fmt: skip
-        wait_for(lambda: len([e for e in state_events(kube, ns, "handbook")
-                              if e[0] == "Reindex"]) == 2, timeout=30,
-                 what="the new leader's Event")  # fmt: skip
+        wait_for(
+            lambda: kube.rest().get(LEASE)["spec"]["holderIdentity"] == "replica-b",
+            timeout=15 + 2 + 5,
+            interval=0.5,
+            what="replica-b to take over",
+        )
+        wait_for(
+            lambda: acting(second), timeout=30, what="replica-b to act", alive=second.check_alive
+        )
+        kube.kubectl(
+            "annotate", "kb", "handbook", "-n", ns, "--overwrite", "metis.astraeus.io/reindex=2"
+        )
+        wait_for(
+            lambda: indexer.status()["passes"] == passes + 2,
+            timeout=60,
+            what="a pass asked of the new leader",
+            alive=second.check_alive,
+        )
+        wait_for(
+            lambda: len([e for e in state_events(kube, ns, "handbook") if e[0] == "Reindex"]) == 2,
+            timeout=30,
+            what="the new leader's Event",
+        )
         events = kube.rest().get(
             f"/api/v1/namespaces/{ns}/events?fieldSelector=involvedObject.name=handbook"
         )["items"]
         assert {e["source"].get("component") for e in events} == {"metis-operator"}
         assert {e.get("reportingInstance") for e in events if e["reason"] == "Reindex"} == {
-            "replica-a", "replica-b"
+            "replica-a",
+            "replica-b",
         }
     finally:
         for op in ops:
@@ -184,9 +211,12 @@ def test_a_slow_probe_does_not_flip_the_state(
         events = state_events(kube, ns, "handbook")
         proxy.stall = 1
         # The slow call, then three answered cheap calls: the prober has recovered.
-        wait_for(lambda: proxy.models_calls[-3:] == ["answered"] * 3
-                 and "stalled" in proxy.models_calls, timeout=60,
-                 what="a stalled probe, then three answered", alive=op.check_alive)  # fmt: skip
+        wait_for(
+            lambda: proxy.models_calls[-3:] == ["answered"] * 3 and "stalled" in proxy.models_calls,
+            timeout=60,
+            what="a stalled probe, then three answered",
+            alive=op.check_alive,
+        )
         looked_again(op)
         s = get_kb(kube, ns, "handbook")["status"]
         assert s["state"] == "Ready", s
@@ -219,9 +249,15 @@ def test_a_paused_base_is_left_alone(
         assert managers(kube.rest().get(cm)) == {"metis-operator"}
 
         kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/paused=true")
-        wait_state(kube, ns, "handbook", "Pending",
-                   check=lambda s: any(c["type"] == "Paused" and c["status"] == "True"
-                                       for c in s["conditions"]))  # fmt: skip
+        wait_state(
+            kube,
+            ns,
+            "handbook",
+            "Pending",
+            check=lambda s: any(
+                c["type"] == "Paused" and c["status"] == "True" for c in s["conditions"]
+            ),
+        )
         kube.rest().delete(cm)
         wait_for(lambda: gone(kube, cm), timeout=30, what="the ConfigMap to go")
         looked_again(op)
@@ -229,8 +265,13 @@ def test_a_paused_base_is_left_alone(
 
         kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/paused-")
         wait_for(lambda: not gone(kube, cm), timeout=30, what="the ConfigMap to come back")
-        wait_state(kube, ns, "handbook", "Pending",
-                   check=lambda s: all(c["type"] != "Paused" for c in s["conditions"]))  # fmt: skip
+        wait_state(
+            kube,
+            ns,
+            "handbook",
+            "Pending",
+            check=lambda s: all(c["type"] != "Paused" for c in s["conditions"]),
+        )
         lines = [json.loads(x) for x in op.log(200_000).splitlines() if x.startswith("{")]
         said = [x["message"] for x in lines if x.get("base") == f"{ns}/handbook"]
         assert any("paused" in m for m in said) and any("resumed" in m for m in said)
@@ -268,20 +309,33 @@ def test_the_operators_own_change_rolls_out_a_few_bases_at_a_time(
     assert len(old) == 1
     # A new indexer image, one rollout at a time: none of these bases gets Ready (no
     # machine), so the first to roll keeps its turn.
-    op = Operator(kube, tmp_path / "op", port,
-                  env={"METIS_INDEXER_IMAGE": "registry.invalid/metis-indexer:2",
-                       "METIS_MAX_ROLLOUTS": "1"}).start()  # fmt: skip
+    op = Operator(
+        kube,
+        tmp_path / "op",
+        port,
+        env={"METIS_INDEXER_IMAGE": "registry.invalid/metis-indexer:2", "METIS_MAX_ROLLOUTS": "1"},
+    ).start()
     try:
-        wait_for(lambda: list(images().values()).count("registry.invalid/metis-indexer:2") == 1,
-                 timeout=60, what="one base to roll out", alive=op.check_alive)  # fmt: skip
+        wait_for(
+            lambda: list(images().values()).count("registry.invalid/metis-indexer:2") == 1,
+            timeout=60,
+            what="one base to roll out",
+            alive=op.check_alive,
+        )
         looked_again(op, 6)
         rolled = [n for n, image in images().items() if image not in old]
         assert len(rolled) == 1, images()
         # The rolling base goes: the next one takes its turn.
         kube.kubectl("delete", "kb", rolled[0], "-n", ns, "--timeout=60s")
-        wait_for(lambda: [i not in old for i in images().values()].count(True) == 1
-                 and rolled[0] not in images(),
-                 timeout=60, what="the next base to roll out", alive=op.check_alive)  # fmt: skip
+        wait_for(
+            lambda: (
+                [i not in old for i in images().values()].count(True) == 1
+                and rolled[0] not in images()
+            ),
+            timeout=60,
+            what="the next base to roll out",
+            alive=op.check_alive,
+        )
         looked_again(op, 6)
         assert [i not in old for i in images().values()].count(True) == 1, images()
     finally:

@@ -1,6 +1,7 @@
-"""The KnowledgeBase CRD as the API server enforces it: each limit of spec 001 is
+"""The KnowledgeBase CRD as the API server enforces it: each limit of a base's spec is
 refused at `kubectl apply` with a message that names the field, defaults are
-filled in, and the printer columns are those of DESIGN.md."""
+filled in, and the printer columns are those `kubectl get kb` shows (README, "On
+Kubernetes")."""
 
 from __future__ import annotations
 

@@ -106,46 +106,65 @@ def test_a_base_gets_a_network_policy_and_a_token_made_once(
 
     policy = wait_for(
         lambda: api.get(f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies")["items"],
-        timeout=60, what="the base's NetworkPolicy", alive=operator.check_alive,
-    )[0]  # fmt: skip
+        timeout=60,
+        what="the base's NetworkPolicy",
+        alive=operator.check_alive,
+    )[0]
     # The children are applied one after another: the policy may come before the rest.
     deployment = wait_for(
         lambda: api.get(f"/apis/apps/v1/namespaces/{ns}/deployments/metis-handbook"),
-        timeout=60, what="the base's Deployment", alive=operator.check_alive,
-    )  # fmt: skip
+        timeout=60,
+        what="the base's Deployment",
+        alive=operator.check_alive,
+    )
     secret = wait_for(
         lambda: api.get(f"/api/v1/namespaces/{ns}/secrets/metis-handbook"),
-        timeout=60, what="the base's token Secret", alive=operator.check_alive,
-    )  # fmt: skip
+        timeout=60,
+        what="the base's token Secret",
+        alive=operator.check_alive,
+    )
     assert policy["metadata"]["name"] == "metis-handbook"
     assert policy["metadata"]["ownerReferences"][0]["uid"] == base["metadata"]["uid"]
     spec = policy["spec"]
     assert spec["podSelector"] == deployment["spec"]["selector"]
     assert spec["policyTypes"] == ["Ingress"]
-    assert spec["ingress"] == [{
-        "from": [
-            {"podSelector": {}},
-            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "metis-system"}}},
-        ],
-        "ports": [{"protocol": "TCP", "port": operator.indexer_port}],
-    }]  # fmt: skip
+    assert spec["ingress"] == [
+        {
+            "from": [
+                {"podSelector": {}},
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "metis-system"}
+                    }
+                },
+            ],
+            "ports": [{"protocol": "TCP", "port": operator.indexer_port}],
+        }
+    ]
 
     assert secret["type"] == "Opaque"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == base["metadata"]["uid"]
     token = base64.b64decode(secret["data"]["token"]).decode()
     assert len(token) >= 43
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert {"name": "METIS_API_TOKEN", "valueFrom": {"secretKeyRef": {
-        "name": "metis-handbook", "key": "token"}}} in container["env"]  # fmt: skip
+    assert {
+        "name": "METIS_API_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "metis-handbook", "key": "token"}},
+    } in container["env"]
 
     # A later reconciliation (it rewrites the configuration) keeps the token.
-    kube.kubectl("patch", "kb", "handbook", "-n", ns, "--type=merge",
-                 "-p", '{"spec":{"rescan_seconds":0}}')  # fmt: skip
+    kube.kubectl(
+        "patch", "kb", "handbook", "-n", ns, "--type=merge", "-p", '{"spec":{"rescan_seconds":0}}'
+    )
     wait_for(
-        lambda: '"rescan_seconds": 0' in api.get(
-            f"/api/v1/namespaces/{ns}/configmaps/metis-handbook")["data"]["config.json"],
-        timeout=60, what="the new configuration", alive=operator.check_alive,
-    )  # fmt: skip
+        lambda: (
+            '"rescan_seconds": 0'
+            in api.get(f"/api/v1/namespaces/{ns}/configmaps/metis-handbook")["data"]["config.json"]
+        ),
+        timeout=60,
+        what="the new configuration",
+        alive=operator.check_alive,
+    )
     again = api.get(f"/api/v1/namespaces/{ns}/secrets/metis-handbook")
     assert again["data"] == secret["data"]
     assert again["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
@@ -177,15 +196,22 @@ def test_a_single_namespace_install_runs_with_a_role_only(
     built = _namespaced_install(kube, ns, tmp_path / "install")
     docs = [d for d in yaml.safe_load_all(built) if d]
     assert {d["kind"] for d in docs} == {
-        "ServiceAccount", "Role", "RoleBinding", "Deployment", "PodDisruptionBudget", "Service",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Service",
         "NetworkPolicy",
-    }  # fmt: skip
+    }
     assert {d["metadata"]["namespace"] for d in docs} == {ns}
     kube.kubectl("apply", "-f", "-", input=built)
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert {"name": "METIS_NAMESPACES", "valueFrom": {"fieldRef": {
-        "fieldPath": "metadata.namespace"}}} in container["env"]  # fmt: skip
+    assert {
+        "name": "METIS_NAMESPACES",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+    } in container["env"]
 
     user = f"system:serviceaccount:{ns}:metis-operator"
 
@@ -203,29 +229,39 @@ def test_a_single_namespace_install_runs_with_a_role_only(
     # The operator itself, as that service account and for that namespace only, serves
     # a base there: a base naming a drive that does not exist is Failed, saying so.
     kubeconfig = kube.write_kubeconfig(
-        tmp_path / "operator.kubeconfig", user,
+        tmp_path / "operator.kubeconfig",
+        user,
         groups=("system:serviceaccounts", f"system:serviceaccounts:{ns}"),
-    )  # fmt: skip
+    )
     health = free_port()
     env = {
-        **os.environ, "KUBECONFIG": str(kubeconfig), "METIS_NAMESPACES": ns,
-        "POD_NAMESPACE": ns, "METIS_HEALTH_PORT": str(health), "METIS_METRICS_PORT": "0",
-        "METIS_URL_TEMPLATE": "http://127.0.0.1:{port}", "METIS_POLL_SECONDS": "1",
-    }  # fmt: skip
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "METIS_NAMESPACES": ns,
+        "POD_NAMESPACE": ns,
+        "METIS_HEALTH_PORT": str(health),
+        "METIS_METRICS_PORT": "0",
+        "METIS_URL_TEMPLATE": "http://127.0.0.1:{port}",
+        "METIS_POLL_SECONDS": "1",
+    }
     log = tmp_path / "operator.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "metis-operator")],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
 
         def alive() -> None:
             if proc.poll() is not None:
                 raise AssertionError(f"metis-operator exited:\n{log.read_text()[-4000:]}")
 
-        body = kb("handbook", {"sources": [{"drive": "nowhere"}],
-                               "embedding": {"deployment": "minilm"}})  # fmt: skip
+        body = kb(
+            "handbook", {"sources": [{"drive": "nowhere"}], "embedding": {"deployment": "minilm"}}
+        )
         kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(body))
         status = wait_state(kube, ns, "handbook", "Failed", timeout=90, alive=alive)
         assert "nowhere" in status["reason"]

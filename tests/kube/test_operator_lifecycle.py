@@ -135,10 +135,18 @@ def test_what_only_the_operator_can_check(
     (site / "index.html").write_text("<html><title>Team wiki</title></html>")
     web = Process(
         f"http://127.0.0.1:{web_port}",
-        [sys.executable, "-m", "http.server", str(web_port), "--bind", "127.0.0.1",
-         "--directory", str(site)],
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            str(web_port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            str(site),
+        ],
         tmp_path / "web.log",
-    ).start()  # fmt: skip
+    ).start()
     try:
         web.wait_for("the web server", lambda: web.get("/").status_code == 200)
         model_service(kube, ns, "wiki", web_port)
@@ -168,11 +176,21 @@ def test_what_only_the_operator_can_check(
         assert "embedding model Service wiki answers HTTP (SimpleHTTP" in s["reason"]
         assert "serves no model API" in s["reason"]
         assert condition(s, "Ready") | {"lastTransitionTime": None} == {
-            "type": "Ready", "status": "False", "reason": "Failed", "message": s["reason"],
-            "observedGeneration": 1, "lastTransitionTime": None,
-        }  # fmt: skip
-        s = wait_state(kube, ns, "on-gpu", "Pending", alive=alive,
-                       check=lambda s: "node affinity/selector" in s["reason"])  # fmt: skip
+            "type": "Ready",
+            "status": "False",
+            "reason": "Failed",
+            "message": s["reason"],
+            "observedGeneration": 1,
+            "lastTransitionTime": None,
+        }
+        s = wait_state(
+            kube,
+            ns,
+            "on-gpu",
+            "Pending",
+            alive=alive,
+            check=lambda s: "node affinity/selector" in s["reason"],
+        )
         assert s["reason"].startswith(f"no machine matches placement labels pool={pool} ")
         assert "(scheduler: 0/" in s["reason"] and "node affinity/selector" in s["reason"]
         assert condition(s, "RerankerAvailable")["status"] == "True"
@@ -187,7 +205,11 @@ def test_what_only_the_operator_can_check(
         for obj in owned.values():
             (ref,) = obj["metadata"]["ownerReferences"]
             assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
-                "KnowledgeBase", "on-gpu", uid, True)  # fmt: skip
+                "KnowledgeBase",
+                "on-gpu",
+                uid,
+                True,
+            )
             labels = obj["metadata"]["labels"]
             assert labels["app.kubernetes.io/instance"] == "on-gpu"
             assert labels["app.kubernetes.io/managed-by"] == "metis-operator"
@@ -199,8 +221,9 @@ def test_what_only_the_operator_can_check(
         make_drive(kube, ns, "absent", absent)
         wait_for(
             lambda: get_kb(kube, ns, "no-drive")["status"]["state"] != "Failed",
-            timeout=60, what="no-drive to leave Failed",
-        )  # fmt: skip
+            timeout=60,
+            what="no-drive to leave Failed",
+        )
         assert "metis-no-drive" in kube.kubectl("get", "deployments", "-n", ns).stdout
     finally:
         web.stop()
@@ -229,15 +252,20 @@ def test_a_base_indexes_answers_and_follows_changes(
     pods.drive("docs", docs)
     model_port = int(models.base_url.rsplit(":", 1)[1])
     pods.model_service("minilm", model_port, selector=True)
-    kube.rest().post(f"/apis/apps/v1/namespaces/{ns}/deployments", {
-        "metadata": {"name": "minilm"},
-        "spec": {
-            "replicas": 0,
-            "selector": {"matchLabels": {"app": "minilm"}},
-            "template": {"metadata": {"labels": {"app": "minilm"}}, "spec": {
-                "containers": [{"name": "tei", "image": "registry.invalid/tei:1"}]}},
+    kube.rest().post(
+        f"/apis/apps/v1/namespaces/{ns}/deployments",
+        {
+            "metadata": {"name": "minilm"},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": "minilm"}},
+                "template": {
+                    "metadata": {"labels": {"app": "minilm"}},
+                    "spec": {"containers": [{"name": "tei", "image": "registry.invalid/tei:1"}]},
+                },
+            },
         },
-    })  # fmt: skip
+    )
     spec = {
         "sources": [{"drive": "docs"}],
         "embedding": {"deployment": "minilm"},
@@ -245,8 +273,14 @@ def test_a_base_indexes_answers_and_follows_changes(
         "rescan_seconds": 0,
     }
     apply_kb(kube, ns, kb("handbook", spec))
-    s = wait_state(kube, ns, "handbook", "Pending", alive=alive,
-                   check=lambda s: "node affinity/selector" in s["reason"])  # fmt: skip
+    s = wait_state(
+        kube,
+        ns,
+        "handbook",
+        "Pending",
+        alive=alive,
+        check=lambda s: "node affinity/selector" in s["reason"],
+    )
     assert s["reason"].startswith(f"no machine matches placement labels pool=gpu-{pool}")
 
     # The pod the operator made: the drives read-only, the index at /index, no root.
@@ -304,12 +338,15 @@ def test_a_base_indexes_answers_and_follows_changes(
     # Reindex and evaluate by annotation; each runs again only when its value changes.
     passes = totals["passes"]
     kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/reindex=1")
-    wait_for(lambda: indexer_totals(pods)["passes"] == passes + 1, timeout=30,
-             what="a pass after the reindex annotation")  # fmt: skip
-    kube.kubectl("annotate", "kb", "handbook", "-n", ns, "--overwrite",
-                 "metis.astraeus.io/reindex=full-2")  # fmt: skip
-    wait_for(lambda: indexer_totals(pods)["passes"] == passes + 2, timeout=120,
-             what="a full pass")  # fmt: skip
+    wait_for(
+        lambda: indexer_totals(pods)["passes"] == passes + 1,
+        timeout=30,
+        what="a pass after the reindex annotation",
+    )
+    kube.kubectl(
+        "annotate", "kb", "handbook", "-n", ns, "--overwrite", "metis.astraeus.io/reindex=full-2"
+    )
+    wait_for(lambda: indexer_totals(pods)["passes"] == passes + 2, timeout=120, what="a full pass")
     assert indexer_totals(pods)["last_pass"]["read"] == len(names)
     # Those passes were the operator's, sent with the base's token; without it, none.
     refused = pods.indexer("handbook").post("/v1/reindex", {"full": True})
@@ -340,7 +377,8 @@ def test_a_base_indexes_answers_and_follows_changes(
     assert s["observed"]["revisions"] == {"docs": "r7"}
     since = state_events(kube, ns, "handbook")[seen:]
     assert since[0] == (
-        "Starting", "drive docs has revision r7: its indexer still reads no revision"
+        "Starting",
+        "drive docs has revision r7: its indexer still reads no revision",
     )
     assert since[-1][0] == "Ready" and "Ready" not in [reason for reason, _ in since[:-1]]
 
@@ -360,15 +398,28 @@ def test_a_base_indexes_answers_and_follows_changes(
         with pods.held():
             spec["chunking"] = {"size": 400, "overlap": 50}
             apply_kb(kube, ns, kb("handbook", spec))
-            s = wait_state(kube, ns, "handbook", "Starting", alive=alive,
-                           check=lambda s: s["observedGeneration"] == 3)  # fmt: skip
+            s = wait_state(
+                kube,
+                ns,
+                "handbook",
+                "Starting",
+                alive=alive,
+                check=lambda s: s["observedGeneration"] == 3,
+            )
             assert s["reason"] == "applying generation 3: the indexer still runs generation 2"
             assert condition(s, "Ready")["status"] == "False"
             assert condition(s, "Reconciling")["status"] == "True"
             seen = kstatus(kube, get_kb(kube, ns, "handbook"))
             assert seen["status"] == "InProgress", seen
-            wait = kube.kubectl("wait", "--for=condition=Ready", "kb/handbook", "-n", ns,
-                                "--timeout=2s", check=False)  # fmt: skip
+            wait = kube.kubectl(
+                "wait",
+                "--for=condition=Ready",
+                "kb/handbook",
+                "-n",
+                ns,
+                "--timeout=2s",
+                check=False,
+            )
             assert wait.returncode != 0
 
         def current() -> dict[str, Any] | None:
@@ -423,8 +474,12 @@ def test_a_base_indexes_answers_and_follows_changes(
         owned = children(kube, ns, "handbook")
         assert len(owned) == 4
         kube.kubectl("delete", "kb", "handbook", "-n", ns, "--timeout=60s")
-        wait_for(lambda: children(kube, ns, "handbook") == {}, timeout=120, interval=1,
-                 what="the children to be garbage-collected")  # fmt: skip
+        wait_for(
+            lambda: children(kube, ns, "handbook") == {},
+            timeout=120,
+            interval=1,
+            what="the children to be garbage-collected",
+        )
         assert gone(kube, kb_path(ns, "handbook"))
         wait_for(
             lambda: 'metis_operator_knowledge_bases{state="Ready"} 0.0' in operator.metrics(),
@@ -458,8 +513,12 @@ def test_restarting_the_operator_creates_nothing_twice_and_does_not_flap(
     write_documents(docs, 12)
     pods.drive("docs", docs)
     pods.model_service("minilm", port_of(pod_models))
-    spec = {"sources": [{"drive": "docs"}], "embedding": {"deployment": "minilm"},
-            "placement": {"labels": {"pool": pool}}, "rescan_seconds": 0}  # fmt: skip
+    spec = {
+        "sources": [{"drive": "docs"}],
+        "embedding": {"deployment": "minilm"},
+        "placement": {"labels": {"pool": pool}},
+        "rescan_seconds": 0,
+    }
 
     def unchanged_while_restarted(sig: int) -> None:
         status = get_kb(kube, ns, "handbook")["status"]

@@ -36,10 +36,18 @@ from tests.kube.operator_support import (
 )
 from tests.support.model_server import ModelServer
 
-PAIRS = (("pelican", "umbrella"), ("glacier", "violin"), ("lantern", "cactus"),
-         ("walrus", "telescope"), ("volcano", "harmonica"), ("octopus", "bicycle"))  # fmt: skip
-FILLER = ("The weekly meeting moves to the second floor room next to the kitchen, and the "
-          "printer there needs new paper every Monday morning before nine. ")  # fmt: skip
+PAIRS = (
+    ("pelican", "umbrella"),
+    ("glacier", "violin"),
+    ("lantern", "cactus"),
+    ("walrus", "telescope"),
+    ("volcano", "harmonica"),
+    ("octopus", "bicycle"),
+)
+FILLER = (
+    "The weekly meeting moves to the second floor room next to the kitchen, and the "
+    "printer there needs new paper every Monday morning before nine. "
+)
 
 
 def write_corpus(folder: Path, drive: str) -> None:
@@ -55,8 +63,9 @@ def write_corpus(folder: Path, drive: str) -> None:
             (folder / f"{thing}.md").write_text(
                 f"# Note on {thing}s\n\nThe {thing} and another {thing}.\n\n{FILLER[:120]}\n"
             )
-        cases.append({"question": f"Whose {b} is it, the {a}'s?",
-                      "expected": [f"{drive}/story-{i}.md"]})  # fmt: skip
+        cases.append(
+            {"question": f"Whose {b} is it, the {a}'s?", "expected": [f"{drive}/story-{i}.md"]}
+        )
     (folder / ".metis").mkdir()
     (folder / ".metis" / "evals.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
 
@@ -78,8 +87,10 @@ def evaluated_under(settings: str) -> Any:
 def gauge(operator: Operator, name: str, namespace: str, base: str) -> float:
     for family in text_string_to_metric_families(operator.metrics()):
         for sample in family.samples:
-            if sample.name == name and sample.labels == {"namespace": namespace,
-                                                         "knowledgebase": base}:  # fmt: skip
+            if sample.name == name and sample.labels == {
+                "namespace": namespace,
+                "knowledgebase": base,
+            }:
                 return float(sample.value)
     raise AssertionError(f"no {name} for {namespace}/{base}")
 
@@ -97,23 +108,40 @@ def test_a_chunking_change_that_lowers_recall_sets_quality_regressed(
     model_service(kube, ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
     write_corpus(tmp_path / "docs", "docs")
     make_drive(kube, ns, "docs", tmp_path / "docs")
-    spec = {"sources": [{"drive": "docs"}], "embedding": {"deployment": "minilm"},
-            "rescan_seconds": 0}  # fmt: skip
+    spec = {
+        "sources": [{"drive": "docs"}],
+        "embedding": {"deployment": "minilm"},
+        "rescan_seconds": 0,
+    }
     kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(kb("stories", spec)))
     # Its first figures, as a user asks for them (a base never evaluated is not judged).
     s = wait_state(kube, ns, "stories", "Ready", alive=alive, timeout=180)
     assert "evaluation" not in s  # Ready alone evaluates nothing
     kube.kubectl("annotate", "kb", "stories", "-n", ns, "metis.astraeus.io/evaluate=k=1 first")
-    s = wait_state(kube, ns, "stories", "Ready", alive=alive, timeout=120,
-                   check=evaluated_under("embedding minilm, chunks 1200/200"))  # fmt: skip
+    s = wait_state(
+        kube,
+        ns,
+        "stories",
+        "Ready",
+        alive=alive,
+        timeout=120,
+        check=evaluated_under("embedding minilm, chunks 1200/200"),
+    )
     first = s["evaluation"]
     assert (first["k"], first["cases"], first["recall_at_k"], first["mrr"]) == (1, 6, 1.0, 1.0)
     assert condition(s, "QualityRegressed") is None
 
     # Chunks of 1,000 keep every story whole: the figures hold.
     rechunk(kube, ns, 1000, 100)
-    s = wait_state(kube, ns, "stories", "Ready", alive=alive, timeout=180,
-                   check=evaluated_under("embedding minilm, chunks 1000/100"))  # fmt: skip
+    s = wait_state(
+        kube,
+        ns,
+        "stories",
+        "Ready",
+        alive=alive,
+        timeout=180,
+        check=evaluated_under("embedding minilm, chunks 1000/100"),
+    )
     held = condition(s, "QualityRegressed")
     assert held is not None and (held["status"], held["reason"]) == ("False", "Held")
     assert s["evaluation"]["recall_at_k"] == 1.0
@@ -122,15 +150,26 @@ def test_a_chunking_change_that_lowers_recall_sets_quality_regressed(
         "chunks 1000/100), was recall@1 1.000, MRR 1.000 (embedding minilm, chunks 1200/200)"
     )
     # Events are posted after the status is written (kopf's posting queue): polled.
-    wait_for(lambda: ("Evaluated", held["message"]) in state_events(kube, ns, "stories"),
-             timeout=30, what="the Evaluated event", alive=alive)  # fmt: skip
+    wait_for(
+        lambda: ("Evaluated", held["message"]) in state_events(kube, ns, "stories"),
+        timeout=30,
+        what="the Evaluated event",
+        alive=alive,
+    )
     assert not _warnings(kube, ns, "stories")
     assert gauge(operator, "metis_evaluation_recall_at_k", ns, "stories") == 1.0
 
     # Chunks of 200 split them: recall falls, the condition and a Warning say so.
     rechunk(kube, ns, 200, 50)
-    s = wait_state(kube, ns, "stories", "Ready", alive=alive, timeout=180,
-                   check=evaluated_under("embedding minilm, chunks 200/50"))  # fmt: skip
+    s = wait_state(
+        kube,
+        ns,
+        "stories",
+        "Ready",
+        alive=alive,
+        timeout=180,
+        check=evaluated_under("embedding minilm, chunks 200/50"),
+    )
     after = s["evaluation"]
     assert (after["k"], after["cases"]) == (1, 6) and after["recall_at_k"] < 0.95
     regressed = condition(s, "QualityRegressed")
@@ -142,16 +181,19 @@ def test_a_chunking_change_that_lowers_recall_sets_quality_regressed(
         "(embedding minilm, chunks 200/50); tolerance 0.05"
     )
     assert regressed["message"] == message
-    wait_for(lambda: _warnings(kube, ns, "stories"), timeout=30, what="the Warning",
-             alive=alive)  # fmt: skip
+    wait_for(lambda: _warnings(kube, ns, "stories"), timeout=30, what="the Warning", alive=alive)
     assert _warnings(kube, ns, "stories") == [("QualityRegressed", message)]
 
     # The figures reach the metrics; the condition outlives the next reconciliations.
     assert gauge(operator, "metis_evaluation_recall_at_k", ns, "stories") == after["recall_at_k"]
     assert gauge(operator, "metis_evaluation_mrr", ns, "stories") == after["mrr"]
     kube.kubectl("annotate", "kb", "stories", "-n", ns, "metis.astraeus.io/reindex=again")
-    wait_for(lambda: ("Reindex", "a pass started") in state_events(kube, ns, "stories"),
-             timeout=60, what="the reindex", alive=alive)  # fmt: skip
+    wait_for(
+        lambda: ("Reindex", "a pass started") in state_events(kube, ns, "stories"),
+        timeout=60,
+        what="the reindex",
+        alive=alive,
+    )
     s = wait_state(kube, ns, "stories", "Ready", alive=alive)
     assert condition(s, "QualityRegressed") == regressed
     assert get_kb(kube, ns, "stories")["status"]["evaluation"] == after
@@ -160,8 +202,7 @@ def test_a_chunking_change_that_lowers_recall_sets_quality_regressed(
 
 def rechunk(kube: ControlPlane, namespace: str, size: int, overlap: int) -> None:
     patch = {"spec": {"chunking": {"size": size, "overlap": overlap}}}
-    kube.kubectl("patch", "kb", "stories", "-n", namespace, "--type=merge",
-                 "-p", json.dumps(patch))  # fmt: skip
+    kube.kubectl("patch", "kb", "stories", "-n", namespace, "--type=merge", "-p", json.dumps(patch))
 
 
 def _warnings(kube: ControlPlane, namespace: str, name: str) -> list[tuple[str, str]]:

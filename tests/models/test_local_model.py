@@ -304,8 +304,13 @@ def test_a_rerank_goes_ahead_of_a_batch_between_its_slices(model_server: str) ->
 
 @pytest.mark.parametrize(
     ("route", "tokens", "kind"),
-    [("embeddings", 12, "quick"), ("rerank", 128, "quick"), ("embeddings", 129, "bulk"),
-     ("rerank", 129, "rerank"), ("embeddings", 16384, "bulk")],
+    [
+        ("embeddings", 12, "quick"),
+        ("rerank", 128, "quick"),
+        ("embeddings", 129, "bulk"),
+        ("rerank", 129, "rerank"),
+        ("embeddings", 16384, "bulk"),
+    ],
     ids=["question", "small-rerank", "passages", "rerank", "pass-batch"],
 )
 def test_work_is_quick_when_small_and_else_by_route(route, tokens, kind) -> None:
@@ -328,8 +333,15 @@ def test_cli_prints_its_address_and_stops_cleanly_on_sigterm(model_cache_home: P
         assert f"metis models: serving all-MiniLM-L6-v2 on {running.base_url}\n" in running.log()
         port = running.base_url.rsplit(":", 1)[1]
         taken = subprocess.run(
-            [sys.executable, "-m", "metis_indexer.models.localmodel", "--port", port,
-             "--threads", "1"],
+            [
+                sys.executable,
+                "-m",
+                "metis_indexer.models.localmodel",
+                "--port",
+                port,
+                "--threads",
+                "1",
+            ],
             capture_output=True,
             text=True,
             timeout=120,

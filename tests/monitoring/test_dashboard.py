@@ -25,8 +25,12 @@ from tests.support.processes import indexer, wait_ready
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "manifests" / "monitoring" / "component"
 HANDBOOK = ROOT / "examples" / "handbook"
-SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum",
-            "_created"), "gauge": ("",), "summary": ("", "_count", "_sum", "_created")}  # fmt: skip
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "gauge": ("",),
+    "summary": ("", "_count", "_sum", "_created"),
+}
 _METRIC = re.compile(r"\b(metis_[a-z0-9_]+)")
 
 
@@ -86,15 +90,20 @@ def test_the_dashboard_and_the_rules_name_only_exported_metrics(
     used = {m for q in [*queries, *rule_queries()] for m in _METRIC.findall(q)}
     assert used - names == set(), f"not exported: {sorted(used - names)}"
     # What the issue asks the dashboard to show, each from a series of its own.
-    for metric in ("metis_operator_knowledge_bases", "metis_pass_documents_done",
-                   "metis_searches_total", "metis_search_step_seconds_bucket",
-                   "metis_embedding_request_seconds_bucket", "metis_embedding_failures_total"):
-        assert any(metric in q for q in queries), metric  # fmt: skip
+    for metric in (
+        "metis_operator_knowledge_bases",
+        "metis_pass_documents_done",
+        "metis_searches_total",
+        "metis_search_step_seconds_bucket",
+        "metis_embedding_request_seconds_bucket",
+        "metis_embedding_failures_total",
+    ):
+        assert any(metric in q for q in queries), metric
 
 
 def test_a_misspelt_metric_would_be_caught() -> None:
     """The comparison above reads real names: a near miss is not among them."""
-    exposition = "# TYPE metis_searches counter\nmetis_searches_total{mode=\"hybrid\"} 1\n"
+    exposition = '# TYPE metis_searches counter\nmetis_searches_total{mode="hybrid"} 1\n'
     assert exported(exposition) == {"metis_searches_total", "metis_searches_created"}
     assert not {"metis_search_total", "metis_searches"} & exported(exposition)
 
@@ -118,11 +127,18 @@ def test_the_component_builds_with_kustomize() -> None:
     and the dashboard in a ConfigMap Grafana's sidecar picks up by its label."""
     out = subprocess.run(
         [str(ensure_binaries() / "kubectl"), "kustomize", str(MONITORING.parent)],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     objects = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(out)}
-    assert sorted(objects) == [("ConfigMap", "metis-dashboard"), ("PodMonitor", "metis-indexers"),
-                               ("PodMonitor", "metis-operator"), ("PrometheusRule", "metis")]
+    assert sorted(objects) == [
+        ("ConfigMap", "metis-dashboard"),
+        ("PodMonitor", "metis-indexers"),
+        ("PodMonitor", "metis-operator"),
+        ("PrometheusRule", "metis"),
+    ]
     dashboard = objects[("ConfigMap", "metis-dashboard")]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["metis.json"])["uid"] == "metis"

@@ -29,9 +29,12 @@ def alerts() -> list[dict[str, Any]]:
 def promtool() -> Path:
     """promtool, built the first time on a machine (minutes), then taken from the cache."""
     built = subprocess.run(
-        ["bash", str(ROOT / "tools" / "promtool" / "build.sh")], capture_output=True, text=True,
-        timeout=3000, check=False,
-    )  # fmt: skip
+        ["bash", str(ROOT / "tools" / "promtool" / "build.sh")],
+        capture_output=True,
+        text=True,
+        timeout=3000,
+        check=False,
+    )
     assert built.returncode == 0, built.stderr
     return Path(built.stdout.strip())
 
@@ -61,8 +64,9 @@ def test_the_rules_load(promtool: Path, rules_dir: Path) -> None:
 def test_each_alert_fires_and_stays_silent_on_its_series(promtool: Path, rules_dir: Path) -> None:
     out = run(promtool, "test", "rules", "rules_test.yaml", cwd=rules_dir)
     assert "SUCCESS" in out
-    cases = [c for t in yaml.safe_load(UNIT_TESTS.read_text())["tests"]
-             for c in t["alert_rule_test"]]  # fmt: skip
+    cases = [
+        c for t in yaml.safe_load(UNIT_TESTS.read_text())["tests"] for c in t["alert_rule_test"]
+    ]
     for alert in alerts():
         mine = [c for c in cases if c["alertname"] == alert["alert"]]
         assert any(c["exp_alerts"] for c in mine), f"{alert['alert']} is never seen firing"
@@ -73,8 +77,14 @@ def test_a_broken_unit_test_fails(promtool: Path, rules_dir: Path) -> None:
     """promtool compares what fires with what a test expects (it is not only a syntax check)."""
     text = (rules_dir / "rules_test.yaml").read_text()
     (rules_dir / "rules_test.yaml").write_text(text.replace("search p95 2.425s", "p95 9s"))
-    proc = subprocess.run([str(promtool), "test", "rules", "rules_test.yaml"], cwd=rules_dir,
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [str(promtool), "test", "rules", "rules_test.yaml"],
+        cwd=rules_dir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 1 and "MetisSearchLatencyHigh" in proc.stdout + proc.stderr
 
 

@@ -29,11 +29,27 @@ def test_the_node_removes_its_own_rules_and_leaves_others() -> None:
     rules, chains = node.node_rules(SAVED_NAT)
     assert chains == ["KUBE-SERVICES", "KUBE-SVC-ABC", "CNI-306c"]
     assert rules == [
-        ["PREROUTING", "-m", "comment", "--comment", "kubernetes service portals",
-         "-j", "KUBE-SERVICES"],
-        ["POSTROUTING", "-s", "10.244.0.2/32", "-m", "comment", "--comment",
-         'name: "metis" id: "82c6"', "-j", "CNI-306c"],
-    ]  # fmt: skip
+        [
+            "PREROUTING",
+            "-m",
+            "comment",
+            "--comment",
+            "kubernetes service portals",
+            "-j",
+            "KUBE-SERVICES",
+        ],
+        [
+            "POSTROUTING",
+            "-s",
+            "10.244.0.2/32",
+            "-m",
+            "comment",
+            "--comment",
+            'name: "metis" id: "82c6"',
+            "-j",
+            "CNI-306c",
+        ],
+    ]
 
 
 def test_services_are_named_by_their_cluster_ip() -> None:
@@ -89,9 +105,13 @@ def test_podman_limits_stay_where_runc_can_set_them() -> None:
 
 
 def _tree(root: Path) -> None:
-    for rel in ("pyproject.toml", "indexer_image/Dockerfile", "metis_operator/a.py",
-                "indexer_image/metis_indexer/b.py",
-                "indexer_image/metis_indexer/__pycache__/b.cpython-311.pyc"):  # fmt: skip
+    for rel in (
+        "pyproject.toml",
+        "indexer_image/Dockerfile",
+        "metis_operator/a.py",
+        "indexer_image/metis_indexer/b.py",
+        "indexer_image/metis_indexer/__pycache__/b.cpython-311.pyc",
+    ):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(rel)
 
@@ -99,7 +119,10 @@ def _tree(root: Path) -> None:
 def test_an_image_is_rebuilt_exactly_when_its_inputs_change(tmp_path: Path) -> None:
     _tree(tmp_path)
     assert [str(p) for p in images.context_files(tmp_path)] == [
-        "indexer_image/metis_indexer/b.py", "metis_operator/a.py", "pyproject.toml"]  # fmt: skip
+        "indexer_image/metis_indexer/b.py",
+        "metis_operator/a.py",
+        "pyproject.toml",
+    ]
     key = images.image_key(images.INDEXER, "base-1", tmp_path)
     (tmp_path / "indexer_image/metis_indexer/__pycache__/b.cpython-311.pyc").write_text("x")
     assert images.image_key(images.INDEXER, "base-1", tmp_path) == key

@@ -354,8 +354,14 @@ def test_a_drained_node_leaves_the_base_pending_and_uncordoned_it_comes_back(
     events_before = len(state_events(kube, ns, base))
     # What a node's maintenance does: cordon, then evict its pods (the Eviction API).
     selector = "--pod-selector=app.kubernetes.io/name=metis-indexer"
-    kube.kubectl("drain", node.NODE_NAME, "--ignore-daemonsets", "--delete-emptydir-data",
-                 selector, "--timeout=120s")  # fmt: skip
+    kube.kubectl(
+        "drain",
+        node.NODE_NAME,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        selector,
+        "--timeout=120s",
+    )
     try:
         s = wait_state(kube, ns, base, "Pending", timeout=120, alive=lambda: _alive(operator))
         assert s["reason"].startswith("no machine can run it (scheduler: 0/1 nodes are available")

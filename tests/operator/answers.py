@@ -8,12 +8,27 @@ from typing import Any
 from metis_indexer.schema import StatusAnswer
 
 STARTED: dict[str, Any] = {
-    "name": "hb", "phase": "loading", "reason": "", "documents": 0, "chunks": 0, "failed": 0,
-    "pass_total": 0, "pass_done": 0, "last_indexed_at": None, "passes": 0, "dimensions": None,
-    "embedding_model": None, "reranker": None, "skipped": {}, "revisions": {},
-    "indexed_revisions": {}, "generation": None, "indexed_generation": None,
-    "last_pass": {"read": 0, "unchanged": 0, "dropped": 0}, "warnings": [],
-}  # fmt: skip
+    "name": "hb",
+    "phase": "loading",
+    "reason": "",
+    "documents": 0,
+    "chunks": 0,
+    "failed": 0,
+    "pass_total": 0,
+    "pass_done": 0,
+    "last_indexed_at": None,
+    "passes": 0,
+    "dimensions": None,
+    "embedding_model": None,
+    "reranker": None,
+    "skipped": {},
+    "revisions": {},
+    "indexed_revisions": {},
+    "generation": None,
+    "indexed_generation": None,
+    "last_pass": {"read": 0, "unchanged": 0, "dropped": 0},
+    "warnings": [],
+}
 
 
 def indexer_status(**fields: Any) -> StatusAnswer:

@@ -9,11 +9,12 @@ from metis_operator import cache
 from metis_operator.cache import Deps
 
 BASES = {
-    ("team", "handbook"): Deps("team", frozenset({"docs"}), frozenset({"minilm"}),
-                               ({"app": "minilm"},)),
+    ("team", "handbook"): Deps(
+        "team", frozenset({"docs"}), frozenset({"minilm"}), ({"app": "minilm"},)
+    ),
     ("team", "wiki"): Deps("team", frozenset({"wiki"}), frozenset({"bge"})),
     ("other", "handbook"): Deps("other", frozenset({"docs"}), frozenset({"minilm"})),
-}  # fmt: skip
+}
 
 
 def obj(name: str, ns: str = "team", **meta: Any) -> dict[str, Any]:
@@ -35,8 +36,10 @@ def test_a_workload_wakes_the_bases_whose_model_selects_it() -> None:
 
 
 def test_a_child_or_pod_wakes_its_own_base_only_when_it_is_known() -> None:
-    pod = obj("metis-wiki-1", labels={"app.kubernetes.io/name": "metis-indexer",
-                                      "app.kubernetes.io/instance": "wiki"})  # fmt: skip
+    pod = obj(
+        "metis-wiki-1",
+        labels={"app.kubernetes.io/name": "metis-indexer", "app.kubernetes.io/instance": "wiki"},
+    )
     assert cache.affected(BASES, "pods", pod) == {("team", "wiki")}
     ref = {"apiVersion": "metis.astraeus.io/v1", "kind": "KnowledgeBase"}
     child = obj("metis-wiki", ownerReferences=[{**ref, "name": "wiki"}])
@@ -48,10 +51,15 @@ def test_a_child_or_pod_wakes_its_own_base_only_when_it_is_known() -> None:
 def test_a_workload_that_is_not_a_child_is_kept_slim() -> None:
     deployment = {
         **obj("minilm", managedFields=[{"manager": "kubectl"}], labels={"app": "minilm"}),
-        "spec": {"replicas": 0, "template": {"metadata": {"labels": {"app": "minilm"}},
-                                             "spec": {"containers": [{"name": "tei"}]}}},
+        "spec": {
+            "replicas": 0,
+            "template": {
+                "metadata": {"labels": {"app": "minilm"}},
+                "spec": {"containers": [{"name": "tei"}]},
+            },
+        },
         "status": {"replicas": 0},
-    }  # fmt: skip
+    }
     assert cache.slim("deployments", deployment) == {
         "kind": "Deployment",
         "metadata": {"name": "minilm", "namespace": "team"},
@@ -62,8 +70,11 @@ def test_a_workload_that_is_not_a_child_is_kept_slim() -> None:
 
 
 def test_a_child_is_kept_whole_but_for_managed_fields() -> None:
-    child = {**obj("metis-wiki", managedFields=[{}], labels=dict(cache.MANAGED)),
-             "spec": {"replicas": 1}, "status": {"readyReplicas": 1}}  # fmt: skip
+    child = {
+        **obj("metis-wiki", managedFields=[{}], labels=dict(cache.MANAGED)),
+        "spec": {"replicas": 1},
+        "status": {"readyReplicas": 1},
+    }
     kept = cache.slim("deployments", child)
     assert "managedFields" not in kept["metadata"] and kept["status"] == {"readyReplicas": 1}
     assert kept["kind"] == "Deployment"

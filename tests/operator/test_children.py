@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from metis_operator import children
-from metis_operator import spec as spec_mod
+from metis_operator.api.spec import KnowledgeBaseSpec, parse, to_indexer_config
 from metis_operator.settings import IndexerSettings, Settings
 
 OWNER = children.Owner("handbook", "team-a", "uid-1")
 SETTINGS = Settings(indexer=IndexerSettings(image="registry.example/metis-indexer:1", port=7700))
 
 
-def parse(**changes: Any) -> spec_mod.KnowledgeBaseSpec:
+def spec_with(**changes: Any) -> KnowledgeBaseSpec:
     body = {
         "sources": [
             {"drive": "docs", "path": "handbook"},
@@ -27,14 +27,18 @@ def parse(**changes: Any) -> spec_mod.KnowledgeBaseSpec:
         "embedding": {"deployment": "bge-m3"},
         **changes,
     }
-    return spec_mod.parse("handbook", body)  # fmt: skip
+    return parse("handbook", body)
 
 
-def every_child(spec: spec_mod.KnowledgeBaseSpec) -> list[dict[str, Any]]:
-    config = spec_mod.to_indexer_config(
-        "handbook", spec, port=7700, embedding_url="http://bge-m3.team-a.svc:80",
-        reranker_url=None, revisions={},
-    )  # fmt: skip
+def every_child(spec: KnowledgeBaseSpec) -> list[dict[str, Any]]:
+    config = to_indexer_config(
+        "handbook",
+        spec,
+        port=7700,
+        embedding_url="http://bge-m3.team-a.svc:80",
+        reranker_url=None,
+        revisions={},
+    )
     return [
         children.config_map(OWNER, config),
         children.index_claim(OWNER, SETTINGS),
@@ -46,13 +50,19 @@ def every_child(spec: spec_mod.KnowledgeBaseSpec) -> list[dict[str, Any]]:
 
 
 def test_each_child_is_named_labelled_and_owned_by_the_base() -> None:
-    for child in every_child(parse()):
+    for child in every_child(spec_with()):
         meta = child["metadata"]
         assert (meta["name"], meta["namespace"]) == ("metis-handbook", "team-a")
-        assert meta["ownerReferences"] == [{
-            "apiVersion": "metis.astraeus.io/v1", "kind": "KnowledgeBase", "name": "handbook",
-            "uid": "uid-1", "controller": True, "blockOwnerDeletion": True,
-        }]  # fmt: skip
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "metis.astraeus.io/v1",
+                "kind": "KnowledgeBase",
+                "name": "handbook",
+                "uid": "uid-1",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
         labels = meta["labels"]
         assert labels["app.kubernetes.io/name"] == "metis-indexer"
         assert labels["app.kubernetes.io/instance"] == "handbook"
@@ -61,7 +71,7 @@ def test_each_child_is_named_labelled_and_owned_by_the_base() -> None:
 
 
 def test_the_pod_mounts_each_drive_once_read_only_and_runs_unprivileged() -> None:
-    dep = children.deployment(OWNER, parse(), SETTINGS)
+    dep = children.deployment(OWNER, spec_with(), SETTINGS)
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
@@ -79,9 +89,11 @@ def test_the_pod_mounts_each_drive_once_read_only_and_runs_unprivileged() -> Non
     assert c["image"] == "registry.example/metis-indexer:1"
     assert c["command"] == ["metis", "serve", "--config", "/etc/metis/config.json"]
     assert c["securityContext"] == {
-        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
-    }  # fmt: skip
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["automountServiceAccountToken"] is False
     assert c["ports"] == [{"name": "http", "containerPort": 7700, "protocol": "TCP"}]
@@ -94,40 +106,62 @@ def test_the_pod_mounts_each_drive_once_read_only_and_runs_unprivileged() -> Non
     [
         ({}, {}),
         ({"labels": {"pool": "gpu"}}, {"nodeSelector": {"pool": "gpu"}}),
-        ({"machines": ["n1", "n2"]}, {"affinity": {"nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
-                                       "values": ["n1", "n2"]}]}]}}}}),
+        (
+            {"machines": ["n1", "n2"]},
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {
+                                            "key": "kubernetes.io/hostname",
+                                            "operator": "In",
+                                            "values": ["n1", "n2"],
+                                        }
+                                    ]
+                                }
+                            ]
+                        }
+                    }
+                }
+            },
+        ),
     ],
     ids=["anywhere", "labels", "machines"],
-)  # fmt: skip
+)
 def test_placement(placement: dict[str, Any], expected: dict[str, Any]) -> None:
-    pod = children.deployment(OWNER, parse(placement=placement), SETTINGS)["spec"]["template"]
+    pod = children.deployment(OWNER, spec_with(placement=placement), SETTINGS)["spec"]["template"]
     got = {k: pod["spec"][k] for k in ("nodeSelector", "affinity") if k in pod["spec"]}
     assert got == expected
 
 
 def test_cpu_is_requested_and_memory_requested_and_limited() -> None:
-    dep = children.deployment(OWNER, parse(placement={"cpu_cores": 4, "memory_gb": 16}), SETTINGS)
+    dep = children.deployment(
+        OWNER, spec_with(placement={"cpu_cores": 4, "memory_gb": 16}), SETTINGS
+    )
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    assert c["resources"] == {"requests": {"cpu": "4", "memory": "16Gi"},
-                              "limits": {"memory": "16Gi"}}  # fmt: skip
+    assert c["resources"] == {
+        "requests": {"cpu": "4", "memory": "16Gi"},
+        "limits": {"memory": "16Gi"},
+    }
 
 
 def test_a_configuration_change_does_not_replace_the_pod_but_a_new_source_does() -> None:
-    base = children.deployment(OWNER, parse(), SETTINGS)
-    rechunked = parse(chunking={"size": 800}, rescan_seconds=0)
+    base = children.deployment(OWNER, spec_with(), SETTINGS)
+    rechunked = spec_with(chunking={"size": 800}, rescan_seconds=0)
     assert children.deployment(OWNER, rechunked, SETTINGS) == base
-    reordered = parse(sources=[{"drive": "runbooks"}, {"drive": "docs"}])
+    reordered = spec_with(sources=[{"drive": "runbooks"}, {"drive": "docs"}])
     assert children.deployment(OWNER, reordered, SETTINGS) == children.deployment(
-        OWNER, parse(sources=[{"drive": "docs"}, {"drive": "runbooks"}]), SETTINGS
+        OWNER, spec_with(sources=[{"drive": "docs"}, {"drive": "runbooks"}]), SETTINGS
     )
-    grown = parse(sources=[{"drive": "docs"}, {"drive": "runbooks"}, {"drive": "wiki"}])
+    grown = spec_with(sources=[{"drive": "docs"}, {"drive": "runbooks"}, {"drive": "wiki"}])
     assert children.deployment(OWNER, grown, SETTINGS) != base
 
 
 def test_the_configmap_holds_the_indexers_configuration() -> None:
-    cm = every_child(parse())[0]
+    cm = every_child(spec_with())[0]
     config = json.loads(cm["data"]["config.json"])
     assert config["index_dir"] == "/index" and config["sources"][0]["root"] == "/drives/docs"
 
@@ -149,9 +183,10 @@ def test_a_shared_index_drive_lets_a_replacement_start_beside_the_old_pod() -> N
     assert children.index_claim(OWNER, SETTINGS)["spec"]["accessModes"] == ["ReadWriteOnce"]
     shared = Settings(indexer=IndexerSettings(index_access_mode="ReadWriteMany"))
     assert children.index_claim(OWNER, shared)["spec"]["accessModes"] == ["ReadWriteMany"]
-    dep = children.deployment(OWNER, parse(), shared)
+    dep = children.deployment(OWNER, spec_with(), shared)
     assert dep["spec"]["strategy"] == {
-        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
     }
 
 
@@ -168,7 +203,7 @@ def served(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_needs_apply() -> None:
-    desired = children.with_hash(children.deployment(OWNER, parse(), SETTINGS))
+    desired = children.with_hash(children.deployment(OWNER, spec_with(), SETTINGS))
     actual = served(desired)
     assert children.needs_apply(desired, None)
     assert not children.needs_apply(desired, actual)
@@ -179,7 +214,7 @@ def test_needs_apply() -> None:
 
     # A placement label removed: the subset test cannot see it, the hash does.
     labelled = children.with_hash(
-        children.deployment(OWNER, parse(placement={"labels": {"pool": "a"}}), SETTINGS)
+        children.deployment(OWNER, spec_with(placement={"labels": {"pool": "a"}}), SETTINGS)
     )
     assert children.needs_apply(desired, served(labelled))
 
@@ -190,11 +225,15 @@ def test_the_token_is_random_opaque_and_reaches_the_indexer_from_the_secret() ->
     token = base64.b64decode(secret["data"]["token"], validate=True).decode()
     assert len(token) >= 43 and token.isascii()  # 32 random bytes, URL-safe
     assert children.api_secret(OWNER)["data"]["token"] != secret["data"]["token"]
-    (c,) = children.deployment(OWNER, parse(), SETTINGS)["spec"]["template"]["spec"]["containers"]
-    assert c["env"] == [{
-        "name": "METIS_API_TOKEN",
-        "valueFrom": {"secretKeyRef": {"name": "metis-handbook", "key": "token"}},
-    }]  # fmt: skip
+    (c,) = children.deployment(OWNER, spec_with(), SETTINGS)["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert c["env"] == [
+        {
+            "name": "METIS_API_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "metis-handbook", "key": "token"}},
+        }
+    ]
 
 
 def test_only_the_bases_namespace_and_the_operators_reach_the_indexer_port() -> None:
@@ -202,7 +241,7 @@ def test_only_the_bases_namespace_and_the_operators_reach_the_indexer_port() -> 
     assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["kind"] == "NetworkPolicy"
     spec = policy["spec"]
     # The indexer pods, exactly as the Deployment and the Service pick them.
-    dep = children.deployment(OWNER, parse(), SETTINGS)
+    dep = children.deployment(OWNER, spec_with(), SETTINGS)
     picked = spec["podSelector"]["matchLabels"]
     assert picked == dep["spec"]["selector"]["matchLabels"]
     assert picked == children.service(OWNER, SETTINGS)["spec"]["selector"]

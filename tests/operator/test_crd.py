@@ -1,7 +1,8 @@
-"""The CRD enforces the limits of their one home (`metis_indexer.limits`, which the
-operator's spec model, the indexer's configuration, the chunker and the sources read)
-with the same defaults: a limit changed in one place only is a bug this catches (the
-API server's behaviour itself is tested in tests/kube/test_operator_crd.py)."""
+"""The CRD is generated from the api models (`make crd`): the committed file is what they
+make, byte for byte, a structural schema, and it carries the limits of their one home
+(`metis_indexer.limits`, which the spec model, the indexer's configuration, the chunker
+and the sources read) with the same defaults. The API server's behaviour itself is
+tested in tests/kube/test_operator_crd.py."""
 
 from __future__ import annotations
 
@@ -13,9 +14,41 @@ import pytest
 import yaml
 
 from metis_indexer import limits
-from metis_operator import spec as spec_mod
+from metis_operator.api import crd as crd_gen
+from metis_operator.api import spec
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "knowledgebase.yaml"
+
+
+def test_the_committed_crd_is_what_the_models_make() -> None:
+    assert CRD.read_text() == crd_gen.render(), "crds/knowledgebase.yaml is stale: run make crd"
+
+
+def test_the_yaml_reads_back_as_the_document() -> None:
+    """Folded sentences and quoted patterns read back as the strings the models hold."""
+    assert yaml.safe_load(crd_gen.render()) == crd_gen.document()
+
+
+def _nodes(node: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
+    out = [(where, node)]
+    for name, child in node.get("properties", {}).items():
+        out += _nodes(child, f"{where}.{name}")
+    for key in ("items", "additionalProperties"):
+        if key in node:
+            out += _nodes(node[key], f"{where}[{key}]")
+    return out
+
+
+def test_the_schema_is_structural() -> None:
+    """Every node has its type and none of what a structural schema refuses."""
+    for where, node in _nodes(crd_gen.schema(), "kb"):
+        assert node.get("type") in ("object", "array", "string", "integer", "number"), where
+        assert not {"$ref", "anyOf", "allOf", "oneOf", "nullable", "title"} & set(node), where
+
+
+def test_a_key_no_schema_has_is_refused() -> None:
+    with pytest.raises(ValueError, match="maxLenght"):
+        crd_gen._ordered({"type": "string", "maxLenght": 3})
 
 
 @pytest.fixture(scope="module")
@@ -29,43 +62,54 @@ def test_numeric_limits_and_defaults_match(schema: dict[str, Any]) -> None:
     chunking = schema["chunking"]["properties"]
     placement = schema["placement"]["properties"]
     assert (chunking["size"]["minimum"], chunking["size"]["maximum"]) == (
-        limits.CHUNK_SIZE_MIN, limits.CHUNK_SIZE_MAX)  # fmt: skip
+        limits.CHUNK_SIZE_MIN,
+        limits.CHUNK_SIZE_MAX,
+    )
     assert chunking["size"]["default"] == limits.CHUNK_SIZE_DEFAULT
     assert chunking["overlap"]["default"] == limits.CHUNK_OVERLAP_DEFAULT
     assert schema["chunking"]["default"] == {
-        "size": limits.CHUNK_SIZE_DEFAULT, "overlap": limits.CHUNK_OVERLAP_DEFAULT}  # fmt: skip
+        "size": limits.CHUNK_SIZE_DEFAULT,
+        "overlap": limits.CHUNK_OVERLAP_DEFAULT,
+    }
     assert (placement["cpu_cores"]["minimum"], placement["cpu_cores"]["maximum"]) == (
-        spec_mod.CPU_MIN, spec_mod.CPU_MAX)  # fmt: skip
+        spec.CPU_MIN,
+        spec.CPU_MAX,
+    )
     assert (placement["memory_gb"]["minimum"], placement["memory_gb"]["maximum"]) == (
-        spec_mod.MEMORY_MIN, spec_mod.MEMORY_MAX)  # fmt: skip
+        spec.MEMORY_MIN,
+        spec.MEMORY_MAX,
+    )
     assert schema["placement"]["default"] == {
-        "cpu_cores": spec_mod.CPU_DEFAULT, "memory_gb": spec_mod.MEMORY_DEFAULT}  # fmt: skip
-    assert placement["machines"]["maxItems"] == spec_mod.MACHINES_MAX
+        "cpu_cores": spec.CPU_DEFAULT,
+        "memory_gb": spec.MEMORY_DEFAULT,
+    }
+    assert placement["machines"]["maxItems"] == spec.MACHINES_MAX
     rescan = schema["rescan_seconds"]
     assert (rescan["default"], rescan["maximum"]) == (limits.RESCAN_DEFAULT, limits.RESCAN_MAX)
     assert f"self >= {limits.RESCAN_MIN}" in rescan["x-kubernetes-validations"][0]["rule"]
     sources = schema["sources"]
-    assert (sources["minItems"], sources["maxItems"]) == (
-        limits.SOURCES_MIN, limits.SOURCES_MAX)  # fmt: skip
+    assert (sources["minItems"], sources["maxItems"]) == (limits.SOURCES_MIN, limits.SOURCES_MAX)
     vectors = schema["vectors"]
     assert (tuple(vectors["enum"]), vectors["default"]) == (
-        limits.VECTOR_KINDS, limits.VECTORS_DEFAULT)  # fmt: skip
+        limits.VECTOR_KINDS,
+        limits.VECTORS_DEFAULT,
+    )
 
 
 def test_names_and_lengths_match(schema: dict[str, Any]) -> None:
     source = schema["sources"]["items"]["properties"]
-    assert source["drive"]["pattern"] == spec_mod.DRIVE_RE
-    assert source["drive"]["maxLength"] == spec_mod.DRIVE_MAX
+    assert source["drive"]["pattern"] == spec.DRIVE_RE
+    assert source["drive"]["maxLength"] == spec.DRIVE_MAX
     assert source["path"]["maxLength"] == limits.PATH_MAX
     for model in ("embedding", "reranker"):
         deployment = schema[model]["properties"]["deployment"]
-        assert deployment["pattern"] == spec_mod.SERVICE_RE
-        assert deployment["maxLength"] == spec_mod.SERVICE_MAX
+        assert deployment["pattern"] == spec.SERVICE_RE
+        assert deployment["maxLength"] == spec.SERVICE_MAX
     crd = yaml.safe_load(CRD.read_text())
     (version,) = crd["spec"]["versions"]
     rules = [r["rule"] for r in version["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]]
-    assert f"<= {spec_mod.NAME_MAX}" in rules[1]
-    assert re.search(re.escape(spec_mod.NAME_RE.pattern), rules[0])
+    assert f"<= {spec.NAME_MAX}" in rules[1]
+    assert re.search(re.escape(spec.NAME_RE.pattern), rules[0])
 
 
 def test_the_printer_columns_are_designs() -> None:

@@ -1,18 +1,25 @@
 """What the operator registers with kopf: nothing that needs a finalizer (so deleting
 a base, or the CRD with bases present, never waits for the operator), a watch and
-an index for each kind that decides a base."""
+an index for each kind that decides a base; and what a reconciliation says, in order."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import kopf
 
-from metis_operator import cache, crd, handlers
-from metis_operator import settings as settings_mod
+from metis_operator import cache, handlers
+from metis_operator.api import identity
+from metis_operator.api.status_types import KnowledgeBaseStatus
+from metis_operator.cache import Deps
+from metis_operator.reconcile import Outcome
+from metis_operator.settings import load
+from metis_operator.state import State, Verdict
 
 
 def registered() -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, settings_mod.load({}))
+    handlers.register(registry, load({}))
     return registry
 
 
@@ -32,8 +39,38 @@ def test_every_kind_that_decides_a_base_is_watched_and_indexed() -> None:
 
 def test_the_pause_annotation() -> None:
     def body(value: str | None) -> dict[str, object]:
-        annotations = {crd.PAUSED: value} if value is not None else {}
+        annotations = {identity.PAUSED: value} if value is not None else {}
         return {"metadata": {"annotations": annotations}}
 
     assert handlers.paused(body("true")) and handlers.paused(body("True"))
     assert not handlers.paused(body("false")) and not handlers.paused(body(None))
+
+
+def test_a_reconciliation_says_what_it_did_then_its_new_state() -> None:
+    body = {"metadata": {"name": "handbook", "namespace": "team"}}
+    outcome = Outcome(
+        Verdict(State.WAITING, "waiting for bge-m3"),
+        KnowledgeBaseStatus(state="Waiting", reason="waiting for bge-m3"),
+        Deps("team"),
+        applied=("ConfigMap metis-handbook updated", "Deployment metis-handbook repaired"),
+        rollout="started",
+    )
+    update = handlers.announce_state(body, {"state": "Ready"}, outcome)
+    assert update.status is outcome.status
+    assert [line.message for line in update.lines] == [
+        "rolling out the operator's change (an image or setting)",
+        "ConfigMap metis-handbook updated",
+        "Deployment metis-handbook repaired",
+        "Waiting: waiting for bge-m3",
+    ]
+    assert [(e.kind, e.reason) for e in update.events] == [
+        ("Normal", "Repaired"),
+        ("Warning", "Waiting"),
+    ]
+    again = handlers.announce_state(
+        body, {"state": "Waiting"}, dataclasses.replace(outcome, applied=())
+    )
+    assert again.events == []
+    assert [line.message for line in again.lines] == [
+        "rolling out the operator's change (an image or setting)"
+    ]

@@ -14,9 +14,15 @@ from tests.support.processes import free_port
 
 
 def lease(holder: str, renew: str = "t1", duration: int = 15) -> dict[str, Any]:
-    return {"metadata": {"resourceVersion": "7"},
-            "spec": {"holderIdentity": holder, "renewTime": renew,
-                     "leaseDurationSeconds": duration, "leaseTransitions": 2}}  # fmt: skip
+    return {
+        "metadata": {"resourceVersion": "7"},
+        "spec": {
+            "holderIdentity": holder,
+            "renewTime": renew,
+            "leaseDurationSeconds": duration,
+            "leaseTransitions": 2,
+        },
+    }
 
 
 @pytest.mark.parametrize(
@@ -47,9 +53,12 @@ def test_what_is_written() -> None:
     at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     taken = leader.written(lease("other"), Action.TAKE, "me", "metis-system", at)
     assert taken["spec"] == {
-        "holderIdentity": "me", "leaseDurationSeconds": 15, "leaseTransitions": 3,
-        "acquireTime": "2026-01-01T00:00:00.000000Z", "renewTime": "2026-01-01T00:00:00.000000Z",
-    }  # fmt: skip
+        "holderIdentity": "me",
+        "leaseDurationSeconds": 15,
+        "leaseTransitions": 3,
+        "acquireTime": "2026-01-01T00:00:00.000000Z",
+        "renewTime": "2026-01-01T00:00:00.000000Z",
+    }
     assert taken["metadata"]["resourceVersion"] == "7"
     renewed = leader.written(lease("me"), Action.RENEW, "me", "metis-system", at)
     assert renewed["spec"]["leaseTransitions"] == 2 and "acquireTime" not in renewed["spec"]

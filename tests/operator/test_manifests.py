@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from metis_operator import settings as settings_mod
+from metis_operator.settings import load
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces"}
 
 
-def load(path: Path) -> list[dict[str, Any]]:
+def documents(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
@@ -28,7 +28,7 @@ def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def operator() -> list[dict[str, Any]]:
-    return load(MANIFESTS / "operator" / "operator.yaml")
+    return documents(MANIFESTS / "operator" / "operator.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def container(operator: list[dict[str, Any]]) -> dict[str, Any]:
 def test_the_container_runs_with_settings_the_operator_accepts(container: dict[str, Any]) -> None:
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     # main.py reads its flags strictly: a kopf flag such as --liveness would stop it.
-    settings = settings_mod.load(env, container.get("args", []))
+    settings = load(env, container.get("args", []))
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["health"] == settings.runtime.health_port
     assert ports["metrics"] == settings.runtime.metrics_port != settings.runtime.health_port
@@ -80,21 +80,23 @@ def test_limited_unprivileged_and_as_checkov_wants(
 
 
 def test_the_namespaced_role_grants_what_the_cluster_role_grants_in_a_namespace() -> None:
-    cluster = one(load(MANIFESTS / "rbac.yaml"), "ClusterRole", "metis-operator")["rules"]
-    overlay = load(MANIFESTS / "overlays" / "namespaced" / "rbac.yaml")
+    cluster = one(documents(MANIFESTS / "rbac.yaml"), "ClusterRole", "metis-operator")["rules"]
+    overlay = documents(MANIFESTS / "overlays" / "namespaced" / "rbac.yaml")
     role = one(overlay, "Role", "metis-operator")["rules"]
     assert role == [r for r in cluster if not CLUSTER_SCOPED & set(r["resources"])]
     binding = one(overlay, "RoleBinding", "metis-operator")
     assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "metis-operator"
-    }  # fmt: skip
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "metis-operator",
+    }
 
 
 def test_leader_election_leases_only_in_the_operators_namespace() -> None:
-    identity = load(MANIFESTS / "operator" / "identity.yaml")
+    identity = documents(MANIFESTS / "operator" / "identity.yaml")
     (rule,) = one(identity, "Role", "metis-operator-leader-election")["rules"]
     assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
-    cluster = one(load(MANIFESTS / "rbac.yaml"), "ClusterRole", "metis-operator")["rules"]
+    cluster = one(documents(MANIFESTS / "rbac.yaml"), "ClusterRole", "metis-operator")["rules"]
     assert not any("leases" in r["resources"] for r in cluster)
 
 

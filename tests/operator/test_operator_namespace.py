@@ -3,9 +3,9 @@ the downward API (POD_NAMESPACE in manifests/operator/operator.yaml)."""
 
 from __future__ import annotations
 
-from metis_operator import settings as settings_mod
+from metis_operator.settings import load
 
 
 def test_the_operator_namespace_is_its_pods() -> None:
-    assert settings_mod.load({}).runtime.operator_namespace == "metis-system"
-    assert settings_mod.load({"POD_NAMESPACE": "platform"}).runtime.operator_namespace == "platform"
+    assert load({}).runtime.operator_namespace == "metis-system"
+    assert load({"POD_NAMESPACE": "platform"}).runtime.operator_namespace == "platform"

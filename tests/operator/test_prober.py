@@ -22,14 +22,19 @@ GOOD = (Model.AVAILABLE, "serves m (3 dimensions)")
         (History(), 0.0, None),
         (History(good=GOOD, model_id="m"), 100.0, GOOD),
         (History(good=GOOD, failing_since=90.0, failure="timed out"), 100.0, GOOD),
-        (History(good=GOOD, failing_since=80.0, failure="timed out"), 100.0,
-         (Model.NOT_ANSWERING, "timed out")),
-        (History(failing_since=99.0, failure="connection refused"), 100.0,
-         (Model.NOT_ANSWERING, "connection refused")),
+        (
+            History(good=GOOD, failing_since=80.0, failure="timed out"),
+            100.0,
+            (Model.NOT_ANSWERING, "timed out"),
+        ),
+        (
+            History(failing_since=99.0, failure="connection refused"),
+            100.0,
+            (Model.NOT_ANSWERING, "connection refused"),
+        ),
     ],
-    ids=["nothing-yet", "answers", "failing-within-grace", "failing-past-grace",
-         "never-answered"],
-)  # fmt: skip
+    ids=["nothing-yet", "answers", "failing-within-grace", "failing-past-grace", "never-answered"],
+)
 def test_what_bases_see(history: History, now: float, expected: object) -> None:
     assert prober.verdict(history, now, grace=20.0) == expected
 
@@ -74,8 +79,15 @@ def test_a_slow_answer_does_not_flip_and_idle_probes_are_cheap() -> None:
     async def scenario() -> None:
         server = Model_()
         async with httpx.AsyncClient(transport=httpx.MockTransport(server)) as http:
-            p = Prober(http, "http://m", "embedding model", interval=60, grace=20,
-                       on_change=lambda: None, name="team/m")  # fmt: skip
+            p = Prober(
+                http,
+                "http://m",
+                "embedding model",
+                interval=60,
+                grace=20,
+                on_change=lambda: None,
+                name="team/m",
+            )
             await p.probe_once()
             assert prober.verdict(p.history, 0, 20) == (Model.AVAILABLE, "serves m (3 dimensions)")
             first = len(server.calls)

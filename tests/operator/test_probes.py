@@ -73,30 +73,59 @@ WEB_SITE = {"GET /": httpx.Response(200, text="<html>wiki</html>", headers={"ser
     [
         ("embedding", OPENAI_EMBEDDER, Model.AVAILABLE, "serves BAAI/bge-m3 (1024 dimensions)"),
         ("embedding", TEI_EMBEDDER, Model.AVAILABLE, "serves BAAI/bge-small-en-v1.5 (384"),
-        ("embedding", TEI_RERANKER, Model.SERVES_ELSE,
-         "serves reranker BAAI/bge-reranker-v2-m3, not an embedding model (POST /v1/embeddings "
-         "answered HTTP 424)"),
-        ("embedding", WEB_SITE, Model.SERVES_ELSE,
-         "answers HTTP (nginx) but serves no model API"),
-        ("embedding", {**OPENAI_EMBEDDER, "POST /v1/embeddings": 503}, Model.NOT_ANSWERING,
-         "POST /v1/embeddings answered HTTP 503"),
-        ("embedding", {**OPENAI_EMBEDDER, "POST /v1/embeddings": {"object": "list"}},
-         Model.SERVES_ELSE, "answers POST /v1/embeddings in an unknown shape"),
+        (
+            "embedding",
+            TEI_RERANKER,
+            Model.SERVES_ELSE,
+            "serves reranker BAAI/bge-reranker-v2-m3, not an embedding model (POST /v1/embeddings "
+            "answered HTTP 424)",
+        ),
+        ("embedding", WEB_SITE, Model.SERVES_ELSE, "answers HTTP (nginx) but serves no model API"),
+        (
+            "embedding",
+            {**OPENAI_EMBEDDER, "POST /v1/embeddings": 503},
+            Model.NOT_ANSWERING,
+            "POST /v1/embeddings answered HTTP 503",
+        ),
+        (
+            "embedding",
+            {**OPENAI_EMBEDDER, "POST /v1/embeddings": {"object": "list"}},
+            Model.SERVES_ELSE,
+            "answers POST /v1/embeddings in an unknown shape",
+        ),
         ("reranker", COHERE_RERANKER, Model.AVAILABLE, "serves jina-reranker-v2"),
         ("reranker", TEI_RERANKER, Model.AVAILABLE, "serves BAAI/bge-reranker-v2-m3"),
-        ("reranker", TEI_EMBEDDER, Model.SERVES_ELSE,
-         "serves embedding model BAAI/bge-small-en-v1.5, not a reranker (POST /rerank answered "
-         "HTTP 424)"),
-        ("reranker", OPENAI_EMBEDDER, Model.SERVES_ELSE,
-         "serves model BAAI/bge-m3, not a reranker"),
+        (
+            "reranker",
+            TEI_EMBEDDER,
+            Model.SERVES_ELSE,
+            "serves embedding model BAAI/bge-small-en-v1.5, not a reranker (POST /rerank answered "
+            "HTTP 424)",
+        ),
+        (
+            "reranker",
+            OPENAI_EMBEDDER,
+            Model.SERVES_ELSE,
+            "serves model BAAI/bge-m3, not a reranker",
+        ),
         ("reranker", WEB_SITE, Model.SERVES_ELSE, "serves no model API"),
         ("reranker", {"GET /": 502}, Model.NOT_ANSWERING, "HTTP 502"),
     ],
-    ids=["openai-embedder", "tei-embedder", "reranker-as-embedder", "web-as-embedder",
-         "embedder-busy", "embedder-odd-shape", "cohere-reranker", "tei-reranker",
-         "embedder-as-reranker", "openai-embedder-as-reranker", "web-as-reranker",
-         "gateway-error"],
-)  # fmt: skip
+    ids=[
+        "openai-embedder",
+        "tei-embedder",
+        "reranker-as-embedder",
+        "web-as-embedder",
+        "embedder-busy",
+        "embedder-odd-shape",
+        "cohere-reranker",
+        "tei-reranker",
+        "embedder-as-reranker",
+        "openai-embedder-as-reranker",
+        "web-as-reranker",
+        "gateway-error",
+    ],
+)
 def test_a_probe_says_what_a_service_serves(
     kind: str, routes: dict[str, Any], result: Model, detail: str
 ) -> None:
@@ -133,7 +162,8 @@ def test_a_refused_connection_is_said_so() -> None:
 def test_describe() -> None:
     assert clients.describe(httpx.ReadTimeout("slow")) == "timed out"
     assert clients.describe(httpx.ConnectError("Name or service not known")) == (
-        "cannot connect: Name or service not known")  # fmt: skip
+        "cannot connect: Name or service not known"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +175,11 @@ def local_models() -> Iterator[ModelServer]:
 
 @pytest.mark.parametrize(
     ("kind", "detail"),
-    [("embedding", "serves sentence-transformers/all-MiniLM-L6-v2 (384 dimensions)"),
-     ("reranker", "serves sentence-transformers/all-MiniLM-L6-v2")],
-)  # fmt: skip
+    [
+        ("embedding", "serves sentence-transformers/all-MiniLM-L6-v2 (384 dimensions)"),
+        ("reranker", "serves sentence-transformers/all-MiniLM-L6-v2"),
+    ],
+)
 def test_the_real_local_server_probes_as_what_it_serves(
     local_models: ModelServer, kind: str, detail: str
 ) -> None:

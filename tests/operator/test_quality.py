@@ -8,9 +8,16 @@ from typing import Any
 import pytest
 
 from metis_operator import quality
+from metis_operator.api.status_types import Evaluation
 
-BEFORE = {"k": 10, "cases": 20, "recall_at_k": 0.9, "mrr": 0.8, "at": "2026-11-30T10:00:00Z",
-          "retrieval": "embedding minilm, chunks 1200/200"}  # fmt: skip
+BEFORE = {
+    "k": 10,
+    "cases": 20,
+    "recall_at_k": 0.9,
+    "mrr": 0.8,
+    "at": "2026-11-30T10:00:00Z",
+    "retrieval": "embedding minilm, chunks 1200/200",
+}
 NOW = "embedding minilm, chunks 200/50"
 
 
@@ -32,11 +39,18 @@ def test_retrieval_names_the_model_and_the_chunking_with_their_defaults() -> Non
         (BEFORE, NOW, False),
         (BEFORE, "embedding minilm, chunks 300/50", True),
     ],
-    ids=["never-evaluated", "other-settings", "same-settings", "settings-not-recorded",
-         "refused-under-these-settings", "refused-under-others"],
-)  # fmt: skip
+    ids=[
+        "never-evaluated",
+        "other-settings",
+        "same-settings",
+        "settings-not-recorded",
+        "refused-under-these-settings",
+        "refused-under-others",
+    ],
+)
 def test_due(evaluation: dict[str, Any] | None, tried: str | None, due: bool) -> None:
-    assert quality.due(NOW, evaluation, tried) is due
+    typed = None if evaluation is None else Evaluation.model_validate(evaluation)
+    assert quality.due(NOW, typed, tried) is due
 
 
 def after(recall: float, mrr: float) -> dict[str, Any]:
@@ -53,18 +67,25 @@ def after(recall: float, mrr: float) -> dict[str, Any]:
         (after(0.9, 0.74), True),
         (after(0.5, 0.4), True),
     ],
-    ids=["same", "better", "recall-down-by-the-tolerance", "recall-down-beyond",
-         "mrr-down-beyond", "both-down"],
-)  # fmt: skip
+    ids=[
+        "same",
+        "better",
+        "recall-down-by-the-tolerance",
+        "recall-down-beyond",
+        "mrr-down-beyond",
+        "both-down",
+    ],
+)
 def test_judge(current: dict[str, Any], regressed: bool) -> None:
     j = quality.judge(BEFORE, current, tolerance=0.05, generation=3)
     assert j.regressed is regressed
     assert j.condition["type"] == "QualityRegressed"
     assert j.condition["observedGeneration"] == 3
     assert (j.condition["status"], j.condition["reason"], j.event_type, j.event_reason) == (
-        ("True", "Regressed", "Warning", "QualityRegressed") if regressed
+        ("True", "Regressed", "Warning", "QualityRegressed")
+        if regressed
         else ("False", "Held", "Normal", "Evaluated")
-    )  # fmt: skip
+    )
     assert j.condition["message"] == j.message
 
 

@@ -7,15 +7,27 @@ import logging
 
 from metis_operator import report
 
-BODY = {"apiVersion": "metis.astraeus.io/v1", "kind": "KnowledgeBase",
-        "metadata": {"name": "handbook", "namespace": "team", "uid": "u-1"}}  # fmt: skip
+BODY = {
+    "apiVersion": "metis.astraeus.io/v1",
+    "kind": "KnowledgeBase",
+    "metadata": {"name": "handbook", "namespace": "team", "uid": "u-1"},
+}
 
 
 def test_an_event_names_the_operator_and_the_action() -> None:
-    e = report.event(BODY, kind="Warning", reason="Waiting", action="Reconcile",
-                     message="waiting for m", now="2026-01-01T00:00:00Z")  # fmt: skip
-    assert e["involvedObject"] == {**BODY["metadata"], "apiVersion": "metis.astraeus.io/v1",
-                                   "kind": "KnowledgeBase"}  # fmt: skip
+    e = report.event(
+        BODY,
+        kind="Warning",
+        reason="Waiting",
+        action="Reconcile",
+        message="waiting for m",
+        now="2026-01-01T00:00:00Z",
+    )
+    assert e["involvedObject"] == {
+        **BODY["metadata"],
+        "apiVersion": "metis.astraeus.io/v1",
+        "kind": "KnowledgeBase",
+    }
     assert (e["type"], e["reason"], e["action"]) == ("Warning", "Waiting", "Reconcile")
     assert e["source"] == {"component": "metis-operator"}
     assert e["reportingComponent"] == "metis-operator" and e["reportingInstance"]
@@ -23,8 +35,9 @@ def test_an_event_names_the_operator_and_the_action() -> None:
 
 
 def test_a_json_line_carries_the_base() -> None:
-    record = logging.LogRecord("metis_operator", logging.INFO, __file__, 1, "team/handbook: %s",
-                               ("Ready",), None)  # fmt: skip
+    record = logging.LogRecord(
+        "metis_operator", logging.INFO, __file__, 1, "team/handbook: %s", ("Ready",), None
+    )
     record.base = "team/handbook"
     record.state = "Ready"
     line = json.loads(report.JsonFormatter().format(record))

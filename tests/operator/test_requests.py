@@ -9,13 +9,12 @@ from typing import Any
 import httpx
 import pytest
 
-from metis_operator import indexer as calls
-from metis_operator import kube
+from metis_operator import indexer_client, kube
 from metis_operator.cache import Cache
 from metis_operator.children import Owner
+from metis_operator.context import Context
 from metis_operator.metrics import Metrics
 from metis_operator.prober import Probers
-from metis_operator.reconcile import Context
 from metis_operator.settings import load
 
 OWNER = Owner("handbook", "team", "u-1")
@@ -45,9 +44,15 @@ def ask(cluster: Secrets) -> httpx.Request:
     async def scenario() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(indexer)) as http:
             settings = load({"METIS_URL_TEMPLATE": "http://{name}.{namespace}:{port}"})
-            ctx = Context(settings, cluster, http, Metrics.create(), Cache(),  # type: ignore[arg-type]
-                          Probers(http, interval=60, grace=20))  # fmt: skip
-            await calls.reindex(ctx, OWNER, full=True)
+            ctx = Context(
+                settings,
+                cluster,  # type: ignore[arg-type]
+                http,
+                Metrics.create(),
+                Cache(),
+                Probers(http, interval=60, grace=20),
+            )
+            await indexer_client.reindex(ctx, OWNER, full=True)
 
     asyncio.run(scenario())
     (request,) = seen
@@ -62,7 +67,8 @@ def test_the_token_of_the_bases_secret_is_sent() -> None:
     assert cluster.paths == ["/api/v1/namespaces/team/secrets/metis-handbook"]
 
 
-@pytest.mark.parametrize(("secret", "status"), [(None, 200), (None, 403)],
-                         ids=["no-secret", "not-allowed-to-read-it"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("secret", "status"), [(None, 200), (None, 403)], ids=["no-secret", "not-allowed-to-read-it"]
+)
 def test_no_header_without_a_token(secret: dict[str, Any] | None, status: int) -> None:
     assert "authorization" not in ask(Secrets(secret, status)).headers

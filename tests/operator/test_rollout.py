@@ -6,13 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from metis_operator import reconcile
-from metis_operator.crd import GENERATION_ANNOTATION
+from metis_operator.api.identity import GENERATION_ANNOTATION
 
 
 def deployment(generation: str | None, image: str) -> dict[str, Any]:
     annotations = {GENERATION_ANNOTATION: generation} if generation else {}
-    return {"metadata": {"annotations": annotations},
-            "spec": {"template": {"spec": {"containers": [{"image": image}]}}}}  # fmt: skip
+    return {
+        "metadata": {"annotations": annotations},
+        "spec": {"template": {"spec": {"containers": [{"image": image}]}}},
+    }
 
 
 def test_at_most_the_limit_roll_at_once() -> None:

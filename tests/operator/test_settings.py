@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from metis_operator import settings as settings_mod
+from metis_operator.settings import load
 
 
 def test_defaults() -> None:
-    s = settings_mod.load({})
+    s = load({})
     assert s.indexer.port == 7700 and s.poll.interval_seconds == 10.0
     assert s.runtime.namespaces == ()
     assert s.url("bge-m3", "team-a", 80) == "http://bge-m3.team-a.svc:80"
@@ -21,7 +21,7 @@ def test_environment_then_flags() -> None:
         "METIS_POLL_SECONDS": "0.5",
         "METIS_NAMESPACES": "team-a, team-b,",
     }
-    s = settings_mod.load(env, ["--poll-seconds", "2", "--indexer-image", "img:2"])
+    s = load(env, ["--poll-seconds", "2", "--indexer-image", "img:2"])
     assert s.url("x", "y", 81) == "http://127.0.0.1:81"
     assert s.indexer.port == 17700 and s.indexer.image == "img:2"
     assert s.poll.interval_seconds == 2.0
@@ -40,16 +40,17 @@ def test_environment_then_flags() -> None:
 )
 def test_a_bad_value_is_named(env: dict[str, str], words: str) -> None:
     with pytest.raises(ValueError, match="METIS_") as e:
-        settings_mod.load(env)
+        load(env)
     assert words in str(e.value)
 
 
 def test_the_cluster_citizens_settings() -> None:
-    s = settings_mod.load({})
+    s = load({})
     assert s.runtime.leader_election is True and s.runtime.max_rollouts == 2
     assert (s.poll.probe_seconds, s.poll.model_grace_seconds) == (60.0, 20.0)
     assert s.poll.resync_seconds == 300.0 and s.runtime.log_format == "text"
-    s = settings_mod.load({"METIS_LEADER_ELECTION": "false", "METIS_MAX_ROLLOUTS": "5"},
-                          ["--log-format", "json"])  # fmt: skip
+    s = load(
+        {"METIS_LEADER_ELECTION": "false", "METIS_MAX_ROLLOUTS": "5"}, ["--log-format", "json"]
+    )
     assert s.runtime.leader_election is False and s.runtime.max_rollouts == 5
     assert s.runtime.log_format == "json"

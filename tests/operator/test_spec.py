@@ -8,20 +8,19 @@ from typing import Any
 
 import pytest
 
-from metis_operator import spec as spec_mod
-from metis_operator.spec import SpecError
+from metis_operator.api.spec import SpecError, parse, to_indexer_config
 from tests.support import refused_specs
 from tests.support.refused_specs import GOOD, spec
 
 
 def refused(body: dict[str, Any], name: str = "handbook") -> str:
     with pytest.raises(SpecError) as e:
-        spec_mod.parse(name, body)
+        parse(name, body)
     return str(e.value)
 
 
 def test_defaults_are_the_specs() -> None:
-    s = spec_mod.parse("handbook", GOOD)
+    s = parse("handbook", GOOD)
     assert (s.chunking.size, s.chunking.overlap, s.rescan_seconds) == (1200, 200, 60)
     assert (s.placement.cpu_cores, s.placement.memory_gb) == (1, 2)
     assert s.vectors == "float32"
@@ -48,19 +47,27 @@ def test_the_edges_are_accepted() -> None:
         chunking={"size": 4000, "overlap": 1999},
         placement={"cpu_cores": 64, "memory_gb": 256, "labels": {"metis.io/pool": "cpu"}},
     )
-    assert len(spec_mod.parse("h" * 40, body).sources) == 16
+    assert len(parse("h" * 40, body).sources) == 16
 
 
 def test_the_configuration_mounts_drives_and_reaches_models_by_url() -> None:
-    s = spec_mod.parse("handbook", spec(
-        reranker={"deployment": "rr", "query_prefix": "q: "},
-        embedding={"deployment": "bge-m3", "document_prefix": ""},
-        placement={"cpu_cores": 8}, vectors="int8",
-    ))  # fmt: skip
-    config = spec_mod.to_indexer_config(
-        "handbook", s, port=7700, embedding_url="http://bge-m3.ns.svc:80",
-        reranker_url="http://rr.ns.svc:80", revisions={"docs": "r1", "elsewhere": "r9"},
-    )  # fmt: skip
+    s = parse(
+        "handbook",
+        spec(
+            reranker={"deployment": "rr", "query_prefix": "q: "},
+            embedding={"deployment": "bge-m3", "document_prefix": ""},
+            placement={"cpu_cores": 8},
+            vectors="int8",
+        ),
+    )
+    config = to_indexer_config(
+        "handbook",
+        s,
+        port=7700,
+        embedding_url="http://bge-m3.ns.svc:80",
+        reranker_url="http://rr.ns.svc:80",
+        revisions={"docs": "r1", "elsewhere": "r9"},
+    )
     assert [(x.drive, x.root, x.path) for x in config.sources] == [
         ("docs", Path("/drives/docs"), "handbook"),
         ("runbooks", Path("/drives/runbooks"), None),
@@ -77,8 +84,8 @@ def test_the_configuration_mounts_drives_and_reaches_models_by_url() -> None:
 
 
 def test_one_core_still_gets_two_reader_workers() -> None:
-    s = spec_mod.parse("handbook", GOOD)
-    config = spec_mod.to_indexer_config(
+    s = parse("handbook", GOOD)
+    config = to_indexer_config(
         "handbook", s, port=1, embedding_url="http://e", reranker_url=None, revisions={}
     )
     assert config.workers == 2 and config.reranker is None

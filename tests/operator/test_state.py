@@ -1,4 +1,4 @@
-"""DESIGN.md's state table, row by row and in its priority order, as named cases of
+"""The state table, row by row and in its priority order, as named cases of
 the pure `derive`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from metis_indexer.schema import StatusAnswer
-from metis_operator.spec import Placement
+from metis_operator.api.spec import Placement
 from metis_operator.state import (
     ROUTING_GRACE_SECONDS,
     Model,
@@ -47,165 +47,372 @@ def given(**changes: object) -> Observation:
 
 CASES = [
     # Failed: what cannot run as asked, before anything else.
-    ("invalid-spec", given(invalid="spec.rescan_seconds: is 5"), State.FAILED,
-     "the spec is invalid: spec.rescan_seconds: is 5"),
-    ("missing-drive", given(missing_drives=("docs",)), State.FAILED,
-     "drive docs does not exist (no PersistentVolumeClaim docs in this namespace)"),
-    ("missing-model", given(embedding=ModelCheck("embedding model", "bge-m3", Model.NOT_FOUND)),
-     State.FAILED, "embedding model bge-m3 does not exist (no Service bge-m3 in this namespace)"),
-    ("model-serves-else",
-     given(embedding=ModelCheck("embedding model", "web", Model.SERVES_ELSE,
-                                "serves reranker bge-reranker, not an embedding model")),
-     State.FAILED,
-     "embedding model Service web serves reranker bge-reranker, not an embedding model"),
-    ("reranker-missing",
-     given(reranker=ModelCheck("reranker", "rr", Model.NOT_FOUND)), State.FAILED,
-     "reranker rr does not exist (no Service rr in this namespace)"),
-    ("failures-add-up",
-     given(missing_drives=("a", "b")), State.FAILED,
-     "drive a does not exist (no PersistentVolumeClaim a in this namespace); "
-     "drive b does not exist (no PersistentVolumeClaim b in this namespace)"),
+    (
+        "invalid-spec",
+        given(invalid="spec.rescan_seconds: is 5"),
+        State.FAILED,
+        "the spec is invalid: spec.rescan_seconds: is 5",
+    ),
+    (
+        "missing-drive",
+        given(missing_drives=("docs",)),
+        State.FAILED,
+        "drive docs does not exist (no PersistentVolumeClaim docs in this namespace)",
+    ),
+    (
+        "missing-model",
+        given(embedding=ModelCheck("embedding model", "bge-m3", Model.NOT_FOUND)),
+        State.FAILED,
+        "embedding model bge-m3 does not exist (no Service bge-m3 in this namespace)",
+    ),
+    (
+        "model-serves-else",
+        given(
+            embedding=ModelCheck(
+                "embedding model",
+                "web",
+                Model.SERVES_ELSE,
+                "serves reranker bge-reranker, not an embedding model",
+            )
+        ),
+        State.FAILED,
+        "embedding model Service web serves reranker bge-reranker, not an embedding model",
+    ),
+    (
+        "reranker-missing",
+        given(reranker=ModelCheck("reranker", "rr", Model.NOT_FOUND)),
+        State.FAILED,
+        "reranker rr does not exist (no Service rr in this namespace)",
+    ),
+    (
+        "failures-add-up",
+        given(missing_drives=("a", "b")),
+        State.FAILED,
+        "drive a does not exist (no PersistentVolumeClaim a in this namespace); "
+        "drive b does not exist (no PersistentVolumeClaim b in this namespace)",
+    ),
     ("failed-beats-pending", given(missing_drives=("docs",), pod=None), State.FAILED, None),
-    ("reranker-missing-with-no-embedding-check",
-     given(embedding=None, reranker=ModelCheck("reranker", "rr", Model.NOT_FOUND)), State.FAILED,
-     "reranker rr does not exist (no Service rr in this namespace)"),
+    (
+        "reranker-missing-with-no-embedding-check",
+        given(embedding=None, reranker=ModelCheck("reranker", "rr", Model.NOT_FOUND)),
+        State.FAILED,
+        "reranker rr does not exist (no Service rr in this namespace)",
+    ),
     # Pending: no machine, no volume, no listing yet.
-    ("unlisted-data-source", given(unlisted_drives=("bucket",)), State.PENDING,
-     "drive bucket waits for its data source's first listing"),
-    ("unbound-drive", given(unbound_drives=("docs",)), State.PENDING,
-     "drive docs is not bound to a volume yet"),
-    ("two-unlisted-data-sources", given(unlisted_drives=("a", "b")), State.PENDING,
-     "drive a waits for its data source's first listing; "
-     "drive b waits for its data source's first listing"),
-    ("two-unbound-drives", given(unbound_drives=("a", "b")), State.PENDING,
-     "drive a is not bound to a volume yet; drive b is not bound to a volume yet"),
-    ("unbound-index-drive", given(index_drive_bound=False), State.PENDING,
-     "its index drive metis-hb is not bound to a volume yet"),
-    ("pod-cannot-be-created", given(pod=None, pod_failure="exceeded quota: mem"), State.PENDING,
-     "its pod cannot be created: exceeded quota: mem"),
+    (
+        "unlisted-data-source",
+        given(unlisted_drives=("bucket",)),
+        State.PENDING,
+        "drive bucket waits for its data source's first listing",
+    ),
+    (
+        "unbound-drive",
+        given(unbound_drives=("docs",)),
+        State.PENDING,
+        "drive docs is not bound to a volume yet",
+    ),
+    (
+        "two-unlisted-data-sources",
+        given(unlisted_drives=("a", "b")),
+        State.PENDING,
+        "drive a waits for its data source's first listing; "
+        "drive b waits for its data source's first listing",
+    ),
+    (
+        "two-unbound-drives",
+        given(unbound_drives=("a", "b")),
+        State.PENDING,
+        "drive a is not bound to a volume yet; drive b is not bound to a volume yet",
+    ),
+    (
+        "unbound-index-drive",
+        given(index_drive_bound=False),
+        State.PENDING,
+        "its index drive metis-hb is not bound to a volume yet",
+    ),
+    (
+        "pod-cannot-be-created",
+        given(pod=None, pod_failure="exceeded quota: mem"),
+        State.PENDING,
+        "its pod cannot be created: exceeded quota: mem",
+    ),
     ("no-pod-yet", given(pod=None), State.PENDING, "its pod is not created yet"),
     # A first pod replaced (a changed placement) before it ever ran is no replacement.
-    ("first-pod-replaced-before-it-ran", given(served=False, pod=None, replacing=True),
-     State.PENDING, "its pod is not created yet"),
-    ("first-pod-going-before-it-ran", given(served=False, pod=PodView("p", terminating=True)),
-     State.PENDING, "its pod is not created yet"),
-    ("unschedulable",
-     given(placement=Placement(labels={"pool": "gpu"}),
-           pod=PodView("p", unschedulable="0/3 nodes are available: 3 node(s) didn't match "
-                       "Pod's node affinity/selector. preemption: 0/3 nodes are available")),
-     State.PENDING,
-     "no machine matches placement labels pool=gpu (scheduler: 0/3 nodes are available: "
-     "3 node(s) didn't match Pod's node affinity/selector.)"),
+    (
+        "first-pod-replaced-before-it-ran",
+        given(served=False, pod=None, replacing=True),
+        State.PENDING,
+        "its pod is not created yet",
+    ),
+    (
+        "first-pod-going-before-it-ran",
+        given(served=False, pod=PodView("p", terminating=True)),
+        State.PENDING,
+        "its pod is not created yet",
+    ),
+    (
+        "unschedulable",
+        given(
+            placement=Placement(labels={"pool": "gpu"}),
+            pod=PodView(
+                "p",
+                unschedulable="0/3 nodes are available: 3 node(s) didn't match "
+                "Pod's node affinity/selector. preemption: 0/3 nodes are available",
+            ),
+        ),
+        State.PENDING,
+        "no machine matches placement labels pool=gpu (scheduler: 0/3 nodes are available: "
+        "3 node(s) didn't match Pod's node affinity/selector.)",
+    ),
     ("not-yet-scheduled", given(pod=PodView("p")), State.PENDING, "its pod waits for a machine"),
-    ("pending-beats-starting", given(unbound_drives=("docs",), replacing=True), State.PENDING,
-     None),
-    ("unschedulable-replacement-is-pending",
-     given(replacing=True, pod=PodView("p", unschedulable="0/1 nodes are available: 1 "
-                                       "Insufficient memory.")),
-     State.PENDING, None),
+    (
+        "pending-beats-starting",
+        given(unbound_drives=("docs",), replacing=True),
+        State.PENDING,
+        None,
+    ),
+    (
+        "unschedulable-replacement-is-pending",
+        given(
+            replacing=True,
+            pod=PodView("p", unschedulable="0/1 nodes are available: 1 Insufficient memory."),
+        ),
+        State.PENDING,
+        None,
+    ),
     # Starting: the pod starts, the index loads, a replacement takes over.
-    ("between-two-pods", given(pod=None, replacing=True), State.STARTING,
-     "a replacement is taking over after a change"),
-    ("old-pod-going", given(pod=dataclasses.replace(RUNNING, terminating=True)), State.STARTING,
-     "a replacement is taking over after a change on machine node-a"),
-    ("old-pod-going-its-node-gone", given(pod=PodView("p", terminating=True)), State.STARTING,
-     "a replacement is taking over after a change"),
-    ("new-template-rolling-out", given(replacing=True), State.STARTING,
-     "a replacement is taking over after a change on machine node-a"),
-    ("new-pod-of-a-first-rollout",
-     given(served=False, replacing=True, pod=PodView("p", node="node-a")),
-     State.STARTING, "its indexer is starting on machine node-a"),
-    ("container-not-started", given(pod=PodView("p", node="node-a")), State.STARTING,
-     "its indexer is starting on machine node-a"),
-    ("image-pull", given(pod=PodView("p", node="node-a", waiting="ImagePullBackOff: not found")),
-     State.STARTING, "its indexer container waits on machine node-a: ImagePullBackOff: not found"),
-    ("api-not-up-yet", given(pod=dataclasses.replace(RUNNING, ready=False), indexer=None,
-                              indexer_error="connection refused"),
-     State.STARTING, "its indexer does not answer yet: connection refused"),
+    (
+        "between-two-pods",
+        given(pod=None, replacing=True),
+        State.STARTING,
+        "a replacement is taking over after a change",
+    ),
+    (
+        "old-pod-going",
+        given(pod=dataclasses.replace(RUNNING, terminating=True)),
+        State.STARTING,
+        "a replacement is taking over after a change on machine node-a",
+    ),
+    (
+        "old-pod-going-its-node-gone",
+        given(pod=PodView("p", terminating=True)),
+        State.STARTING,
+        "a replacement is taking over after a change",
+    ),
+    (
+        "new-template-rolling-out",
+        given(replacing=True),
+        State.STARTING,
+        "a replacement is taking over after a change on machine node-a",
+    ),
+    (
+        "new-pod-of-a-first-rollout",
+        given(served=False, replacing=True, pod=PodView("p", node="node-a")),
+        State.STARTING,
+        "its indexer is starting on machine node-a",
+    ),
+    (
+        "container-not-started",
+        given(pod=PodView("p", node="node-a")),
+        State.STARTING,
+        "its indexer is starting on machine node-a",
+    ),
+    (
+        "image-pull",
+        given(pod=PodView("p", node="node-a", waiting="ImagePullBackOff: not found")),
+        State.STARTING,
+        "its indexer container waits on machine node-a: ImagePullBackOff: not found",
+    ),
+    (
+        "api-not-up-yet",
+        given(
+            pod=dataclasses.replace(RUNNING, ready=False),
+            indexer=None,
+            indexer_error="connection refused",
+        ),
+        State.STARTING,
+        "its indexer does not answer yet: connection refused",
+    ),
     ("loading", given(indexer=ix("loading")), State.STARTING, "loading its index"),
-    ("standby", given(indexer=ix("standby")), State.STARTING,
-     "a replacement is taking over; searches are answered meanwhile"),
+    (
+        "standby",
+        given(indexer=ix("standby")),
+        State.STARTING,
+        "a replacement is taking over; searches are answered meanwhile",
+    ),
     # A spec change: not Ready until the indexer runs the new generation and indexed it.
-    ("runs-the-old-generation", given(generation=3), State.STARTING,
-     "applying generation 3: the indexer still runs generation 2"),
-    ("runs-no-generation", given(generation=3, indexer=ix("ready", generation=None)),
-     State.STARTING, "applying generation 3: the indexer still runs a configuration of no "
-     "generation"),
+    (
+        "runs-the-old-generation",
+        given(generation=3),
+        State.STARTING,
+        "applying generation 3: the indexer still runs generation 2",
+    ),
+    (
+        "runs-no-generation",
+        given(generation=3, indexer=ix("ready", generation=None)),
+        State.STARTING,
+        "applying generation 3: the indexer still runs a configuration of no generation",
+    ),
     # A data source's new revision: written into the configuration at once, delivered to
     # the pod by its kubelet later; Ready only once a pass has read it.
-    ("new-revision-not-delivered-yet",
-     given(revisions={"docs": "r2"},
-           indexer=ix("ready", passes=3, revisions={"docs": "r1"},
-                      indexed_revisions={"docs": "r1"})),
-     State.STARTING, "drive docs has revision r2: its indexer still reads revision r1"),
-    ("new-drive-revision-not-delivered-yet",
-     given(revisions={"docs": "r1", "wiki": "w1"},
-           indexer=ix("ready", passes=3, revisions={"docs": "r1"},
-                      indexed_revisions={"docs": "r1"})),
-     State.STARTING, "drive wiki has revision w1: its indexer still reads no revision"),
-    ("old-generation-beats-waiting",
-     given(generation=3, embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING)),
-     State.STARTING, None),
-    ("starting-beats-waiting",
-     given(indexer=ix("loading"),
-           embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING)),
-     State.STARTING, None),
+    (
+        "new-revision-not-delivered-yet",
+        given(
+            revisions={"docs": "r2"},
+            indexer=ix(
+                "ready", passes=3, revisions={"docs": "r1"}, indexed_revisions={"docs": "r1"}
+            ),
+        ),
+        State.STARTING,
+        "drive docs has revision r2: its indexer still reads revision r1",
+    ),
+    (
+        "new-drive-revision-not-delivered-yet",
+        given(
+            revisions={"docs": "r1", "wiki": "w1"},
+            indexer=ix(
+                "ready", passes=3, revisions={"docs": "r1"}, indexed_revisions={"docs": "r1"}
+            ),
+        ),
+        State.STARTING,
+        "drive wiki has revision w1: its indexer still reads no revision",
+    ),
+    (
+        "old-generation-beats-waiting",
+        given(generation=3, embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING)),
+        State.STARTING,
+        None,
+    ),
+    (
+        "starting-beats-waiting",
+        given(
+            indexer=ix("loading"),
+            embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING),
+        ),
+        State.STARTING,
+        None,
+    ),
     # Waiting: for the embedding model most often.
-    ("model-not-answering",
-     given(embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING,
-                                         detail="connection refused")),
-     State.WAITING, "waiting for embedding model bge-m3: connection refused"),
-    ("indexer-waits", given(indexer=ix("waiting", reason="waiting for embedding model x: 503")),
-     State.WAITING, "waiting for embedding model x: 503"),
-    ("indexer-waits-without-a-reason", given(indexer=ix("waiting")), State.WAITING,
-     "its index waits"),
-    ("ready-pod-unreachable", given(indexer=None, indexer_error="timed out"), State.WAITING,
-     "the operator cannot reach its indexer: timed out"),
-    ("ready-pod-unreachable-past-the-routing-grace",
-     given(indexer=None, indexer_error="timed out",
-           pod=dataclasses.replace(RUNNING, ready_seconds=ROUTING_GRACE_SECONDS)),
-     State.WAITING, "the operator cannot reach its indexer: timed out"),
+    (
+        "model-not-answering",
+        given(
+            embedding=dataclasses.replace(
+                EMBEDDING, result=Model.NOT_ANSWERING, detail="connection refused"
+            )
+        ),
+        State.WAITING,
+        "waiting for embedding model bge-m3: connection refused",
+    ),
+    (
+        "indexer-waits",
+        given(indexer=ix("waiting", reason="waiting for embedding model x: 503")),
+        State.WAITING,
+        "waiting for embedding model x: 503",
+    ),
+    (
+        "indexer-waits-without-a-reason",
+        given(indexer=ix("waiting")),
+        State.WAITING,
+        "its index waits",
+    ),
+    (
+        "ready-pod-unreachable",
+        given(indexer=None, indexer_error="timed out"),
+        State.WAITING,
+        "the operator cannot reach its indexer: timed out",
+    ),
+    (
+        "ready-pod-unreachable-past-the-routing-grace",
+        given(
+            indexer=None,
+            indexer_error="timed out",
+            pod=dataclasses.replace(RUNNING, ready_seconds=ROUTING_GRACE_SECONDS),
+        ),
+        State.WAITING,
+        "the operator cannot reach its indexer: timed out",
+    ),
     # Ready a moment ago: kube-proxy routes the Service a moment after the kubelet says so.
-    ("just-ready-pod-not-routed-yet",
-     given(indexer=None, indexer_error="connection refused",
-           pod=dataclasses.replace(RUNNING, ready_seconds=ROUTING_GRACE_SECONDS - 0.5)),
-     State.STARTING, "its indexer is ready; its Service does not reach it yet: connection refused"),
-    ("waiting-beats-indexing",
-     given(indexer=ix("indexing"),
-           embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING)),
-     State.WAITING, None),
-    ("reranker-down-is-not-waiting",
-     given(reranker=ModelCheck("reranker", "rr", Model.NOT_ANSWERING, "timed out")),
-     State.READY, None),
+    (
+        "just-ready-pod-not-routed-yet",
+        given(
+            indexer=None,
+            indexer_error="connection refused",
+            pod=dataclasses.replace(RUNNING, ready_seconds=ROUTING_GRACE_SECONDS - 0.5),
+        ),
+        State.STARTING,
+        "its indexer is ready; its Service does not reach it yet: connection refused",
+    ),
+    (
+        "waiting-beats-indexing",
+        given(
+            indexer=ix("indexing"),
+            embedding=dataclasses.replace(EMBEDDING, result=Model.NOT_ANSWERING),
+        ),
+        State.WAITING,
+        None,
+    ),
+    (
+        "reranker-down-is-not-waiting",
+        given(reranker=ModelCheck("reranker", "rr", Model.NOT_ANSWERING, "timed out")),
+        State.READY,
+        None,
+    ),
     # Indexing, then Ready.
-    ("indexing", given(indexer=ix("indexing", pass_total=9, pass_done=2)), State.INDEXING,
-     "reading documents; searches are answered from what is indexed so far"),
+    (
+        "indexing",
+        given(indexer=ix("indexing", pass_total=9, pass_done=2)),
+        State.INDEXING,
+        "reading documents; searches are answered from what is indexed so far",
+    ),
     ("first-scan", given(indexer=ix("scanning", passes=0)), State.INDEXING, None),
-    ("new-generation-not-indexed-yet",
-     given(generation=3, indexer=ix("ready", generation=3, indexed_generation=2, passes=4)),
-     State.INDEXING,
-     "indexing for generation 3: reading documents; searches are answered from what is "
-     "indexed so far"),
-    ("new-revision-not-indexed-yet",
-     given(revisions={"docs": "r2", "wiki": "w1"},
-           indexer=ix("scanning", passes=3, revisions={"docs": "r2", "wiki": "w1"},
-                      indexed_revisions={"docs": "r1", "wiki": "w1"})),
-     State.INDEXING, "indexing revision r2 of drive docs: reading documents; searches are "
-     "answered from what is indexed so far"),
-    ("new-revision-indexed",
-     given(revisions={"docs": "r2"},
-           indexer=ix("ready", passes=4, revisions={"docs": "r2"},
-                      indexed_revisions={"docs": "r2"})),
-     State.READY, "everything is indexed; watching its sources"),
-    ("first-pass-not-finished",
-     given(indexer=ix("scanning", passes=3, indexed_generation=None)), State.INDEXING, None),
-    ("waiting-beats-new-generation-indexing",
-     given(generation=3, indexer=ix("waiting", reason="waiting for x", generation=3)),
-     State.WAITING, "waiting for x"),
-    ("rescan-after-a-pass-stays-ready", given(indexer=ix("scanning", passes=3)), State.READY,
-     None),
+    (
+        "new-generation-not-indexed-yet",
+        given(generation=3, indexer=ix("ready", generation=3, indexed_generation=2, passes=4)),
+        State.INDEXING,
+        "indexing for generation 3: reading documents; searches are answered from what is "
+        "indexed so far",
+    ),
+    (
+        "new-revision-not-indexed-yet",
+        given(
+            revisions={"docs": "r2", "wiki": "w1"},
+            indexer=ix(
+                "scanning",
+                passes=3,
+                revisions={"docs": "r2", "wiki": "w1"},
+                indexed_revisions={"docs": "r1", "wiki": "w1"},
+            ),
+        ),
+        State.INDEXING,
+        "indexing revision r2 of drive docs: reading documents; searches are "
+        "answered from what is indexed so far",
+    ),
+    (
+        "new-revision-indexed",
+        given(
+            revisions={"docs": "r2"},
+            indexer=ix(
+                "ready", passes=4, revisions={"docs": "r2"}, indexed_revisions={"docs": "r2"}
+            ),
+        ),
+        State.READY,
+        "everything is indexed; watching its sources",
+    ),
+    (
+        "first-pass-not-finished",
+        given(indexer=ix("scanning", passes=3, indexed_generation=None)),
+        State.INDEXING,
+        None,
+    ),
+    (
+        "waiting-beats-new-generation-indexing",
+        given(generation=3, indexer=ix("waiting", reason="waiting for x", generation=3)),
+        State.WAITING,
+        "waiting for x",
+    ),
+    ("rescan-after-a-pass-stays-ready", given(indexer=ix("scanning", passes=3)), State.READY, None),
     ("ready", HEALTHY, State.READY, "everything is indexed; watching its sources"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("o", "state", "reason"), [pytest.param(*c[1:], id=c[0]) for c in CASES])
@@ -219,31 +426,65 @@ def test_the_state_table(o: Observation, state: State, reason: str | None) -> No
 @pytest.mark.parametrize(
     ("message", "placement", "starts"),
     [
-        ("0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.",
-         Placement(machines=["gpu-1", "gpu-2"]), "no machine matches placement machines gpu-1, "
-         "gpu-2 (scheduler:"),
-        ("0/2 nodes are available: 2 Insufficient memory.", Placement(memory_gb=64),
-         "no machine has 64 GiB of memory free (placement.memory_gb)"),
-        ("0/2 nodes are available: 2 Insufficient cpu.", Placement(cpu_cores=16),
-         "no machine has 16 CPU cores free (placement.cpu_cores)"),
-        ("0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims.",
-         Placement(), "its drives are not bound to volumes yet"),
-        ("no nodes available to schedule pods", Placement(),
-         "the cluster has no machine to run it"),
-        ("0/3 nodes are available: 3 node(s) didn't match the requested node name.",
-         Placement(labels={"zone": "b", "pool": "gpu"}, machines=["gpu-1"]),
-         "no machine matches placement labels pool=gpu, zone=b and machines gpu-1 (scheduler:"),
-        ("0/1 nodes are available: 1 node(s) didn't match the requested node name.",
-         Placement(), "no machine matches placement (none set) (scheduler:"),
-        ("0/2 nodes are available: 1 Insufficient cpu, 1 Insufficient memory.",
-         Placement(memory_gb=8, cpu_cores=4), "no machine has 8 GiB of memory free "
-         "(placement.memory_gb); no machine has 4 CPU cores free (placement.cpu_cores) (sch"),
-        ("0/1 nodes are available: 1 node(s) had untolerated taint {x: y}.", Placement(),
-         "no machine can run it (scheduler: 0/1 nodes are available: 1 node(s) had untolerated"),
+        (
+            "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.",
+            Placement(machines=["gpu-1", "gpu-2"]),
+            "no machine matches placement machines gpu-1, gpu-2 (scheduler:",
+        ),
+        (
+            "0/2 nodes are available: 2 Insufficient memory.",
+            Placement(memory_gb=64),
+            "no machine has 64 GiB of memory free (placement.memory_gb)",
+        ),
+        (
+            "0/2 nodes are available: 2 Insufficient cpu.",
+            Placement(cpu_cores=16),
+            "no machine has 16 CPU cores free (placement.cpu_cores)",
+        ),
+        (
+            "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims.",
+            Placement(),
+            "its drives are not bound to volumes yet",
+        ),
+        (
+            "no nodes available to schedule pods",
+            Placement(),
+            "the cluster has no machine to run it",
+        ),
+        (
+            "0/3 nodes are available: 3 node(s) didn't match the requested node name.",
+            Placement(labels={"zone": "b", "pool": "gpu"}, machines=["gpu-1"]),
+            "no machine matches placement labels pool=gpu, zone=b and machines gpu-1 (scheduler:",
+        ),
+        (
+            "0/1 nodes are available: 1 node(s) didn't match the requested node name.",
+            Placement(),
+            "no machine matches placement (none set) (scheduler:",
+        ),
+        (
+            "0/2 nodes are available: 1 Insufficient cpu, 1 Insufficient memory.",
+            Placement(memory_gb=8, cpu_cores=4),
+            "no machine has 8 GiB of memory free "
+            "(placement.memory_gb); no machine has 4 CPU cores free (placement.cpu_cores) (sch",
+        ),
+        (
+            "0/1 nodes are available: 1 node(s) had untolerated taint {x: y}.",
+            Placement(),
+            "no machine can run it (scheduler: 0/1 nodes are available: 1 node(s) had untolerated",
+        ),
     ],
-    ids=["machines", "memory", "cpu", "volumes", "no-nodes", "node-name", "none-set",
-         "memory-and-cpu", "other"],
-)  # fmt: skip
+    ids=[
+        "machines",
+        "memory",
+        "cpu",
+        "volumes",
+        "no-nodes",
+        "node-name",
+        "none-set",
+        "memory-and-cpu",
+        "other",
+    ],
+)
 def test_the_schedulers_message_says_what_to_do(
     message: str, placement: Placement, starts: str
 ) -> None:

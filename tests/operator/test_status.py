@@ -4,11 +4,12 @@ is empty when nothing changed (so nothing is written)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
-from metis_operator import status as status_mod
+from metis_operator import status_compose
+from metis_operator.api.status_types import StateName
 from metis_operator.state import (
     Model,
     ModelCheck,
@@ -22,36 +23,64 @@ from tests.operator.answers import indexer_status
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 EMBEDDING = ModelCheck("embedding model", "bge-m3", Model.AVAILABLE, "serves BAAI/bge-m3 (1024)")
 STATUS = indexer_status(
-    phase="ready", documents=40, chunks=120, failed=1, passes=2,
-    last_indexed_at=T0, dimensions=1024, vectors="int8", indexed_revisions={"docs": "r1"},
-)  # fmt: skip
+    phase="ready",
+    documents=40,
+    chunks=120,
+    failed=1,
+    passes=2,
+    last_indexed_at=T0,
+    dimensions=1024,
+    vectors="int8",
+    indexed_revisions={"docs": "r1"},
+)
 READY = Verdict(State.READY, "everything is indexed; watching its sources")
 OBSERVED = Observation(
-    embedding=EMBEDDING, index_drive_bound=True,
-    pod=PodView("p", node="node-a", running=True, ready=True), indexer=STATUS,
-)  # fmt: skip
+    embedding=EMBEDDING,
+    index_drive_bound=True,
+    pod=PodView("p", node="node-a", running=True, ready=True),
+    indexer=STATUS,
+)
 
 
-def compose(previous: dict[str, Any], verdict: Verdict = READY, o: Observation = OBSERVED,
-            now: str = T1, with_reranker: bool = False) -> dict[str, Any]:  # fmt: skip
-    return status_mod.compose(
-        previous, verdict, o, generation=3, address="http://metis-hb.ns.svc:7700",
-        revisions={"docs": "r1"}, with_reranker=with_reranker, now=now,
-    )  # fmt: skip
+def compose(
+    previous: dict[str, Any],
+    verdict: Verdict = READY,
+    o: Observation = OBSERVED,
+    now: str = T1,
+    with_reranker: bool = False,
+) -> dict[str, Any]:
+    return status_compose.compose(
+        previous,
+        verdict,
+        o,
+        generation=3,
+        address="http://metis-hb.ns.svc:7700",
+        revisions={"docs": "r1"},
+        with_reranker=with_reranker,
+        now=now,
+    ).dump()
 
 
 def test_a_ready_base() -> None:
     s = compose({})
     assert s["state"] == "Ready" and s["observedGeneration"] == 3
     assert s["observed"] == {
-        "index": {"phase": "ready", "documents": 40, "chunks": 120, "failed": 1,
-                  "pass_total": 0, "pass_done": 0, "last_indexed_at": T0, "dimensions": 1024,
-                  "vectors": "int8"},
+        "index": {
+            "phase": "ready",
+            "documents": 40,
+            "chunks": 120,
+            "failed": 1,
+            "pass_total": 0,
+            "pass_done": 0,
+            "last_indexed_at": T0,
+            "dimensions": 1024,
+            "vectors": "int8",
+        },
         "machine": "node-a",
         "address": "http://metis-hb.ns.svc:7700",
         "revisions": {"docs": "r1"},
         "indexed_revisions": {"docs": "r1"},
-    }  # fmt: skip
+    }
     assert [(c["type"], c["status"], c["reason"]) for c in s["conditions"]] == [
         ("Ready", "True", "Ready"),
         ("Reconciling", "False", "Ready"),
@@ -61,7 +90,10 @@ def test_a_ready_base() -> None:
     assert all(c["lastTransitionTime"] == T1 for c in s["conditions"])
     assert all(c["observedGeneration"] == 3 for c in s["conditions"])
     assert [c["message"] for c in s["conditions"]] == [
-        READY.reason, "", "", "serves BAAI/bge-m3 (1024)"
+        READY.reason,
+        "",
+        "",
+        "serves BAAI/bge-m3 (1024)",
     ]
     assert s["reason"] == READY.reason
     assert "progress" not in s and "evaluation" not in s
@@ -71,7 +103,17 @@ def test_an_unchanged_base_composes_the_same_status_so_nothing_is_written() -> N
     first = compose({}, now=T0)
     again = compose(first, now=T1)
     assert again == first
-    assert status_mod.merge_patch(first, again) == {}
+    assert status_compose.merge_patch(first, again) == {}
+
+
+def test_a_stored_status_with_a_field_this_version_cannot_read_is_composed_anew() -> None:
+    """A state a newer operator wrote and a hand-edited evaluation: the loop goes on, the
+    new status replaces both, and what it can read (the conditions' times) is kept."""
+    first = compose({}, now=T0)
+    odd = {**first, "state": "Hibernating", "evaluation": {"k": "ten"}}
+    again = compose(odd, now=T1)
+    assert again == first
+    assert status_compose.merge_patch(odd, again) == {"state": "Ready", "evaluation": None}
 
 
 def test_a_condition_keeps_its_time_unless_status_or_message_change() -> None:
@@ -81,8 +123,10 @@ def test_a_condition_keeps_its_time_unless_status_or_message_change() -> None:
     times = {c["type"]: c["lastTransitionTime"] for c in later["conditions"]}
     assert times == {"Ready": T1, "Reconciling": T1, "Stalled": T0, "EmbeddingModelAvailable": T0}
     reworded = compose(later, verdict=Verdict(State.WAITING, "waiting for x"), now="later")
-    assert next(c for c in reworded["conditions"] if c["type"] == "Ready")[
-        "lastTransitionTime"] == "later"  # fmt: skip
+    assert (
+        next(c for c in reworded["conditions"] if c["type"] == "Ready")["lastTransitionTime"]
+        == "later"
+    )
 
 
 @pytest.mark.parametrize(
@@ -151,8 +195,11 @@ def test_an_invalid_spec_leaves_the_models_unchecked() -> None:
     s = compose({}, verdict=Verdict(State.FAILED, "the spec is invalid"), o=Observation())
     cond = next(c for c in s["conditions"] if c["type"] == "EmbeddingModelAvailable")
     assert (cond["status"], cond["reason"], cond["message"], cond["observedGeneration"]) == (
-        "False", "NotChecked", "the spec is invalid", 3
-    )  # fmt: skip
+        "False",
+        "NotChecked",
+        "the spec is invalid",
+        3,
+    )
 
 
 def test_warnings_count_folders_instead_of_naming_them() -> None:
@@ -165,18 +212,22 @@ def test_warnings_count_folders_instead_of_naming_them() -> None:
     o = Observation(
         embedding=idle,
         reranker=ModelCheck("reranker", "rr", Model.NOT_ANSWERING, "timed out"),
-        indexer=indexer_status(phase="ready", warnings=[
-            "source docs: cannot list hr/salaries-2026", "source docs: cannot list legal/x",
-            "source wiki: the drive at /drives/wiki is not a folder",
-        ]),
-    )  # fmt: skip
-    assert status_mod.warnings(o) == [
+        indexer=indexer_status(
+            phase="ready",
+            warnings=[
+                "source docs: cannot list hr/salaries-2026",
+                "source docs: cannot list legal/x",
+                "source wiki: the drive at /drives/wiki is not a folder",
+            ],
+        ),
+    )
+    assert status_compose.warnings(o) == [
         "embedding model bge-m3: Deployment bge-m3 is scaled to zero",
         "reranker rr does not answer (timed out): results come in the fused order",
         "source wiki: the drive at /drives/wiki is not a folder",
         "source docs: 2 folder(s) cannot be listed",
     ]
-    assert compose({}, o=o)["observed"]["warnings"] == status_mod.warnings(o)
+    assert compose({}, o=o)["observed"]["warnings"] == status_compose.warnings(o)
 
 
 @pytest.mark.parametrize(
@@ -193,39 +244,61 @@ def test_warnings_count_folders_instead_of_naming_them() -> None:
         ({"o": 1}, {"o": {"x": 1}}, {"o": {"x": 1}}),
         ({"o": {"x": 1}}, {"o": 2}, {"o": 2}),
     ],
-    ids=["empty", "same", "changed", "removed", "nested", "nested-removed", "list-whole",
-         "same-null", "mapping-over-scalar", "scalar-over-mapping"],
-)  # fmt: skip
+    ids=[
+        "empty",
+        "same",
+        "changed",
+        "removed",
+        "nested",
+        "nested-removed",
+        "list-whole",
+        "same-null",
+        "mapping-over-scalar",
+        "scalar-over-mapping",
+    ],
+)
 def test_merge_patch(old: dict[str, Any], new: dict[str, Any], patch: dict[str, Any]) -> None:
-    assert status_mod.merge_patch(old, new) == patch
+    assert status_compose.merge_patch(old, new) == patch
 
 
 def test_a_paused_base_keeps_its_status_and_says_so() -> None:
     before = compose({}, now=T0)
-    paused = status_mod.paused(before, T1)
-    assert status_mod.is_paused(paused) and not status_mod.is_paused(before)
+    paused = status_compose.paused(before, T1).dump()
+    assert status_compose.is_paused(paused) and not status_compose.is_paused(before)
     cond = next(c for c in paused["conditions"] if c["type"] == "Paused")
     assert cond == {
-        "type": "Paused", "status": "True", "reason": "Paused", "lastTransitionTime": T1,
+        "type": "Paused",
+        "status": "True",
+        "reason": "Paused",
+        "lastTransitionTime": T1,
         "message": 'annotation metis.astraeus.io/paused is "true": the operator leaves the '
         "base and its children as they are",
-    }  # fmt: skip
+    }
     assert {k: v for k, v in paused.items() if k != "conditions"} == {
         k: v for k, v in before.items() if k != "conditions"
     }
-    assert status_mod.paused(paused, "later") == paused  # nothing more to write
+    assert status_compose.paused(paused, "later").dump() == paused  # nothing more to write
     resumed = compose(paused, now=T1)
-    assert not status_mod.is_paused(resumed)
+    assert not status_compose.is_paused(resumed)
 
 
 def test_the_quality_condition_only_an_evaluation_sets_is_kept_as_it_was() -> None:
     regressed = {
-        "type": "QualityRegressed", "status": "True", "reason": "Regressed",
-        "message": "recall@5 0.80 → 0.50", "observedGeneration": 2, "lastTransitionTime": T0,
-    }  # fmt: skip
+        "type": "QualityRegressed",
+        "status": "True",
+        "reason": "Regressed",
+        "message": "recall@5 0.80 → 0.50",
+        "observedGeneration": 2,
+        "lastTransitionTime": T0,
+    }
     before = compose({}, now=T0)
     s = compose({**before, "conditions": [*before["conditions"], regressed]}, now=T1)
     assert [c for c in s["conditions"] if c["type"] == "QualityRegressed"] == [regressed]
-    assert [c["type"] for c in s["conditions"]] == [
-        c["type"] for c in before["conditions"]
-    ] + ["QualityRegressed"]
+    assert [c["type"] for c in s["conditions"]] == [c["type"] for c in before["conditions"]] + [
+        "QualityRegressed"
+    ]
+
+
+def test_the_status_model_names_every_state() -> None:
+    """`status.state`'s values in the CRD are the states `derive` decides."""
+    assert set(get_args(StateName)) == {s.value for s in State}

@@ -15,11 +15,16 @@ NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 
 @pytest.mark.parametrize(
     ("stamp", "shown"),
-    [(None, "-"), ("2026-11-30T11:59:18Z", "42s"), ("2026-11-30T11:53:00Z", "7m"),
-     ("2026-11-30T09:00:00Z", "3h"), ("2026-11-28T11:00:00Z", "2d"),
-     ("2026-11-30T12:00:05Z", "0s")],
+    [
+        (None, "-"),
+        ("2026-11-30T11:59:18Z", "42s"),
+        ("2026-11-30T11:53:00Z", "7m"),
+        ("2026-11-30T09:00:00Z", "3h"),
+        ("2026-11-28T11:00:00Z", "2d"),
+        ("2026-11-30T12:00:05Z", "0s"),
+    ],
     ids=["none", "seconds", "minutes", "hours", "days", "clock-skew"],
-)  # fmt: skip
+)
 def test_age(stamp: str | None, shown: str) -> None:
     assert plugin.age(stamp, NOW) == shown
 
@@ -35,17 +40,28 @@ def test_a_list_of_no_bases_says_so() -> None:
 
 
 def test_status_of_a_base_never_reconciled() -> None:
-    base = {"metadata": {"namespace": "team-a", "name": "new", "generation": 1},
-            "spec": {"sources": [{"drive": "docs"}], "embedding": {"deployment": "m"}}}  # fmt: skip
+    base = {
+        "metadata": {"namespace": "team-a", "name": "new", "generation": 1},
+        "spec": {"sources": [{"drive": "docs"}], "embedding": {"deployment": "m"}},
+    }
     out = plugin.render_status(base, [], NOW)
     assert "State:           unknown (not reconciled yet)" in out
     assert "none (kubectl metis evaluate new)" in out and out.endswith("Events\n  none")
 
 
 def test_documents_say_how_many_are_shown() -> None:
-    doc = {"source": "docs", "document": "scan.pdf", "kind": "pdf", "title": None,
-           "state": "failed", "chunks": 0, "size": 10, "reason": "scanned PDF without a "
-           "text layer (no OCR)", "detail": "no text on 3 pages", "indexed_at": None}  # fmt: skip
+    doc = {
+        "source": "docs",
+        "document": "scan.pdf",
+        "kind": "pdf",
+        "title": None,
+        "state": "failed",
+        "chunks": 0,
+        "size": 10,
+        "reason": "scanned PDF without a text layer (no OCR)",
+        "detail": "no text on 3 pages",
+        "indexed_at": None,
+    }
     page = schema.DocumentsPage.model_validate(
         {"documents": [doc], "page": 1, "page_size": 1, "total": 4}
     )
@@ -63,10 +79,13 @@ def test_each_request_is_a_new_annotation_value() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["-n", "team-a", "status", "handbook"], ["status", "handbook", "-n", "team-a"],
-     ["status", "--namespace=team-a", "handbook"]],
+    [
+        ["-n", "team-a", "status", "handbook"],
+        ["status", "handbook", "-n", "team-a"],
+        ["status", "--namespace=team-a", "handbook"],
+    ],
     ids=["before", "after", "long-form"],
-)  # fmt: skip
+)
 def test_the_namespace_flag_goes_before_or_after_the_command(argv: list[str]) -> None:
     args = plugin.build_parser().parse_args(argv)
     assert (args.namespace, args.base, args.all_namespaces) == ("team-a", "handbook", False)

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from metis_indexer.documents import Document, FailReason, Kind, ReadFailed
+from metis_indexer.documents import FailReason, Kind, ParsedDocument, ReadFailed
 from metis_indexer.ingest import readers
 from metis_indexer.ingest.runner import file_hash
 
@@ -18,9 +18,10 @@ SURROGATE_PDF = TIKA_PDF / "testPDFVarious.pdf"
 """pypdf returns lone surrogates for its Gothic text."""
 
 
-def all_text(doc: Document) -> str:
+def all_text(doc: ParsedDocument) -> str:
     return "".join(
-        [doc.title or ""] + [h for s in doc.sections for h in s.headings]
+        [doc.title or ""]
+        + [h for s in doc.sections for h in s.headings]
         + [s.text for s in doc.sections]
     )
 

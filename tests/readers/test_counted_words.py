@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from metis_indexer import texts
 from metis_indexer.documents import ReadFailed
+from metis_indexer.index import texts
 from metis_indexer.index.tokens import fold
 from metis_indexer.ingest import chunking, readers, sources
 

@@ -39,7 +39,10 @@ def test_custom_heading_styles_are_known_by_their_outline_level():
     # "Section Heading", outline level 0:
     doc = read(POI / "document/60316.docx")
     assert [s.headings for s in doc.sections] == [
-        ("Objective",), ("Experience",), ("Education",), ("References",),
+        ("Objective",),
+        ("Experience",),
+        ("Education",),
+        ("References",),
     ]
     assert doc.sections[-1].text == "References are available upon request."
 
@@ -48,7 +51,10 @@ def test_title_style_when_there_are_no_core_properties():
     doc = read(POI / "document/61787.docx")  # python-docx would invent "Word Document"
     assert doc.title == "Personal Worldview Essay"
     assert [s.headings for s in doc.sections][:4] == [
-        (), ("Basics",), ("Body", "Introduction"), ("Body", "Body Paragraphs", "Your worldview"),
+        (),
+        ("Basics",),
+        ("Body", "Introduction"),
+        ("Body", "Body Paragraphs", "Your worldview"),
     ]
     assert doc.sections[2].text.startswith("Write an introduction that describes your personal")
 
@@ -93,18 +99,36 @@ def test_a_paragraph_style_without_a_name():
 @pytest.mark.parametrize(
     ("path", "reason", "detail"),
     [
-        (POI / "document/bug53475-password-is-pass.docx", FailReason.PASSWORD,
-         "an encrypted Office document"),
-        (POI / "document" / LEGACY_DOC, FailReason.NOT_A_DOCUMENT,
-         "a legacy Word (.doc) or other OLE file"),
-        (POI / "document/clusterfuzz-testcase-minimized-POIFuzzer-6709287337197568.docx",
-         FailReason.MALFORMED, "BadZipFile: Bad magic number for central directory"),
-        (TIKA_WORD / "testWORD_truncated.docx", FailReason.MALFORMED,
-         "BadZipFile: File is not a zip file"),
-        (POI / "document/clusterfuzz-testcase-minimized-POIXWPFFuzzer-6733884933668864.docx",
-         FailReason.MALFORMED, "BadZipFile: Bad CRC-32 for file 'word/theme/theme1.xml'"),
-        (POI / "integration/stress025.docx", FailReason.NOT_A_DOCUMENT,
-         "its main part is application/vnd.openxmlformats-officedocument.themeManager+xml"),
+        (
+            POI / "document/bug53475-password-is-pass.docx",
+            FailReason.PASSWORD,
+            "an encrypted Office document",
+        ),
+        (
+            POI / "document" / LEGACY_DOC,
+            FailReason.NOT_A_DOCUMENT,
+            "a legacy Word (.doc) or other OLE file",
+        ),
+        (
+            POI / "document/clusterfuzz-testcase-minimized-POIFuzzer-6709287337197568.docx",
+            FailReason.MALFORMED,
+            "BadZipFile: Bad magic number for central directory",
+        ),
+        (
+            TIKA_WORD / "testWORD_truncated.docx",
+            FailReason.MALFORMED,
+            "BadZipFile: File is not a zip file",
+        ),
+        (
+            POI / "document/clusterfuzz-testcase-minimized-POIXWPFFuzzer-6733884933668864.docx",
+            FailReason.MALFORMED,
+            "BadZipFile: Bad CRC-32 for file 'word/theme/theme1.xml'",
+        ),
+        (
+            POI / "integration/stress025.docx",
+            FailReason.NOT_A_DOCUMENT,
+            "its main part is application/vnd.openxmlformats-officedocument.themeManager+xml",
+        ),
     ],
     ids=["encrypted", "legacy-doc", "corrupt-zip", "truncated", "bad-crc", "no-document-part"],
 )

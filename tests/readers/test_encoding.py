@@ -27,8 +27,15 @@ def test_a_byte_order_mark_names_the_encoding_and_is_dropped(path, expected):
     assert encoding.decode_text(path.read_bytes()) == expected
 
 
-@pytest.mark.parametrize("name", ["UTF-16LE/nobom-utf16le", "UTF-16BE/nobom-utf16be",
-                                  "UTF-32LE/nobom-utf32le", "UTF-32BE/nobom-utf32be"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "UTF-16LE/nobom-utf16le",
+        "UTF-16BE/nobom-utf16be",
+        "UTF-32LE/nobom-utf32le",
+        "UTF-32BE/nobom-utf32be",
+    ],
+)
 def test_utf_16_and_32_without_a_mark_are_known_by_their_zero_bytes(name):
     text = encoding.decode_text((CHARDET / f"{name}.txt").read_bytes())
     lines = text.split("\n")

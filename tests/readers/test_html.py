@@ -51,8 +51,9 @@ def test_scripts_are_dropped():
 
 
 def test_paragraph_source_line_breaks_are_spaces_and_blocks_are_paragraphs():
-    doc = html.read((PERF / "trafilatura-test-html/tests/cache/gregoryszorc.com.python3.html")
-                    .read_bytes())
+    doc = html.read(
+        (PERF / "trafilatura-test-html/tests/cache/gregoryszorc.com.python3.html").read_bytes()
+    )
     assert doc.title == (
         "Gregory Szorc's Digital Home | Mercurial's Journey to and Reflections on Python 3"
     )

@@ -55,7 +55,9 @@ def test_heading_path_is_outermost_first_without_attribute_ids():
     assert doc.sections[0].text.startswith("- Start Date: 2014-06-10\n")
     third = doc.sections[3]
     assert third.headings == (
-        "Motivation", "Use cases", "Poor interaction with overloadable deref and index",
+        "Motivation",
+        "Use cases",
+        "Poor interaction with overloadable deref and index",
     )
     assert third.line == 31
     assert third.text.startswith("*Addressed by:* New method resolution algorithm.")
@@ -81,7 +83,9 @@ def test_every_section_line_names_its_source_line(folder):
             for k, text_line in enumerate(section.text.split("\n")):
                 if text_line:  # comment lines are kept blank; the last one is right-trimmed
                     assert source[section.line - 1 + k].rstrip() == text_line.rstrip(), (
-                        path, section.line, k,
+                        path,
+                        section.line,
+                        k,
                     )
 
 
@@ -113,6 +117,7 @@ def test_broken_front_matter_is_skipped_without_a_title():
 def test_windows_line_endings_keep_lines_exact():
     doc = markdown.read(b"# A\r\n\r\none\r\ntwo\r\n## B\r\nthree\r\n")
     assert [(s.headings, s.line, s.text) for s in doc.sections] == [
-        (("A",), 3, "one\ntwo"), (("A", "B"), 6, "three"),
+        (("A",), 3, "one\ntwo"),
+        (("A", "B"), 6, "three"),
     ]
     assert not any(re.search(r"\r", s.text) for s in doc.sections)

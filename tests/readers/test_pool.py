@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from metis_indexer import texts
 from metis_indexer.documents import FailReason, Kind, ReadFailed
+from metis_indexer.index import texts
 from metis_indexer.index.memory import count_words
 from metis_indexer.ingest import readers
 from metis_indexer.ingest.chunking import chunk_document
-from metis_indexer.ingest.readers.pool import Limits, ReaderPool
+from metis_indexer.ingest.readers.pool import CountedChunks, Limits, ReaderPool
 
 from .paths import PERF, POI, TORTURE
 
@@ -52,15 +52,19 @@ def test_a_worker_can_chunk_so_only_chunks_come_back(pool):
 
 def test_a_worker_can_count_the_words_of_its_chunks_as_the_index_does(pool):
     for path, kind in FILES:
-        chunks, terms = asyncio.run(pool.read_counted(path, kind, 800, 100))
+        counted = asyncio.run(pool.read_counted(path, kind, 800, 100))
+        assert isinstance(counted, CountedChunks)
+        chunks, terms = counted.chunks, counted.terms
         assert chunks == chunk_document(readers.read_document(path, kind), 800, 100)
         here = count_words(chunks)
         assert terms.words == here.words and len(terms.words) > 0
         assert terms.which.tolist() == here.which.tolist()
         assert terms.counts.tolist() == here.counts.tolist()
-        assert terms.sizes.tolist() == here.sizes.tolist() == [
-            len(texts.counted(c.title, c.headings, c.text)) for c in chunks
-        ]
+        assert (
+            terms.sizes.tolist()
+            == here.sizes.tolist()
+            == [len(texts.counted(c.title, c.headings, c.text)) for c in chunks]
+        )
 
 
 def test_failures_come_back_as_values(pool):
@@ -68,7 +72,8 @@ def test_failures_come_back_as_values(pool):
     result = pool.submit_read(protected, Kind.PDF).result().result
     assert isinstance(result, ReadFailed)
     assert (result.reason, result.detail) == (
-        FailReason.PASSWORD, "the empty password does not open it",
+        FailReason.PASSWORD,
+        "the empty password does not open it",
     )
 
 
@@ -83,7 +88,8 @@ def test_a_parse_past_its_deadline_is_killed_and_the_worker_replaced():
         done = pool.submit_read(SLOW_PDF, Kind.PDF).result()
         assert isinstance(done.result, ReadFailed)
         assert (done.result.reason, done.result.detail) == (
-            FailReason.TIMEOUT, "stopped after 1 s",
+            FailReason.TIMEOUT,
+            "stopped after 1 s",
         )
         assert 1.0 <= done.seconds < 10.0
         assert pool.pids != before
@@ -121,7 +127,8 @@ def test_a_worker_that_dies_fails_its_document_and_is_replaced():
         result = future.result(timeout=60).result
         assert isinstance(result, ReadFailed)
         assert (result.reason, result.detail) == (
-            FailReason.MALFORMED, "the reader process died reading it (killed by SIGKILL)",
+            FailReason.MALFORMED,
+            "the reader process died reading it (killed by SIGKILL)",
         )
         assert pool.pids != (pid,)
         assert pool.submit_read(*FILES[0]).result().result.title == "tar"

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from metis_indexer.documents import Document, FailReason, Kind, ReadFailed
+from metis_indexer.documents import FailReason, Kind, ParsedDocument, ReadFailed
 from metis_indexer.ingest import readers
 from metis_indexer.ingest.readers import markdown
 
@@ -17,14 +17,31 @@ from .paths import BAT, PERF, TIKA_DOCS, TORTURE
 @pytest.mark.parametrize(
     ("name", "kind"),
     [
-        ("README.md", Kind.MD), ("notes.MARKDOWN", Kind.MD), ("page.mdx", Kind.MD),
-        ("a.txt", Kind.TXT), ("a.text", Kind.TXT), ("pep.rst", Kind.TXT), ("b.adoc", Kind.TXT),
-        ("c.org", Kind.TXT), ("d.csv", Kind.TXT), ("e.TSV", Kind.TXT), ("f.json", Kind.TXT),
-        ("g.jsonl", Kind.TXT), ("h.log", Kind.TXT), ("paper.tex", Kind.TXT),
-        ("i.html", Kind.HTML), ("j.htm", Kind.HTML), ("k.xhtml", Kind.HTML),
-        ("l.pdf", Kind.PDF), ("m.docx", Kind.DOCX),
-        ("macro.docm", None), ("template.dotx", None), ("movie.srt", None),
-        ("Makefile", None), ("archive.tar.gz", None), ("md", None),
+        ("README.md", Kind.MD),
+        ("notes.MARKDOWN", Kind.MD),
+        ("page.mdx", Kind.MD),
+        ("a.txt", Kind.TXT),
+        ("a.text", Kind.TXT),
+        ("pep.rst", Kind.TXT),
+        ("b.adoc", Kind.TXT),
+        ("c.org", Kind.TXT),
+        ("d.csv", Kind.TXT),
+        ("e.TSV", Kind.TXT),
+        ("f.json", Kind.TXT),
+        ("g.jsonl", Kind.TXT),
+        ("h.log", Kind.TXT),
+        ("paper.tex", Kind.TXT),
+        ("i.html", Kind.HTML),
+        ("j.htm", Kind.HTML),
+        ("k.xhtml", Kind.HTML),
+        ("l.pdf", Kind.PDF),
+        ("m.docx", Kind.DOCX),
+        ("macro.docm", None),
+        ("template.dotx", None),
+        ("movie.srt", None),
+        ("Makefile", None),
+        ("archive.tar.gz", None),
+        ("md", None),
     ],
 )
 def test_kinds_by_extension_as_the_spec_table(name, kind):
@@ -42,8 +59,10 @@ def test_the_txt_family_is_one_section_from_line_1():
     assert csv.sections[0].text.startswith("Sample CSV File - Numbers and their Squares,,\n,,\n")
 
     tex = TORTURE / "py-pdf-sample-files/001-trivial/minimal-document.tex"
-    assert readers.read_document(tex, Kind.TXT).sections[0].text.startswith(
-        "\\documentclass[a4paper]{scrartcl}\n\n\\begin{document}"
+    assert (
+        readers.read_document(tex, Kind.TXT)
+        .sections[0]
+        .text.startswith("\\documentclass[a4paper]{scrartcl}\n\n\\begin{document}")
     )
 
 
@@ -70,7 +89,7 @@ def test_a_file_that_cannot_be_opened(tmp_path):
 
 
 def test_a_reader_bug_is_a_failed_document_not_an_exception(tmp_path, monkeypatch):
-    def broken(data: bytes) -> Document:
+    def broken(data: bytes) -> ParsedDocument:
         return {}["missing"]
 
     monkeypatch.setattr(markdown, "read", broken)

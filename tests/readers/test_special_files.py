@@ -302,14 +302,13 @@ def test_search_threads_are_free_while_file_threads_hang(drive, never_written):
         threads.close()
 
 
-def test_a_thread_stuck_in_a_read_does_not_keep_the_process_from_exiting(
-    never_written, tmp_path
-):
+def test_a_thread_stuck_in_a_read_does_not_keep_the_process_from_exiting(never_written, tmp_path):
     """A child process whose reader pool has a read stuck for good (the test's pipe) exits
     when its main code ends, as `metis serve` must on SIGTERM: executor threads would be
     joined at exit and hold it for as long as the read."""
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import asyncio
         from pathlib import Path
 
@@ -332,7 +331,8 @@ def test_a_thread_stuck_in_a_read_does_not_keep_the_process_from_exiting(
         if __name__ == "__main__":
             with ReaderPool(workers=1, limits=Limits(file_seconds=0.5)) as pool:
                 asyncio.run(main(pool))
-    """))
+    """)
+    )
     proc = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
     )

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from metis_indexer.documents import Document, FailReason, Kind, ReadFailed
+from metis_indexer.documents import FailReason, Kind, ParsedDocument, ReadFailed
 from metis_indexer.ingest import sources
 from metis_indexer.ingest.readers.pool import Done, Limits, ReaderPool
 
@@ -69,7 +69,7 @@ def manifest() -> dict[str, dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def outcomes() -> dict[str, tuple[Kind, Done[Document]]]:
+def outcomes() -> dict[str, tuple[Kind, Done[ParsedDocument]]]:
     listing = sources.walk(TORTURE)
     with ReaderPool(workers=2) as pool:
         futures = {f.path: (f.kind, pool.submit_read(f.absolute, f.kind)) for f in listing.files}
@@ -96,7 +96,7 @@ def test_every_file_yields_sections_or_a_reason_within_its_limit(outcomes, manif
             assert result.reason in FailReason, path
             assert result.reason not in (FailReason.TIMEOUT, FailReason.EMBEDDING_REFUSED), path
             continue
-        assert isinstance(result, Document), path
+        assert isinstance(result, ParsedDocument), path
         assert result.kind is kind, path
         if not result.sections:
             row = manifest[path]
@@ -113,7 +113,7 @@ def test_what_is_hard_about_a_file_decides_its_outcome(outcomes, manifest, label
     for path in files:
         result = outcomes[path][1].result
         if expected == "read":
-            assert isinstance(result, Document) and result.sections, (path, result)
+            assert isinstance(result, ParsedDocument) and result.sections, (path, result)
         else:
             assert isinstance(result, ReadFailed) and result.reason is expected, (path, result)
 
@@ -131,5 +131,5 @@ def test_headings_are_found_whatever_the_language(outcomes, manifest):
         assert {p.rsplit("/", 1)[-1] for p in missing} <= {"diagram.docx", "pageref.docx"}, label
 
 
-def _has_headings(result: Document | ReadFailed) -> bool:
-    return isinstance(result, Document) and any(s.headings for s in result.sections)
+def _has_headings(result: ParsedDocument | ReadFailed) -> bool:
+    return isinstance(result, ParsedDocument) and any(s.headings for s in result.sections)

@@ -59,8 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     port = parser.parse_args().port
-    web.run_app(create_app(), host="127.0.0.1", port=port, handler_cancellation=True,
-                print=None)
+    web.run_app(create_app(), host="127.0.0.1", port=port, handler_cancellation=True, print=None)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Schemathesis hooks for the OpenAPI test (loaded through SCHEMATHESIS_HOOKS).
 
 JSON Schema counts `8.0` as an integer; the API takes integer literals only
-(`"top_k": 5.0` is refused with INVALID_BODY, as issue 11 asks). So a case meant
-to be valid sends its integral floats as integers; negative cases are untouched.
+(`"top_k": 5.0` is refused with INVALID_BODY: `metis_indexer.schema` parses strictly). So a
+case meant to be valid sends its integral floats as integers; negative cases are untouched.
 """
 
 from __future__ import annotations

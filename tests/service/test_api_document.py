@@ -1,6 +1,6 @@
-"""The OpenAPI document states the spec's bounds, statuses and answers (issue 11,
-item 8). Schemathesis checks that the API holds to the document; this checks that
-the document says what spec 001 says, so a bound dropped from both is still caught."""
+"""The OpenAPI document states the API's bounds, statuses and answers. Schemathesis checks
+that the API holds to the document; this checks the document against the bounds written
+out here, so a bound dropped from both the API and the document is still caught."""
 
 from __future__ import annotations
 
@@ -33,35 +33,43 @@ def test_the_request_bounds_are_the_spec_limits(doc: dict[str, Any]) -> None:
     k = schema(doc, "EvaluateRequest")["properties"]["k"]
     assert (k["type"], k["minimum"], k["maximum"]) == ("integer", 1, 50)
     assert schema(doc, "SearchRequest")["additionalProperties"] is False
-    params = {p["name"]: p["schema"] for p in
-              doc["paths"]["/v1/documents"]["get"]["parameters"]}
+    params = {p["name"]: p["schema"] for p in doc["paths"]["/v1/documents"]["get"]["parameters"]}
     assert params["page"]["minimum"] == 1 and "maximum" not in params["page"]
     assert (params["page_size"]["minimum"], params["page_size"]["maximum"]) == (1, 1000)
     assert params["state"]["enum"] == ["indexed", "failed"]
 
 
-@pytest.mark.parametrize(("path", "method", "statuses"), [
-    ("/v1/search", "post", {"200", "400", "413", "503"}),
-    ("/v1/status", "get", {"200"}),
-    ("/v1/documents", "get", {"200", "400"}),
-    ("/v1/reindex", "post", {"202", "400", "401", "409", "413"}),
-    ("/v1/evaluate", "post", {"200", "400", "401", "409", "413", "503"}),
-    ("/readyz", "get", {"200", "503"}),
-])
-def test_every_status_a_route_answers_is_stated(doc: dict[str, Any], path: str, method: str,
-                                                statuses: set[str]) -> None:
+@pytest.mark.parametrize(
+    ("path", "method", "statuses"),
+    [
+        ("/v1/search", "post", {"200", "400", "413", "503"}),
+        ("/v1/status", "get", {"200"}),
+        ("/v1/documents", "get", {"200", "400"}),
+        ("/v1/reindex", "post", {"202", "400", "401", "409", "413"}),
+        ("/v1/evaluate", "post", {"200", "400", "401", "409", "413", "503"}),
+        ("/readyz", "get", {"200", "503"}),
+    ],
+)
+def test_every_status_a_route_answers_is_stated(
+    doc: dict[str, Any], path: str, method: str, statuses: set[str]
+) -> None:
     assert set(doc["paths"][path][method]["responses"]) == statuses
 
 
 def test_error_statuses_name_their_codes(doc: dict[str, Any]) -> None:
     assert codes(doc, "/v1/search", "post", "400") == {
-        "QUERY_EMPTY", "QUERY_TOO_LONG", "TOP_K_OUT_OF_RANGE", "INVALID_BODY",
-        "NO_EMBEDDING_MODEL"}
+        "QUERY_EMPTY",
+        "QUERY_TOO_LONG",
+        "TOP_K_OUT_OF_RANGE",
+        "INVALID_BODY",
+        "NO_EMBEDDING_MODEL",
+    }
     assert codes(doc, "/v1/evaluate", "post", "409") == {"EVALUATION_RUNNING"}
     assert codes(doc, "/v1/reindex", "post", "409") == {"STANDBY"}
     assert codes(doc, "/v1/reindex", "post", "401") == {"UNAUTHORIZED"}
     assert {"EVAL_EMPTY", "EVAL_FILE", "EVAL_CASE_INVALID", "EVAL_TOO_LARGE"} <= codes(
-        doc, "/v1/evaluate", "post", "400")
+        doc, "/v1/evaluate", "post", "400"
+    )
     unauthorized = doc["paths"]["/v1/evaluate"]["post"]["responses"]["401"]
     assert unauthorized["headers"]["WWW-Authenticate"]["schema"]["const"] == "Bearer"
     assert doc["paths"]["/v1/evaluate"]["post"]["security"] == [{"operatorToken": []}]
@@ -78,11 +86,16 @@ def test_the_answers_are_schemas_not_bare_objects(doc: dict[str, Any]) -> None:
     assert answer("/v1/documents", "get", "200") == "DocumentsPage"
     assert answer("/v1/reindex", "post", "202") == "ReindexAnswer"
     status = schema(doc, "StatusAnswer")
-    assert status["properties"]["generation"]["anyOf"] == [{"type": "integer"},
-                                                           {"type": "null"}]
+    assert status["properties"]["generation"]["anyOf"] == [{"type": "integer"}, {"type": "null"}]
     assert "indexed_generation" in status["required"]
     assert set(status["properties"]["phase"]["enum"]) == {
-        "loading", "scanning", "indexing", "ready", "waiting", "standby"}
+        "loading",
+        "scanning",
+        "indexing",
+        "ready",
+        "waiting",
+        "standby",
+    }
     document = schema(doc, "Document")["properties"]
     assert document["state"]["enum"] == ["indexed", "failed"]
 

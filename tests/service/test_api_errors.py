@@ -48,10 +48,12 @@ def search(status: int, code: str | None = None, says: str = "", **body: Any) ->
     return Row("POST", "/v1/search", status, code, body=body, says=says)
 
 
-def evaluate(status: int, code: str | None = None, evals: str = GOOD_EVALS, says: str = "",
-             **body: Any) -> Row:
-    return Row("POST", "/v1/evaluate", status, code, body=body, headers=OPERATOR, evals=evals,
-               says=says)
+def evaluate(
+    status: int, code: str | None = None, evals: str = GOOD_EVALS, says: str = "", **body: Any
+) -> Row:
+    return Row(
+        "POST", "/v1/evaluate", status, code, body=body, headers=OPERATOR, evals=evals, says=says
+    )
 
 
 def documents(status: int, code: str | None = None, says: str = "", **params: str) -> Row:
@@ -73,20 +75,32 @@ ROWS = {
     "rerank-string": search(400, "INVALID_BODY", says="rerank", query="leave", rerank="yes"),
     "unknown-field": search(400, "INVALID_BODY", says="question", question="leave"),
     "unknown-mode": search(400, "INVALID_BODY", says="mode", query="leave", mode="magic"),
-    "unknown-kind": search(400, "INVALID_BODY", says="filters.kinds", query="leave",
-                           filters={"kinds": ["xls"]}),
+    "unknown-kind": search(
+        400, "INVALID_BODY", says="filters.kinds", query="leave", filters={"kinds": ["xls"]}
+    ),
     "bad-json": Row("POST", "/v1/search", 400, "INVALID_BODY", raw=b'{"query": "leave"'),
     "not-an-object": Row("POST", "/v1/search", 400, "INVALID_BODY", raw=b'["leave"]'),
     "dense-without-model": search(400, "NO_EMBEDDING_MODEL", query="leave", mode="dense"),
-    "body-too-large": Row("POST", "/v1/search", 413, "INVALID_BODY", says="65536",
-                          raw=json.dumps({"query": "x" * 70_000}).encode()),
+    "body-too-large": Row(
+        "POST",
+        "/v1/search",
+        413,
+        "INVALID_BODY",
+        says="65536",
+        raw=json.dumps({"query": "x" * 70_000}).encode(),
+    ),
     "evaluate-accepted": evaluate(200, k=5),
     "eval-not-json": evaluate(400, "EVAL_FILE", says="line 2", evals=json.dumps(CASE) + "\nnope\n"),
     "eval-case-without-expected": evaluate(
-        400, "EVAL_CASE_INVALID", says="expected", evals=json.dumps({"question": "a"}) + "\n"),
+        400, "EVAL_CASE_INVALID", says="expected", evals=json.dumps({"question": "a"}) + "\n"
+    ),
     "eval-empty": evaluate(400, "EVAL_EMPTY", evals="# nothing yet\n\n"),
-    "eval-too-large": evaluate(400, "EVAL_TOO_LARGE", says="501",
-                               evals="".join(json.dumps(CASE) + "\n" for _ in range(501))),
+    "eval-too-large": evaluate(
+        400,
+        "EVAL_TOO_LARGE",
+        says="501",
+        evals="".join(json.dumps(CASE) + "\n" for _ in range(501)),
+    ),
     "eval-k-0": evaluate(400, "TOP_K_OUT_OF_RANGE", says="k is 0", k=0),
     "eval-k-51": evaluate(400, "TOP_K_OUT_OF_RANGE", says="k is 51", k=51),
     "eval-k-string": evaluate(400, "INVALID_BODY", says="k", k="5"),
@@ -94,21 +108,33 @@ ROWS = {
     "documents-page-0": documents(400, "INVALID_BODY", says="page", page="0"),
     "documents-page-not-a-number": documents(400, "INVALID_BODY", says="page", page="one"),
     "documents-page-size-0": documents(400, "INVALID_BODY", says="page_size", page_size="0"),
-    "documents-page-size-1001": documents(400, "INVALID_BODY", says="page_size",
-                                          page_size="1001"),
+    "documents-page-size-1001": documents(400, "INVALID_BODY", says="page_size", page_size="1001"),
     "documents-page-size-1000-accepted": documents(200, page_size="1000"),
     "documents-unknown-state": documents(400, "INVALID_BODY", says="state", state="gone"),
     "no-such-route": Row("GET", "/v1/nothing", 404, "NOT_FOUND", says="/v1/nothing"),
     "get-on-search": Row("GET", "/v1/search", 405, "METHOD_NOT_ALLOWED", says="POST"),
     "delete-on-status": Row("DELETE", "/v1/status", 405, "METHOD_NOT_ALLOWED", says="GET"),
-    "reindex-without-token": Row("POST", "/v1/reindex", 401, "UNAUTHORIZED", body={},
-                                 says="Bearer"),
-    "reindex-wrong-token": Row("POST", "/v1/reindex", 401, "UNAUTHORIZED", body={},
-                               headers={"Authorization": "Bearer not-it"}, says="not the"),
-    "reindex-basic-auth": Row("POST", "/v1/reindex", 401, "UNAUTHORIZED", body={},
-                              headers={"Authorization": f"Basic {TOKEN}"}),
-    "reindex-with-token": Row("POST", "/v1/reindex", 202, body={"full": False},
-                              headers=OPERATOR),
+    "reindex-without-token": Row(
+        "POST", "/v1/reindex", 401, "UNAUTHORIZED", body={}, says="Bearer"
+    ),
+    "reindex-wrong-token": Row(
+        "POST",
+        "/v1/reindex",
+        401,
+        "UNAUTHORIZED",
+        body={},
+        headers={"Authorization": "Bearer not-it"},
+        says="not the",
+    ),
+    "reindex-basic-auth": Row(
+        "POST",
+        "/v1/reindex",
+        401,
+        "UNAUTHORIZED",
+        body={},
+        headers={"Authorization": f"Basic {TOKEN}"},
+    ),
+    "reindex-with-token": Row("POST", "/v1/reindex", 202, body={"full": False}, headers=OPERATOR),
     "evaluate-without-token": Row("POST", "/v1/evaluate", 401, "UNAUTHORIZED", body={"k": 5}),
     "status-open": Row("GET", "/v1/status", 200),
     "documents-open": documents(200),
@@ -141,11 +167,19 @@ def test_each_code_over_the_wire(served: tuple[Process, Path], row: Row) -> None
     p, evals = served
     if row.evals is not None:
         evals.write_text(row.evals)
-    content = row.raw if row.raw is not None else (
-        json.dumps(row.body).encode() if row.body is not None else None)
-    r = httpx.request(row.method, f"{p.base_url}{row.path}", content=content,
-                      params=row.params, timeout=120,
-                      headers={"Content-Type": "application/json", **row.headers})
+    content = (
+        row.raw
+        if row.raw is not None
+        else (json.dumps(row.body).encode() if row.body is not None else None)
+    )
+    r = httpx.request(
+        row.method,
+        f"{p.base_url}{row.path}",
+        content=content,
+        params=row.params,
+        timeout=120,
+        headers={"Content-Type": "application/json", **row.headers},
+    )
     assert r.status_code == row.status, r.text
     if row.code is None:
         return

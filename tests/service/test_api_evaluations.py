@@ -28,9 +28,11 @@ OPERATOR = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.fixture
 def reranker(tmp_path: Path) -> Iterator[Process]:
     port = free_port()
-    p = Process(f"http://127.0.0.1:{port}",
-                [sys.executable, str(Path(__file__).with_name("gated_reranker.py")),
-                 "--port", str(port)], tmp_path / "reranker.log")
+    p = Process(
+        f"http://127.0.0.1:{port}",
+        [sys.executable, str(Path(__file__).with_name("gated_reranker.py")), "--port", str(port)],
+        tmp_path / "reranker.log",
+    )
     with running(p):
         p.wait_for("the reranker", lambda: p.get("/seen").status_code == 200)
         yield p
@@ -40,8 +42,9 @@ def seen(reranker: Process) -> dict[str, int]:
     return reranker.get("/seen").json()
 
 
-def leave_after_sending(base_url: str, path: str, body: dict[str, object],
-                        headers: dict[str, str] | None = None) -> socket.socket:
+def leave_after_sending(
+    base_url: str, path: str, body: dict[str, object], headers: dict[str, str] | None = None
+) -> socket.socket:
     """Send a request on a plain socket and return it unread: closing it is the client
     going away."""
     url = urlsplit(base_url)
@@ -50,7 +53,8 @@ def leave_after_sending(base_url: str, path: str, body: dict[str, object],
     head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     sock.sendall(
         f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n{head}\r\n".encode() + data
+        f"Content-Length: {len(data)}\r\n{head}\r\n".encode()
+        + data
     )
     return sock
 
@@ -76,8 +80,9 @@ def test_a_second_evaluation_is_refused_and_an_abandoned_one_frees_the_slot(
         first.close()
         logged(p, ": its client went away")
         assert "evaluation cancelled after" in p.log()
-        reranker.wait_for("the reranker's request abandoned",
-                          lambda: seen(reranker)["abandoned"] >= 1)
+        reranker.wait_for(
+            "the reranker's request abandoned", lambda: seen(reranker)["abandoned"] >= 1
+        )
         asked = seen(reranker)["received"]
         reranker.post("/open")
         third = p.post("/v1/evaluate", {"k": 5})
@@ -106,8 +111,9 @@ def test_an_evaluation_the_operator_asked_for_runs_to_its_end(
 
         reranker.post("/open")
         logged(p, "evaluation of 13 questions done")
-        after = httpx.post(f"{p.base_url}/v1/evaluate", json={"k": 5}, headers=OPERATOR,
-                           timeout=120)
+        after = httpx.post(
+            f"{p.base_url}/v1/evaluate", json={"k": 5}, headers=OPERATOR, timeout=120
+        )
         assert after.status_code == 200, after.text
         assert after.json()["cases"] == 13
     finally:
@@ -123,8 +129,9 @@ def test_a_search_whose_client_left_is_cancelled(reranker: Process, tmp_path: Pa
         client = leave_after_sending(p.base_url, "/v1/search", {"query": "vacation days"})
         reranker.wait_for("the search at the reranker", lambda: seen(reranker)["received"])
         client.close()
-        reranker.wait_for("the reranker's request abandoned",
-                          lambda: seen(reranker)["abandoned"] == 1)
+        reranker.wait_for(
+            "the reranker's request abandoned", lambda: seen(reranker)["abandoned"] == 1
+        )
         metrics = p.get("/metrics").text
         assert 'metis_searches_total{mode="hybrid"' not in metrics, metrics
         reranker.post("/open")

@@ -34,8 +34,9 @@ def models() -> Iterator[ModelServer]:
 
 
 @pytest.mark.parametrize("token", [None, "schemathesis-operator-token"], ids=["open", "token"])
-def test_schemathesis_finds_no_disagreement(models: ModelServer, tmp_path: Path,
-                                            token: str | None) -> None:
+def test_schemathesis_finds_no_disagreement(
+    models: ModelServer, tmp_path: Path, token: str | None
+) -> None:
     p = indexer({"handbook": HANDBOOK}, tmp_path / "index", models.base_url)
     with pytest.MonkeyPatch.context() as env:
         if token:
@@ -45,15 +46,34 @@ def test_schemathesis_finds_no_disagreement(models: ModelServer, tmp_path: Path,
         p.start()
     try:
         wait_ready(p)
-        args = [str(SCHEMATHESIS), "run", f"{p.base_url}/openapi.json", "--checks", "all",
-                "--max-examples", str(EXAMPLES), "--seed", "0", "--workers", "1",
-                "--request-timeout", "60"]
+        args = [
+            str(SCHEMATHESIS),
+            "run",
+            f"{p.base_url}/openapi.json",
+            "--checks",
+            "all",
+            "--max-examples",
+            str(EXAMPLES),
+            "--seed",
+            "0",
+            "--workers",
+            "1",
+            "--request-timeout",
+            "60",
+        ]
         if token:
             args += ["--header", f"Authorization: Bearer {token}"]
         run = subprocess.run(
-            args, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(ROOT),
-                 "SCHEMATHESIS_HOOKS": "tests.service.schemathesis_hooks"},
+            args,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "SCHEMATHESIS_HOOKS": "tests.service.schemathesis_hooks",
+            },
         )
         assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-4000:]
         assert "No issues found" in run.stdout

@@ -56,15 +56,13 @@ def recording() -> tuple[httpx.AsyncClient, list[dict]]:
 
 
 def documents() -> list[list[str]]:
-    return [[f"document {d} passage {p} about topic {d * p}" for p in range(3)]
-            for d in range(10)]
+    return [[f"document {d} passage {p} about topic {d * p}" for p in range(3)] for d in range(10)]
 
 
 def test_passages_of_many_documents_share_requests_and_get_their_own_vectors(models):
     async def run() -> tuple[list[np.ndarray], list[np.ndarray], list[dict]]:
         http, bodies = recording()
-        client = EmbeddingClient(models.base_url, client=http, batch=8, min_batch=8,
-                                 in_flight=1)
+        client = EmbeddingClient(models.base_url, client=http, batch=8, min_batch=8, in_flight=1)
         await client.connect()
         together = await asyncio.gather(*(client.embed_documents(d) for d in documents()))
         batched = list(bodies)
@@ -144,8 +142,9 @@ def test_a_refused_passage_fails_its_own_document_only():
             client = EmbeddingClient(url, batch=64, in_flight=1)
             await client.connect()
             docs = [["fine", "words"], ["a poison pill", "more"], ["also fine"]]
-            got = await asyncio.gather(*(client.embed_documents(d) for d in docs),
-                                       return_exceptions=True)
+            got = await asyncio.gather(
+                *(client.embed_documents(d) for d in docs), return_exceptions=True
+            )
             await client.close()
         return got
 
@@ -170,11 +169,24 @@ def test_a_batch_is_taken_in_order_without_documents_that_stopped_waiting():
 
 @pytest.mark.parametrize(
     ("waiting", "out", "limit", "now"),
-    [(8, 1, 2, True), (9, 1, 2, True), (3, 0, 2, True), (3, 1, 2, False), (0, 0, 2, False),
-     (8, 1, 1, False), (3, 0, 1, True)],
-    ids=["full-while-another-is-out", "more-than-full", "partial-when-none-is-out",
-         "partial-waits-while-another-is-out", "nothing-to-send", "full-but-one-is-the-limit",
-         "partial-with-one-as-the-limit"],
+    [
+        (8, 1, 2, True),
+        (9, 1, 2, True),
+        (3, 0, 2, True),
+        (3, 1, 2, False),
+        (0, 0, 2, False),
+        (8, 1, 1, False),
+        (3, 0, 1, True),
+    ],
+    ids=[
+        "full-while-another-is-out",
+        "more-than-full",
+        "partial-when-none-is-out",
+        "partial-waits-while-another-is-out",
+        "nothing-to-send",
+        "full-but-one-is-the-limit",
+        "partial-with-one-as-the-limit",
+    ],
 )
 def test_a_request_goes_when_full_or_when_the_server_has_nothing_else(waiting, out, limit, now):
     assert send_now(waiting, 8, out, limit) is now
@@ -182,12 +194,28 @@ def test_a_request_goes_when_full_or_when_the_server_has_nothing_else(waiting, o
 
 @pytest.mark.parametrize(
     ("pace", "ceiling", "size"),
-    [(None, 64, MIN_BATCH), (None, 1, 1), (1e-5, 64, 64), (0.0, 64, 64),
-     (REQUEST_SECONDS / 20, 64, 20), (REQUEST_SECONDS / 20, 16, 16),
-     (REQUEST_SECONDS / 3.5, 64, 3), (5.0, 64, MIN_BATCH), (5.0, 1, 1)],
-    ids=["first-request", "first-below-the-floor", "fast-server", "instant-server",
-         "paced", "paced-past-the-ceiling", "cpu-server", "crawling-server",
-         "ceiling-below-the-floor"],
+    [
+        (None, 64, MIN_BATCH),
+        (None, 1, 1),
+        (1e-5, 64, 64),
+        (0.0, 64, 64),
+        (REQUEST_SECONDS / 20, 64, 20),
+        (REQUEST_SECONDS / 20, 16, 16),
+        (REQUEST_SECONDS / 3.5, 64, 3),
+        (5.0, 64, MIN_BATCH),
+        (5.0, 1, 1),
+    ],
+    ids=[
+        "first-request",
+        "first-below-the-floor",
+        "fast-server",
+        "instant-server",
+        "paced",
+        "paced-past-the-ceiling",
+        "cpu-server",
+        "crawling-server",
+        "ceiling-below-the-floor",
+    ],
 )
 def test_a_pass_request_carries_what_the_server_answers_in_request_seconds(pace, ceiling, size):
     assert batch_size(pace, ceiling) == size
@@ -204,11 +232,20 @@ def test_the_pace_follows_the_server_within_a_request_or_two():
 
 @pytest.mark.parametrize(
     ("took", "now", "want"),
-    [(REQUEST_SECONDS / 2, 2, 1), (REQUEST_SECONDS * 4, 2, 1),
-     (REQUEST_SECONDS / 5, 1, IN_FLIGHT), (REQUEST_SECONDS / 3, 1, 1),
-     (REQUEST_SECONDS / 3, 2, 2)],
-    ids=["slow-goes-to-one", "crawling", "fast-goes-back-to-two", "between-stays-one",
-         "between-stays-two"],
+    [
+        (REQUEST_SECONDS / 2, 2, 1),
+        (REQUEST_SECONDS * 4, 2, 1),
+        (REQUEST_SECONDS / 5, 1, IN_FLIGHT),
+        (REQUEST_SECONDS / 3, 1, 1),
+        (REQUEST_SECONDS / 3, 2, 2),
+    ],
+    ids=[
+        "slow-goes-to-one",
+        "crawling",
+        "fast-goes-back-to-two",
+        "between-stays-one",
+        "between-stays-two",
+    ],
 )
 def test_one_request_is_out_where_a_request_takes_longer_than_a_question_should_wait(
     took, now, want
@@ -235,11 +272,15 @@ class Serializing:
             who = "question" if any("question" in t for t in texts) else "pass"
             self.events.append(("arrived", who, len(texts)))
             async with one_at_a_time:
-                answer = await http.post(f"{self.model_url}/v1/embeddings", content=body,
-                                         headers={"Content-Type": "application/json"})
+                answer = await http.post(
+                    f"{self.model_url}/v1/embeddings",
+                    content=body,
+                    headers={"Content-Type": "application/json"},
+                )
             self.events.append(("answered", who, len(texts)))
-            return web.Response(body=answer.content, status=answer.status_code,
-                                content_type="application/json")
+            return web.Response(
+                body=answer.content, status=answer.status_code, content_type="application/json"
+            )
 
         return embeddings
 
@@ -262,9 +303,16 @@ def waited_behind(events: list[tuple[str, str, int]]) -> list[tuple[int, int]]:
 
 
 def test_what_a_question_waited_behind_is_read_from_the_order_of_events():
-    events = [("arrived", "pass", 8), ("arrived", "question", 1), ("answered", "pass", 8),
-              ("arrived", "pass", 5), ("answered", "question", 1), ("answered", "pass", 5),
-              ("arrived", "question", 1), ("answered", "question", 1)]
+    events = [
+        ("arrived", "pass", 8),
+        ("arrived", "question", 1),
+        ("answered", "pass", 8),
+        ("arrived", "pass", 5),
+        ("answered", "question", 1),
+        ("answered", "pass", 5),
+        ("arrived", "question", 1),
+        ("answered", "question", 1),
+    ]
     assert waited_behind(events) == [(1, 8), (0, 0)]
 
 
@@ -381,8 +429,14 @@ def test_base64_rows_decode_as_the_standard_library_does(dim):
 @pytest.mark.parametrize(
     "rows",
     [["AAA$"], ["AAAA", "AAA="], ["A=AA"], ["éééé"], ["AAAAAA"], ["A==="]],
-    ids=["outside-the-alphabet", "padded-unequally", "padding-inside", "not-ascii",
-         "partial-quartet", "three-pads"],
+    ids=[
+        "outside-the-alphabet",
+        "padded-unequally",
+        "padding-inside",
+        "not-ascii",
+        "partial-quartet",
+        "three-pads",
+    ],
 )
 def test_what_is_not_base64_is_refused(rows):
     with pytest.raises(ValueError):

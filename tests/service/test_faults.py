@@ -69,8 +69,12 @@ def test_the_whole_torture_set_is_indexed_or_failed_with_a_reason(
 ):
     """Every file of the torture set through the whole pass, store included. With the
     model, chunks of 4,000 characters keep it to a few minutes on two cores."""
-    p = indexer({"torture": TORTURE}, tmp_path / "index", models.base_url if with_model else None,
-                extra=("--chunk-size", str(size)))
+    p = indexer(
+        {"torture": TORTURE},
+        tmp_path / "index",
+        models.base_url if with_model else None,
+        extra=("--chunk-size", str(size)),
+    )
     with running(p):
         status = wait_ready(p, timeout=1500)
         listed = documents(p)
@@ -79,8 +83,9 @@ def test_the_whole_torture_set_is_indexed_or_failed_with_a_reason(
         assert not [d for d in listed if d["reason"] == FailReason.NOT_STORED.value]
         assert status["documents"] >= 500 and status["chunks"] > 0
         answer = p.post("/v1/search", {"query": "Gothic text", "top_k": 50}).json()
-        assert "testPDFVarious.pdf" in {r["citation"]["document"].rsplit("/", 1)[-1]
-                                        for r in answer["results"]}
+        assert "testPDFVarious.pdf" in {
+            r["citation"]["document"].rsplit("/", 1)[-1] for r in answer["results"]
+        }
         if with_model:
             assert answer["warnings"] == [] and status["dimensions"] == 384
 
@@ -139,7 +144,9 @@ def test_a_damaged_index_is_moved_aside_and_rebuilt(damage, tmp_path):
     with running(p):
         status = wait_ready(p)
         assert (status["documents"], status["chunks"], status["failed"]) == (
-            before["documents"], before["chunks"], 0,
+            before["documents"],
+            before["chunks"],
+            0,
         )
         assert status["last_pass"]["read"] == before["documents"], "read again from the sources"
         [note] = [w for w in status["warnings"] if "damaged" in w]
@@ -153,8 +160,11 @@ def test_a_damaged_index_is_moved_aside_and_rebuilt(damage, tmp_path):
 
 
 def mount_tmpfs(folder: Path, size: str) -> None:
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        check=True,
+        capture_output=True,
+    )
 
 
 def test_an_index_folder_that_cannot_be_written_says_which_and_waits(tmp_path):
@@ -172,8 +182,7 @@ def test_an_index_folder_that_cannot_be_written_says_which_and_waits(tmp_path):
         with running(p):
             status = p.wait_status("waiting on the folder", lambda s: s["phase"] == "waiting")
             assert status["reason"] == (
-                f"cannot open the index {index_dir / 'index.sqlite3'}: "
-                "the folder is not writable"
+                f"cannot open the index {index_dir / 'index.sqlite3'}: the folder is not writable"
             )
             assert p.get("/readyz").status_code == 503
             if os.geteuid() == 0:
@@ -223,8 +232,9 @@ def test_a_model_that_stops_answering_shows_waiting_within_40_s(tmp_path):
     p = indexer({"peps": drive}, tmp_path / "index", server.base_url)
     try:
         with running(p):
-            p.wait_status("indexing under way", lambda s: s["phase"] == "indexing"
-                          and s["pass_done"] >= 2)
+            p.wait_status(
+                "indexing under way", lambda s: s["phase"] == "indexing" and s["pass_done"] >= 2
+            )
             os.kill(server.proc.pid, signal.SIGSTOP)
             stopped = time.monotonic()
             waiting = p.wait_status("waiting", lambda s: s["phase"] == "waiting", timeout=40)
@@ -256,8 +266,9 @@ def test_a_file_swapped_for_a_link_during_a_pass_reads_nothing_outside(tmp_path)
                 target.unlink()
             target.write_text("# Last\n\nAn ordinary page.\n")
             p.post("/v1/reindex", {"full": True})
-            listed = p.wait_status("the pass under way", lambda s: s["phase"] == "indexing"
-                                   and s["pass_done"] >= 1)
+            listed = p.wait_status(
+                "the pass under way", lambda s: s["phase"] == "indexing" and s["pass_done"] >= 1
+            )
             target.unlink()
             os.symlink(outside, target)
             swapped = p.status()
@@ -298,17 +309,26 @@ def test_searches_are_answered_by_meaning_while_a_huge_docx_is_embedded(models, 
     write_huge_docx(big / "huge.docx")
     # Batches of 8: a question waits behind at most two of them at the one model server
     # (batches of 64 on a loaded 2-core machine can hold it past the 10 s a search waits).
-    p = indexer({"a-handbook": HANDBOOK, "z-big": big}, tmp_path / "index", models.base_url,
-                extra=("--embedding-batch", "8"))  # fmt: skip
+    p = indexer(
+        {"a-handbook": HANDBOOK, "z-big": big},
+        tmp_path / "index",
+        models.base_url,
+        extra=("--embedding-batch", "8"),
+    )
     with running(p):
-        p.wait_status("only the huge document left", lambda s: s["documents"] >= 6
-                      and s["phase"] == "indexing", timeout=300)
+        p.wait_status(
+            "only the huge document left",
+            lambda s: s["documents"] >= 6 and s["phase"] == "indexing",
+            timeout=300,
+        )
         # Reading it takes seconds, embedding it minutes: a minute of searches overlaps
         # the embedding for most of that minute.
         searches, end = 0, time.monotonic() + 60
         while time.monotonic() < end and p.status()["phase"] == "indexing":
-            answer = p.post("/v1/search", {"query": "How many vacation days do I get?",
-                                           "top_k": 3, "rerank": False}).json()
+            answer = p.post(
+                "/v1/search",
+                {"query": "How many vacation days do I get?", "top_k": 3, "rerank": False},
+            ).json()
             assert answer["warnings"] == [], answer["warnings"]
             top = answer["results"][0]
             assert top["scores"].get("dense") is not None, "found by meaning"
@@ -334,8 +354,10 @@ class SlowReranker:
             async with one_at_a_time:
                 await asyncio.sleep(1.0)
                 self.calls += 1
-            results = [{"index": i, "relevance_score": 1.0 / (i + 1)}
-                       for i in range(len(body["documents"]))]
+            results = [
+                {"index": i, "relevance_score": 1.0 / (i + 1)}
+                for i in range(len(body["documents"]))
+            ]
             return web.json_response({"results": results})
 
         app = web.Application()

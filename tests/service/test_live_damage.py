@@ -1,6 +1,6 @@
-"""An index file damaged while its indexer runs (issue 24), with a real `metis serve`:
+"""An index file damaged while its indexer runs, with a real `metis serve`:
 pages of the chunks' table overwritten on disk under a ready indexer. A search that meets
-the damage answers 503 in the spec's shape (never 500), the status says so, and the index
+the damage answers 503 in the API's error shape (never 500), the status says so, and the index
 is moved aside and rebuilt from the sources; damage on pages no search reads is found by
 the integrity check, which reads a few pages more every `--check-seconds`."""
 
@@ -17,9 +17,18 @@ from tests.support.processes import Process, indexer, running, wait_ready
 
 from .test_service import perf_drive
 
-QUESTIONS = ("enhancement proposal", "python version", "the standard library", "import module",
-             "backwards compatibility", "rationale", "reference implementation", "unicode",
-             "syntax", "exceptions")  # fmt: skip
+QUESTIONS = (
+    "enhancement proposal",
+    "python version",
+    "the standard library",
+    "import module",
+    "backwards compatibility",
+    "rationale",
+    "reference implementation",
+    "unicode",
+    "syntax",
+    "exceptions",
+)
 
 
 def damage_chunk_pages(index: Path, pages: int = 40) -> list[int]:
@@ -32,8 +41,13 @@ def damage_chunk_pages(index: Path, pages: int = 40) -> list[int]:
     try:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         size = db.execute("PRAGMA page_size").fetchone()[0]
-        found = [row[0] for row in db.execute(
-            "SELECT pageno FROM dbstat WHERE name = 'chunks' AND pagetype IN ('leaf', 'overflow')")]
+        found = [
+            row[0]
+            for row in db.execute(
+                "SELECT pageno FROM dbstat WHERE name = 'chunks' "
+                "AND pagetype IN ('leaf', 'overflow')"
+            )
+        ]
     finally:
         db.close()
     chosen = sorted(random.Random(24).sample(found, min(pages, len(found))))
@@ -64,8 +78,11 @@ def rebuilt(p: Process, before: dict) -> dict:
     """The status once the damaged index was rebuilt and read again whole."""
     return p.wait_status(
         "the index rebuilt from the sources",
-        lambda s: s["phase"] == "ready" and s["documents"] == before["documents"]
-        and any("rebuilt from the sources" in w for w in s["warnings"]),
+        lambda s: (
+            s["phase"] == "ready"
+            and s["documents"] == before["documents"]
+            and any("rebuilt from the sources" in w for w in s["warnings"])
+        ),
         timeout=300,
     )
 
@@ -77,9 +94,15 @@ def test_a_search_that_meets_damage_answers_503_and_the_index_is_rebuilt(tmp_pat
     with running(p):
         before = wait_ready(p)
         damage_chunk_pages(index_dir / "index.sqlite3")
-        answers = [httpx.post(f"{p.base_url}/v1/search", timeout=60,
-                              json={"query": q, "mode": "keyword", "top_k": 50})
-                   for q in QUESTIONS for _ in range(4)]  # fmt: skip
+        answers = [
+            httpx.post(
+                f"{p.base_url}/v1/search",
+                timeout=60,
+                json={"query": q, "mode": "keyword", "top_k": 50},
+            )
+            for q in QUESTIONS
+            for _ in range(4)
+        ]
         statuses = [a.status_code for a in answers]
         assert set(statuses) <= {200, 503}, [a.text for a in answers if a.status_code != 200]
         refused = [a.json()["error"] for a in answers if a.status_code == 503]

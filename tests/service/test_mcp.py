@@ -61,12 +61,15 @@ def text(result: Any) -> str:
 
 def test_an_agent_lists_the_tools_and_gets_cited_results(served: Process) -> None:
     question = {"query": "How many holidays do I get?", "top_k": 2}
-    tools, (found, keyword, status, failed) = ask(served, [
-        ("search", question),
-        ("search", {"query": "Xid 79", "mode": "keyword", "top_k": 1}),
-        ("status", {}),
-        ("documents", {}),
-    ])  # fmt: skip
+    tools, (found, keyword, status, failed) = ask(
+        served,
+        [
+            ("search", question),
+            ("search", {"query": "Xid 79", "mode": "keyword", "top_k": 1}),
+            ("status", {}),
+            ("documents", {}),
+        ],
+    )
     by_name = {t.name: t for t in tools.tools}
     assert sorted(by_name) == ["documents", "search", "status"]
     for tool in by_name.values():
@@ -98,18 +101,24 @@ def test_an_agent_lists_the_tools_and_gets_cited_results(served: Process) -> Non
     assert status.structured_content["documents"] == served.status()["documents"]
     (doc,) = failed.structured_content["documents"]
     assert (doc["document"], doc["state"], doc["reason"]) == (
-        "broken.pdf", "failed", "malformed document")  # fmt: skip
+        "broken.pdf",
+        "failed",
+        "malformed document",
+    )
 
 
 def test_bad_arguments_are_tool_errors_not_crashes(served: Process) -> None:
-    _, results = ask(served, [
-        ("search", {"query": "vacation", "top_k": 99}),
-        ("search", {"query": "   "}),
-        ("search", {"query": "vacation", "top_k": "many"}),
-        ("search", {"query": "vacation", "mode": "psychic"}),
-        ("documents", {"page_size": 5000}),
-        ("search", {"query": "vacation", "top_k": 1}),
-    ])  # fmt: skip
+    _, results = ask(
+        served,
+        [
+            ("search", {"query": "vacation", "top_k": 99}),
+            ("search", {"query": "   "}),
+            ("search", {"query": "vacation", "top_k": "many"}),
+            ("search", {"query": "vacation", "mode": "psychic"}),
+            ("documents", {"page_size": 5000}),
+            ("search", {"query": "vacation", "top_k": 1}),
+        ],
+    )
     *refused, fine = results
     assert [r.is_error for r in refused] == [True] * 5
     assert "TOP_K_OUT_OF_RANGE: top_k is 99; it must be between 1 and 50" in text(refused[0])

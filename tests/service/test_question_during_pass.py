@@ -40,17 +40,28 @@ def test_searches_go_ahead_of_the_pass_at_the_model(models, tmp_path):
     p = indexer({"a-handbook": HANDBOOK, "z-big": big}, tmp_path / "index", models.base_url)
     # One client each, kept open: a client made per call costs tens of milliseconds (its
     # TLS context), long enough for a batch to be answered between the reads around a search.
-    with (running(p), httpx.Client(base_url=models.base_url, timeout=30) as model,
-          httpx.Client(base_url=p.base_url, timeout=120) as api):
-        p.wait_status("only the huge document left", lambda s: s["documents"] >= 6
-                      and s["phase"] == "indexing", timeout=300)
-        p.wait_for("a batch of the pass running at the model",
-                   lambda: batches(model)["started"], timeout=300)
+    with (
+        running(p),
+        httpx.Client(base_url=models.base_url, timeout=30) as model,
+        httpx.Client(base_url=p.base_url, timeout=120) as api,
+    ):
+        p.wait_status(
+            "only the huge document left",
+            lambda s: s["documents"] >= 6 and s["phase"] == "indexing",
+            timeout=300,
+        )
+        p.wait_for(
+            "a batch of the pass running at the model",
+            lambda: batches(model)["started"],
+            timeout=300,
+        )
         ahead = 0
         for _ in range(SEARCHES):
             before = batches(model)
-            answer = api.post("/v1/search", json={"query": "How many vacation days do I get?",
-                                                  "top_k": 3, "rerank": False}).json()
+            answer = api.post(
+                "/v1/search",
+                json={"query": "How many vacation days do I get?", "top_k": 3, "rerank": False},
+            ).json()
             after = batches(model)
             assert answer["warnings"] == [], answer["warnings"]
             top = answer["results"][0]

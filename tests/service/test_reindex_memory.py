@@ -2,9 +2,9 @@
 no model, so that a hundred passes take a minute or two) on real documents, its resident
 memory read from /proc.
 
-Issue 24: 30 full reindexes of 1,149 chunks took the indexer from 151 to 257 MB, and 60 to
-333 MB. Here (1,420 chunks, no vectors), measured as this test does on 2026-12-01: before
-the write path compacted, 152.3 MB after the first full reindex and 179.7 MB after the
+30 full reindexes of 1,149 chunks once took the indexer from 151 to 257 MB, and 60 to 333 MB.
+Here (1,420 chunks, no vectors), measured as this test does on 2026-12-01: before the write
+path compacted, 152.3 MB after the first full reindex and 179.7 MB after the
 hundredth (+18 %); with it, 149.0 and 150.1 MB (+0.7 %)."""
 
 from __future__ import annotations
@@ -31,15 +31,18 @@ def resident_mb(p: Process) -> float:
 def full_reindex(p: Process, passes: int) -> dict[str, Any]:
     """Ask for a full reindex and wait for it to end (the indexer's `passes`-th pass)."""
     assert p.post("/v1/reindex", {"full": True}).status_code == 202
-    return p.wait_status(f"pass {passes}", lambda s: s["passes"] == passes
-                         and s["phase"] == "ready")
+    return p.wait_status(
+        f"pass {passes}", lambda s: s["passes"] == passes and s["phase"] == "ready"
+    )
 
 
 def found(p: Process) -> list[tuple[str, int | None, str]]:
     answer = p.post("/v1/search", {"query": "generator expressions", "mode": "keyword"})
     assert answer.status_code == 200
-    return [(r["citation"]["document"], r["citation"].get("line"), r["text"])
-            for r in answer.json()["results"]]
+    return [
+        (r["citation"]["document"], r["citation"].get("line"), r["text"])
+        for r in answer.json()["results"]
+    ]
 
 
 def test_a_hundred_full_reindexes_keep_the_indexer_s_memory(tmp_path):

@@ -86,8 +86,12 @@ def expected_chunks(folder: Path, size: int = 1200, overlap: int = 200) -> int:
 def test_handbook_and_torture_slice_every_mode_and_documents(models, tmp_path):
     drive = tmp_path / "torture"
     expect = torture_slice(drive)
-    p = indexer({"handbook": HANDBOOK, "torture": drive}, tmp_path / "index", models.base_url,
-                reranker=models.base_url)
+    p = indexer(
+        {"handbook": HANDBOOK, "torture": drive},
+        tmp_path / "index",
+        models.base_url,
+        reranker=models.base_url,
+    )
     with running(p):
         status = wait_ready(p)
         listed = []
@@ -101,8 +105,12 @@ def test_handbook_and_torture_slice_every_mode_and_documents(models, tmp_path):
         assert len(listed) == len({(d["source"], d["document"]) for d in listed}) == body["total"]
         handbook = [d for d in listed if d["source"] == "handbook"]
         assert {d["document"] for d in handbook} == {
-            "policies/leave.md", "policies/expenses.md", "runbooks/gpu-errors.txt",
-            "security.html", "travel.pdf", "onboarding.docx",
+            "policies/leave.md",
+            "policies/expenses.md",
+            "runbooks/gpu-errors.txt",
+            "security.html",
+            "travel.pdf",
+            "onboarding.docx",
         }, "the hidden .metis folder is not indexed"
         assert all(d["state"] == "indexed" and d["chunks"] > 0 for d in handbook)
         by_path = {d["document"]: d for d in listed if d["source"] == "torture"}
@@ -120,16 +128,23 @@ def test_handbook_and_torture_slice_every_mode_and_documents(models, tmp_path):
         assert status["documents"] + status["failed"] == len(listed)
 
         for mode in ("hybrid", "dense", "keyword"):
-            answer = p.post("/v1/search", {"query": "How many vacation days do I get?",
-                                           "mode": mode, "top_k": 3}).json()
+            answer = p.post(
+                "/v1/search",
+                {"query": "How many vacation days do I get?", "mode": mode, "top_k": 3},
+            ).json()
             assert answer["mode"] == mode and answer["reranked"] and answer["warnings"] == []
             top = answer["results"][0]
             assert top["citation"]["document"] == "policies/leave.md", (mode, answer)
             assert top["citation"]["line"] >= 1 and top["citation"]["headings"]
             assert set(answer["took"]) == {"embed", "dense", "keyword", "fuse", "rerank", "total"}
-        pdf = p.post("/v1/search", {"query": "hotel night price", "filters": {"kinds": ["pdf"],
-                                                                           "sources": ["handbook"]},
-                                    "rerank": False}).json()
+        pdf = p.post(
+            "/v1/search",
+            {
+                "query": "hotel night price",
+                "filters": {"kinds": ["pdf"], "sources": ["handbook"]},
+                "rerank": False,
+            },
+        ).json()
         assert pdf["results"][0]["citation"]["page"] == 2 and not pdf["reranked"]
         err = p.post("/v1/search", {"query": "x", "top_k": 99})
         assert err.status_code == 400 and err.json()["error"]["code"] == "TOP_K_OUT_OF_RANGE"
@@ -176,8 +191,9 @@ def test_the_model_server_killed_mid_pass_waits_then_resumes(tmp_path):
     server = start_model_server(port=port)
     p = indexer({"peps": drive}, tmp_path / "index", server.base_url)
     with running(p):
-        p.wait_status("a few documents read", lambda s: s["phase"] == "indexing"
-                      and s["pass_done"] >= 3)
+        p.wait_status(
+            "a few documents read", lambda s: s["phase"] == "indexing" and s["pass_done"] >= 3
+        )
         server.proc.kill()
         server.stop()
         waiting = p.wait_status("phase waiting", lambda s: s["phase"] == "waiting")
@@ -198,8 +214,9 @@ def test_an_indexer_killed_mid_pass_resumes_with_the_same_totals(models, tmp_pat
     index_dir = tmp_path / "index"
     first = indexer({"peps": drive}, index_dir, models.base_url)
     with running(first):
-        before = first.wait_status("a few documents committed",
-                                   lambda s: s["phase"] == "indexing" and s["pass_done"] >= 4)
+        before = first.wait_status(
+            "a few documents committed", lambda s: s["phase"] == "indexing" and s["pass_done"] >= 4
+        )
         first.kill()
     second = indexer({"peps": drive}, index_dir, models.base_url)
     with running(second):
@@ -246,8 +263,9 @@ def test_a_pass_reads_exactly_what_changed(models, tmp_path):
         shutil.copyfile(copy, drive / "c.md")
         os.utime(drive / "c.md", ns=(1, 1))  # surely another mtime
         assert p.post("/v1/reindex", {}).status_code == 202
-        second = p.wait_status("the second pass", lambda s: s["passes"] == 2
-                               and s["phase"] == "ready")
+        second = p.wait_status(
+            "the second pass", lambda s: s["passes"] == 2 and s["phase"] == "ready"
+        )
         assert second["last_pass"] == {"read": 1, "unchanged": 1, "dropped": 1}
         assert second["documents"] == 3
         answer = p.post("/v1/search", {"query": "changed", "mode": "keyword"}).json()
@@ -266,9 +284,7 @@ def test_sigterm_stops_the_indexer_cleanly(models, tmp_path):
         assert p.proc.wait(30) == 0
 
 
-def test_words_counted_another_way_are_counted_again_without_reading_a_document(
-    models, tmp_path
-):
+def test_words_counted_another_way_are_counted_again_without_reading_a_document(models, tmp_path):
     """An index whose words were counted before the index recorded how (no `words` in its
     settings), here with every chunk's words lost: the next start finds the notes by words
     again, and its pass reads nothing."""
@@ -297,22 +313,33 @@ def test_a_new_chunking_reads_everything_again_and_keeps_answering(models, tmp_p
     port = free_port()
 
     def write(size: int, overlap: int) -> None:
-        config.write_text(json.dumps({
-            "name": "peps", "index_dir": str(tmp_path / "index"), "port": port,
-            "sources": [{"drive": "peps", "root": str(drive)}],
-            "embedding": {"url": models.base_url, "name": "minilm"},
-            "chunking": {"size": size, "overlap": overlap}, "rescan_seconds": 0,
-        }))
+        config.write_text(
+            json.dumps(
+                {
+                    "name": "peps",
+                    "index_dir": str(tmp_path / "index"),
+                    "port": port,
+                    "sources": [{"drive": "peps", "root": str(drive)}],
+                    "embedding": {"url": models.base_url, "name": "minilm"},
+                    "chunking": {"size": size, "overlap": overlap},
+                    "rescan_seconds": 0,
+                }
+            )
+        )
 
     write(1200, 200)
-    p = Process(f"http://127.0.0.1:{port}", metis("serve", "--config", str(config)),
-                tmp_path / "indexer.log")
+    p = Process(
+        f"http://127.0.0.1:{port}",
+        metis("serve", "--config", str(config)),
+        tmp_path / "indexer.log",
+    )
     with running(p):
         first = wait_ready(p)
         assert first["chunks"] == expected_chunks(drive)
         write(400, 100)
-        during = p.wait_status("the pass of the new chunking",
-                               lambda s: s["passes"] == 1 and s["phase"] == "indexing")
+        during = p.wait_status(
+            "the pass of the new chunking", lambda s: s["passes"] == 1 and s["phase"] == "indexing"
+        )
         assert during["documents"] == 24 and during["pass_done"] < 24, "every document stays"
         answer = p.post("/v1/search", {"query": "python enhancement proposal"}).json()
         assert answer["results"], "the index is kept while it is read again"
@@ -346,12 +373,19 @@ def test_int8_vectors_answer_as_float32_does_and_status_says_which(models, tmp_p
     port = free_port()
 
     def write(vectors: str) -> None:
-        config.write_text(json.dumps({
-            "name": "handbook", "index_dir": str(tmp_path / "index"), "port": port,
-            "sources": [{"drive": "handbook", "root": str(HANDBOOK)}],
-            "embedding": {"url": models.base_url, "name": "minilm"},
-            "rescan_seconds": 0, "vectors": vectors,
-        }))
+        config.write_text(
+            json.dumps(
+                {
+                    "name": "handbook",
+                    "index_dir": str(tmp_path / "index"),
+                    "port": port,
+                    "sources": [{"drive": "handbook", "root": str(HANDBOOK)}],
+                    "embedding": {"url": models.base_url, "name": "minilm"},
+                    "rescan_seconds": 0,
+                    "vectors": vectors,
+                }
+            )
+        )
 
     questions = ["how many vacation days", "sick leave", "expenses and travel", "laptop"]
 
@@ -361,13 +395,24 @@ def test_int8_vectors_answer_as_float32_does_and_status_says_which(models, tmp_p
             for mode in ("dense", "hybrid"):
                 body = {"query": q, "mode": mode, "top_k": 10, "rerank": False}
                 results = p.post("/v1/search", body).json()["results"]
-                out.append([(r["citation"]["document"], r["citation"].get("line"),
-                             r["scores"].get("dense")) for r in results])
+                out.append(
+                    [
+                        (
+                            r["citation"]["document"],
+                            r["citation"].get("line"),
+                            r["scores"].get("dense"),
+                        )
+                        for r in results
+                    ]
+                )
         return out
 
     write("float32")
-    p = Process(f"http://127.0.0.1:{port}", metis("serve", "--config", str(config)),
-                tmp_path / "indexer.log")
+    p = Process(
+        f"http://127.0.0.1:{port}",
+        metis("serve", "--config", str(config)),
+        tmp_path / "indexer.log",
+    )
     with running(p):
         assert wait_ready(p)["vectors"] == "float32"
         before = answers()

@@ -29,7 +29,8 @@ FIFO = "it is a named pipe (FIFO), not a regular file"
 def search(p: Process) -> list[dict]:
     """A keyword search that must answer, with a deadline far past any normal answer."""
     answer = httpx.post(
-        f"{p.base_url}/v1/search", json={"query": "Python enhancement", "mode": "keyword"},
+        f"{p.base_url}/v1/search",
+        json={"query": "Python enhancement", "mode": "keyword"},
         timeout=60,
     )
     assert answer.status_code == 200, answer.text
@@ -51,8 +52,9 @@ def swap_mid_pass(p: Process, names: list[Path]) -> None:
     for _ in range(5):  # a pass that outran the swap proves nothing: try again
         as_pages(names)
         p.post("/v1/reindex", {"full": True})
-        p.wait_status("the pass under way", lambda s: s["phase"] == "indexing"
-                      and s["pass_done"] >= 1)
+        p.wait_status(
+            "the pass under way", lambda s: s["phase"] == "indexing" and s["pass_done"] >= 1
+        )
         for name in names:
             name.unlink()
             os.mkfifo(name)
@@ -87,8 +89,9 @@ def test_pipes_swapped_in_mid_pass_fail_and_searches_answer_throughout(tmp_path)
         ] * PIPES
 
         p.post("/v1/reindex", {"full": True})
-        p.wait_status("a reindex after it", lambda s: s["passes"] > status["passes"]
-                      and s["phase"] == "ready")
+        p.wait_status(
+            "a reindex after it", lambda s: s["passes"] > status["passes"] and s["phase"] == "ready"
+        )
         search(p)
 
         assert p.proc is not None

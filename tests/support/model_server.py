@@ -117,8 +117,15 @@ def start_model_server(
     start builds.
     """
     port = port or free_port()
-    args = [sys.executable, "-m", "metis_indexer.models.localmodel", "--host", host,
-            "--port", str(port)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "metis_indexer.models.localmodel",
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     if threads is not None:
         args += ["--threads", str(threads)]
     env = dict(os.environ)

@@ -64,7 +64,10 @@ class Process:
     def start(self) -> Process:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            self.args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            self.args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},
         )
         log.close()
@@ -92,8 +95,9 @@ class Process:
         last: Any = None
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"{self.args[2:4]} exited while waiting for {what}:\n"
-                                     f"{self.log()}")
+                raise AssertionError(
+                    f"{self.args[2:4]} exited while waiting for {what}:\n{self.log()}"
+                )
             with contextlib.suppress(httpx.HTTPError):
                 last = check()
                 if last:
@@ -104,8 +108,9 @@ class Process:
     def status(self) -> dict[str, Any]:
         return self.get("/v1/status").json()
 
-    def wait_status(self, what: str, check: Callable[[dict[str, Any]], bool],
-                    timeout: float = 180.0) -> dict[str, Any]:
+    def wait_status(
+        self, what: str, check: Callable[[dict[str, Any]], bool], timeout: float = 180.0
+    ) -> dict[str, Any]:
         def poll() -> dict[str, Any] | None:
             s = self.status()
             return s if check(s) else None
@@ -147,4 +152,3 @@ def running(p: Process) -> Iterator[Process]:
 
 def wait_ready(p: Process, timeout: float = 300.0) -> dict[str, Any]:
     return p.wait_status("phase ready", lambda s: s["phase"] == "ready", timeout)
-

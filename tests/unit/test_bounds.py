@@ -1,5 +1,5 @@
-"""Every limit of spec 001 in the pure layer: taken at its edge, refused one past it, each
-with the spec's own code (what the HTTP layer answers is tested in tests/service)."""
+"""Every limit of a base's API in the pure layer: taken at its edge, refused one past it, each
+with its own error code (what the HTTP layer answers is tested in tests/service)."""
 
 import pytest
 
@@ -82,8 +82,12 @@ def test_the_page_size_defaults_to_100_and_the_page_to_1():
 
 
 @pytest.mark.parametrize(
-    ("query", "field"), [({"page_size": "0"}, "page_size"), ({"page_size": "1001"}, "page_size"),
-                         ({"page": "0"}, "page")],
+    ("query", "field"),
+    [
+        ({"page_size": "0"}, "page_size"),
+        ({"page_size": "1001"}, "page_size"),
+        ({"page": "0"}, "page"),
+    ],
 )
 def test_a_page_past_its_bounds_is_refused(query, field):
     with pytest.raises(BadRequest) as e:

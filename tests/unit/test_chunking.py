@@ -1,5 +1,5 @@
-"""Chunking (spec 000, "Chunks"): the guarantees as properties, the rules against a naive
-reference, and a few cuts worked out by hand."""
+"""Chunking (`metis_indexer.ingest.chunking`): the guarantees as properties, the rules against
+a naive reference, and a few cuts worked out by hand."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metis_indexer.documents import Chunk, Document, Kind, Section
+from metis_indexer.documents import Chunk, Kind, ParsedDocument, Section
 from metis_indexer.ingest.chunking import chunk_document, chunk_text
 
 PROPERTY = settings(
@@ -274,7 +274,7 @@ SECTIONS = st.lists(
 def test_chunks_stay_in_their_section_and_keep_its_citation(
     sections: list[Section], title: str | None, params: tuple[int, int]
 ) -> None:
-    doc = Document(title=title, kind=Kind.MD, sections=tuple(sections))
+    doc = ParsedDocument(title=title, kind=Kind.MD, sections=tuple(sections))
     chunks = chunk_document(doc, *params)
     for index, section in enumerate(sections):
         own = [c for c in chunks if c.section == index]
@@ -291,7 +291,7 @@ def test_chunks_stay_in_their_section_and_keep_its_citation(
 def test_line_is_the_line_of_the_chunks_first_character(
     sections: list[Section], params: tuple[int, int]
 ) -> None:
-    doc = Document(title=None, kind=Kind.TXT, sections=tuple(sections))
+    doc = ParsedDocument(title=None, kind=Kind.TXT, sections=tuple(sections))
     for chunk in chunk_document(doc, *params):
         section = sections[chunk.section]
         if section.line is None:
@@ -324,7 +324,7 @@ def test_three_paragraphs_cut_at_paragraph_then_sentence_ends() -> None:
     # paragraph end in [161, 261], at its last sentence end (234). Each next one starts
     # on the first word at or after 50 before the end: 61 and 188.
     assert chunk_text(text, 200, 50) == [(0, 110), (61, 234), (188, 350)]
-    doc = Document(title=None, kind=Kind.MD, sections=(Section((), text, line=10),))
+    doc = ParsedDocument(title=None, kind=Kind.MD, sections=(Section((), text, line=10),))
     assert [(c.start, c.line) for c in chunk_document(doc, 200, 50)] == [
         (0, 10),
         (61, 10),
@@ -389,7 +389,7 @@ def test_cjk_sentences_end_without_a_space_and_every_character_is_a_word() -> No
 
 
 def test_leading_whitespace_is_trimmed_and_the_line_follows() -> None:
-    doc = Document(
+    doc = ParsedDocument(
         title="T", kind=Kind.TXT, sections=(Section(("H",), "\n\n  Hello world.\n  ", line=5),)
     )
     [chunk] = chunk_document(doc)
@@ -397,7 +397,7 @@ def test_leading_whitespace_is_trimmed_and_the_line_follows() -> None:
 
 
 def test_blank_sections_give_no_chunks() -> None:
-    doc = Document(
+    doc = ParsedDocument(
         title="T",
         kind=Kind.PDF,
         sections=(
@@ -415,13 +415,13 @@ def test_the_defaults_are_1200_and_200(shift: int) -> None:
     # of some chunk, where an overlap of 201 would start one word earlier.
     text = ("a bb ccc dddd eeeee " * 400)[shift:]
     assert chunk_text(text) == reference_spans(text, 1200, 200)
-    doc = Document(title=None, kind=Kind.TXT, sections=(Section((), text),))
+    doc = ParsedDocument(title=None, kind=Kind.TXT, sections=(Section((), text),))
     assert [(c.start, c.start + len(c.text)) for c in chunk_document(doc)] == chunk_text(text)
 
 
 def test_default_size_and_overlap() -> None:
     text = " ".join(sentence("word", 12) for _ in range(100))
-    doc = Document(title=None, kind=Kind.TXT, sections=(Section((), text),))
+    doc = ParsedDocument(title=None, kind=Kind.TXT, sections=(Section((), text),))
     chunks = chunk_document(doc)
     assert all(len(c.text) <= 1200 for c in chunks)
     assert all(len(c.text) >= 600 for c in chunks[:-1])
@@ -442,7 +442,7 @@ def test_arguments_out_of_range_are_refused(size: int, overlap: int, named: str)
     with pytest.raises(ValueError, match=named):
         chunk_text("text", size, overlap)
     with pytest.raises(ValueError, match=named):
-        chunk_document(Document(title=None, kind=Kind.TXT, sections=()), size, overlap)
+        chunk_document(ParsedDocument(title=None, kind=Kind.TXT, sections=()), size, overlap)
 
 
 def test_limits_are_accepted() -> None:

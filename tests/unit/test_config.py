@@ -30,8 +30,12 @@ def test_defaults_follow_the_spec():
         ({"chunking": {"size": 400, "overlap": 200}}, "less than half of chunking.size"),
         ({"rescan_seconds": 5}, "rescan_seconds is 5; it must be 0 or 10 to 86400"),
         (
-            {"sources": [{"drive": "d", "root": "/d", "path": "handbook"},
-                         {"drive": "d", "root": "/d", "path": "handbook/hr"}]},
+            {
+                "sources": [
+                    {"drive": "d", "root": "/d", "path": "handbook"},
+                    {"drive": "d", "root": "/d", "path": "handbook/hr"},
+                ]
+            },
             "sources d:handbook and d:handbook/hr overlap",
         ),
     ],
@@ -41,7 +45,11 @@ def test_each_limit_is_refused_naming_the_field(over, words):
 
 
 def test_two_folders_of_one_drive_that_do_not_overlap_are_fine():
-    c = config(sources=[{"drive": "d", "root": "/d", "path": "a"},
-                        {"drive": "d", "root": "/d", "path": "ab/"}])
+    c = config(
+        sources=[
+            {"drive": "d", "root": "/d", "path": "a"},
+            {"drive": "d", "root": "/d", "path": "ab/"},
+        ]
+    )
     assert [s.path for s in c.sources] == ["a", "ab"]
     assert config(rescan_seconds=0).rescan_seconds == 0

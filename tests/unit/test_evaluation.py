@@ -1,5 +1,6 @@
-"""Evaluation (spec 000, "Evaluation"): recall@k counts each document once, MRR looks at the
-first ten documents, a set holds at most 500 questions and an evaluation stops at 60 s."""
+"""Evaluation (`metis_indexer.search.evaluation`): recall@k counts each document once, MRR
+looks at the first ten documents, a set holds at most 500 questions and an evaluation stops
+at 60 s."""
 
 import asyncio
 
@@ -62,14 +63,28 @@ def test_bad_sets_get_the_spec_codes(text, code, words):
 
 
 def test_cases_are_named_by_file_and_line_unless_they_have_an_id():
-    cases = parse_cases([("d/.metis/evals.jsonl", '# comment\n{"question": "q", "expected": '
-                          '["d/a.md"]}\n{"question": "r", "expected": ["d/b.md"], "id": "r1"}')])
+    cases = parse_cases(
+        [
+            (
+                "d/.metis/evals.jsonl",
+                '# comment\n{"question": "q", "expected": '
+                '["d/a.md"]}\n{"question": "r", "expected": ["d/b.md"], "id": "r1"}',
+            )
+        ]
+    )
     assert [c.id for c in cases] == ["d/.metis/evals.jsonl:2", "r1"]
 
 
 def test_every_way_is_scored_and_the_last_is_the_headline():
-    cases = parse_cases([("e", '{"question": "q1", "expected": ["d/a.md"]}\n'
-                               '{"question": "q2", "expected": ["d/b.md", "d/c.md"]}')])
+    cases = parse_cases(
+        [
+            (
+                "e",
+                '{"question": "q1", "expected": ["d/a.md"]}\n'
+                '{"question": "q2", "expected": ["d/b.md", "d/c.md"]}',
+            )
+        ]
+    )
     found = {
         ("q1", "keyword"): answer("d/x.md", "d/a.md"),
         ("q2", "keyword"): answer("d/b.md"),
@@ -87,22 +102,28 @@ def test_every_way_is_scored_and_the_last_is_the_headline():
     assert result.modes["keyword"].mrr == 0.75  # (1/2 + 1) / 2
     assert (result.recall_at_k, result.mrr) == (0.75, 1.0)  # hybrid: (1 + 1/2) / 2
     assert {(m.case, m.mode) for m in result.misses} == {
-        ("e:1", "keyword"), ("e:2", "keyword"), ("e:2", "hybrid"),
+        ("e:1", "keyword"),
+        ("e:2", "keyword"),
+        ("e:2", "hybrid"),
     }
 
 
 def test_ways_follow_the_models_a_base_has():
     """Plain searches rerank when a base has a reranker: that way is last, the headline."""
     assert ways(True, True) == [
-        Way("keyword", "keyword", False), Way("dense", "dense", False),
-        Way("hybrid", "hybrid", False), Way("hybrid+rerank", "hybrid", True),
+        Way("keyword", "keyword", False),
+        Way("dense", "dense", False),
+        Way("hybrid", "hybrid", False),
+        Way("hybrid+rerank", "hybrid", True),
     ]
     assert ways(True, False) == [
-        Way("keyword", "keyword", False), Way("dense", "dense", False),
+        Way("keyword", "keyword", False),
+        Way("dense", "dense", False),
         Way("hybrid", "hybrid", False),
     ]
     assert ways(False, True) == [
-        Way("keyword", "keyword", False), Way("hybrid+rerank", "hybrid", True),
+        Way("keyword", "keyword", False),
+        Way("hybrid+rerank", "hybrid", True),
     ]
     assert ways(False, False) == [Way("keyword", "keyword", False)]
 
@@ -231,8 +252,11 @@ def test_k_out_of_range_is_refused_before_any_question(k):
 
 def test_the_headline_is_the_last_way_of_three_and_one_case_divides_by_one():
     cases = [Case(question="q", expected=["d/a.md"], id="c")]
-    found = {"keyword": answer("d/x.md"), "dense": answer("d/x.md", "d/a.md"),
-             "hybrid": answer("d/a.md")}
+    found = {
+        "keyword": answer("d/x.md"),
+        "dense": answer("d/x.md", "d/a.md"),
+        "hybrid": answer("d/a.md"),
+    }
 
     async def ask(question: str, way: Way) -> SearchAnswer:
         return found[way.name]
@@ -287,7 +311,8 @@ def test_cases_are_read_from_each_drive_s_metis_folder(tmp_path):
     (c / ".metis" / "evals.jsonl").write_text('{"question": "q2", "expected": ["c/y.md"]}')
     cases = read_cases([("a", a), ("b", b), ("c", c)])
     assert [(c.question, c.id) for c in cases] == [
-        ("q1", "a/.metis/evals.jsonl:1"), ("q2", "c/.metis/evals.jsonl:1"),
+        ("q1", "a/.metis/evals.jsonl:1"),
+        ("q2", "c/.metis/evals.jsonl:1"),
     ]
 
 
@@ -295,7 +320,8 @@ def test_no_evaluation_file_anywhere_is_an_empty_set(tmp_path):
     with pytest.raises(BadRequest) as e:
         read_cases([("a", tmp_path)])
     assert (e.value.code, e.value.message) == (
-        "EVAL_EMPTY", "no .metis/evals.jsonl in any source drive"
+        "EVAL_EMPTY",
+        "no .metis/evals.jsonl in any source drive",
     )
 
 
@@ -326,9 +352,15 @@ def test_out_of_time_before_the_first_question_reports_zeros():
     async def ask(question: str, way: Way) -> SearchAnswer:
         raise AssertionError("no question is asked")
 
-    result = asyncio.run(evaluate(
-        four_cases(), 1, ask, [Way("hybrid", "hybrid", False)], lambda: "T",
-        clock=lambda: next(ticks),
-    ))
+    result = asyncio.run(
+        evaluate(
+            four_cases(),
+            1,
+            ask,
+            [Way("hybrid", "hybrid", False)],
+            lambda: "T",
+            clock=lambda: next(ticks),
+        )
+    )
     assert (result.cases, result.recall_at_k, result.mrr) == (0, 0.0, 0.0)
     assert result.warnings == ["stopped after 60 s: 0 of 4 questions asked"]

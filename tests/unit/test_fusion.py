@@ -1,4 +1,5 @@
-"""Reciprocal-rank fusion (spec 002, "Fusion"): each item scores the sum of 1 / (60 + rank)."""
+"""Reciprocal-rank fusion (`metis_indexer.search.fusion`): each item scores the sum of
+1 / (60 + rank)."""
 
 import pytest
 
@@ -18,7 +19,7 @@ def test_one_list_keeps_its_order_and_empty_lists_fuse_to_nothing():
 
 
 def test_every_score_is_worked_out_by_hand():
-    """The spec's constant is 60 and ranks count from 1."""
+    """Fusion's constant is 60 and ranks count from 1."""
     assert RRF_K == 60
     assert reciprocal_rank([[7, 8, 9], [9, 7]]) == [
         (7, 1 / 61 + 1 / 62),

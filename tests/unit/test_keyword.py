@@ -53,8 +53,13 @@ def add(vocab, index, rows, docs):
         ids += vocab.add(c.keys())
         counts += c.values()
         sizes.append(len(c))
-    index.add(np.asarray(rows), np.array(ids, np.int32), np.array(counts, np.int32),
-              np.array(sizes, np.int64), np.array(doc_of(rows), np.int64))
+    index.add(
+        np.asarray(rows),
+        np.array(ids, np.int32),
+        np.array(counts, np.int32),
+        np.array(sizes, np.int64),
+        np.array(doc_of(rows), np.int64),
+    )
 
 
 def build(docs, batches=3):
@@ -82,8 +87,9 @@ def test_scores_match_the_reference(docs, query):
     alive = np.ones(len(docs), dtype=bool)
     q = words(query)
     got = dense(index, vocab.lookup(q), alive)
-    assert np.allclose(got, reference_scores(docs, q, doc_of(range(len(docs)))), rtol=1e-4,
-                       atol=1e-5)
+    assert np.allclose(
+        got, reference_scores(docs, q, doc_of(range(len(docs)))), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_dead_rows_score_nothing_and_leave_the_statistics(docs):
@@ -123,8 +129,12 @@ def test_adding_one_row_at_a_time_keeps_few_segments_and_exact_scores(docs):
             want = reference_scores(docs[:31], q, doc_of(range(31)))
             assert np.allclose(partial, want, rtol=1e-4, atol=1e-5)
         assert len(index.segments) <= 3 * math.log(r + 1, 4) + 1
-    assert np.allclose(dense(index, vocab.lookup(q), alive),
-                       reference_scores(docs, q, doc_of(range(len(docs)))), rtol=1e-4, atol=1e-5)
+    assert np.allclose(
+        dense(index, vocab.lookup(q), alive),
+        reference_scores(docs, q, doc_of(range(len(docs)))),
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_a_query_after_a_drop_uses_the_new_statistics(docs):
@@ -163,8 +173,13 @@ def test_four_segments_merge_while_the_oldest_is_at_most_twice_the_newest():
         nonlocal start
         rows = list(range(start, start + n))
         start += n
-        index.add(rows, np.zeros(n, np.int32), np.ones(n, np.int32), np.ones(n, np.int64),
-                  np.asarray(rows, np.int64))
+        index.add(
+            rows,
+            np.zeros(n, np.int32),
+            np.ones(n, np.int32),
+            np.ones(n, np.int64),
+            np.asarray(rows, np.int64),
+        )
         index.compact(alive)
 
     for n in (4, 2, 2):
@@ -221,15 +236,19 @@ def test_tiny_documents_and_an_empty_one_match_the_reference():
     assert index.live_rows == 3 and index.live_length == 3.0
     for q in (["alpha"], ["beta"], ["alpha", "beta"]):
         got = dense(index, vocab.lookup(q), alive)
-        assert np.allclose(got, reference_scores(docs, q, doc_of(range(3))), rtol=1e-6,
-                           atol=1e-7)
+        assert np.allclose(got, reference_scores(docs, q, doc_of(range(3))), rtol=1e-6, atol=1e-7)
 
 
 def test_an_index_of_wordless_chunks_answers_nothing():
     """A chunk can hold no word at all (only punctuation): no term, so no score and no error."""
     index = KeywordIndex()
-    index.add([0], np.zeros(0, np.int32), np.zeros(0, np.int32), np.array([0], np.int64),
-              np.array([0], np.int64))
+    index.add(
+        [0],
+        np.zeros(0, np.int32),
+        np.zeros(0, np.int32),
+        np.array([0], np.int64),
+        np.array([0], np.int64),
+    )
     assert index.live_rows == 1
     assert index.scores(np.array([0], np.int32), np.ones(1, dtype=bool)) is None
 
@@ -256,8 +275,12 @@ def test_a_weighing_overtaken_by_a_new_row_is_not_kept(docs):
     assert not index.install(snap, weights)
     assert not index.weighed
     q = words("python import module")
-    assert np.allclose(dense(index, vocab.lookup(q), alive),
-                       reference_scores(docs, q, doc_of(range(len(docs)))), rtol=1e-4, atol=1e-5)
+    assert np.allclose(
+        dense(index, vocab.lookup(q), alive),
+        reference_scores(docs, q, doc_of(range(len(docs)))),
+        rtol=1e-4,
+        atol=1e-5,
+    )
     snap = index.snapshot(alive)
     assert index.install(snap, snap.weigh(index)) and index.weighed
 
@@ -304,15 +327,23 @@ def test_postings_and_scores_keep_their_compact_types(docs):
     assert index.files.dtype == np.int32
     for seg in index.segments:
         assert (seg.terms.dtype, seg.rows.dtype, seg.tfs.dtype, seg.indptr.dtype) == (
-            np.int32, np.int32, np.uint8, np.int64
+            np.int32,
+            np.int32,
+            np.uint8,
+            np.int64,
         )
         assert seg.weights is not None and seg.weights.dtype == np.float32
 
 
 def test_a_count_over_255_keeps_two_bytes_and_scores_as_counted():
     index = KeywordIndex()
-    index.add([0, 1], np.array([0, 1, 0], np.int32), np.array([300, 1, 2], np.int32),
-              np.array([2, 1]), np.array([0, 1]))
+    index.add(
+        [0, 1],
+        np.array([0, 1, 0], np.int32),
+        np.array([300, 1, 2], np.int32),
+        np.array([2, 1]),
+        np.array([0, 1]),
+    )
     [seg] = index.segments
     assert seg.tfs.dtype == np.uint16 and sorted(seg.tfs.tolist()) == [1, 2, 300]
     scores = index.scores(np.array([0], np.int32), np.ones(2, bool))

@@ -7,23 +7,37 @@ from pathlib import Path
 import pytest
 
 from metis_indexer.documents import Kind
-from metis_indexer.index.memory import Settings
+from metis_indexer.index.memory import IndexSettings
 from metis_indexer.index.store import FileRecord
 from metis_indexer.ingest.plan import Key, Scan, plan
 from metis_indexer.ingest.sources import Found
 
-SETTINGS = Settings("bge-m3", 1024, 1200, 200)
-OTHER = Settings("bge-m3", 1024, 800, 100)
+SETTINGS = IndexSettings("bge-m3", 1024, 1200, 200)
+OTHER = IndexSettings("bge-m3", 1024, 800, 100)
 
 
 def found(path: str, size: int = 10, mtime_ns: int = 1) -> Found:
     return Found(path, Path("/drives/docs") / path, Path("/drives/docs"), Kind.MD, size, mtime_ns)
 
 
-def known(path: str, size: int = 10, mtime_ns: int = 1, built_with: str = SETTINGS.key,
-          drive: str = "docs") -> FileRecord:  # fmt: skip
-    return FileRecord(drive, path, "md", size, mtime_ns, "h", "indexed", "2026-01-01T00:00:00Z",
-                      built_with=built_with)  # fmt: skip
+def known(
+    path: str,
+    size: int = 10,
+    mtime_ns: int = 1,
+    built_with: str = SETTINGS.key,
+    drive: str = "docs",
+) -> FileRecord:
+    return FileRecord(
+        drive,
+        path,
+        "md",
+        size,
+        mtime_ns,
+        "h",
+        "indexed",
+        "2026-01-01T00:00:00Z",
+        built_with=built_with,
+    )
 
 
 def scan(*files: Found, unseen: tuple[Key, ...] = ()) -> Scan:
@@ -35,23 +49,58 @@ CASES = [
     ("a new file is read", scan(found("a.md")), [], False, ["a.md"], []),
     ("the same size and mtime: left alone", scan(found("a.md")), [known("a.md")], False, [], []),
     ("a full pass reads it anyway", scan(found("a.md")), [known("a.md")], True, ["a.md"], []),
-    ("another size: read (its hash decides later)", scan(found("a.md", size=11)),
-     [known("a.md")], False, ["a.md"], []),
-    ("another mtime: read", scan(found("a.md", mtime_ns=2)), [known("a.md")], False,
-     ["a.md"], []),
-    ("built with other settings: read", scan(found("a.md")),
-     [known("a.md", built_with=OTHER.key)], False, ["a.md"], []),
+    (
+        "another size: read (its hash decides later)",
+        scan(found("a.md", size=11)),
+        [known("a.md")],
+        False,
+        ["a.md"],
+        [],
+    ),
+    ("another mtime: read", scan(found("a.md", mtime_ns=2)), [known("a.md")], False, ["a.md"], []),
+    (
+        "built with other settings: read",
+        scan(found("a.md")),
+        [known("a.md", built_with=OTHER.key)],
+        False,
+        ["a.md"],
+        [],
+    ),
     ("gone from its source: dropped", scan(), [known("a.md")], False, [], [("docs", "a.md")]),
-    ("in a folder that could not be listed: kept", scan(unseen=(("docs", "team"),)),
-     [known("team/a.md")], False, [], []),
-    ("beside that folder, not in it: dropped", scan(unseen=(("docs", "team"),)),
-     [known("teams/a.md")], False, [], [("docs", "teams/a.md")]),
-    ("a source that could not be listed keeps all of it", scan(unseen=(("docs", ""),)),
-     [known("x/a.md")], False, [], []),
-    ("another drive's unseen folder does not keep it", scan(unseen=(("wiki", ""),)),
-     [known("a.md")], False, [], [("docs", "a.md")]),
+    (
+        "in a folder that could not be listed: kept",
+        scan(unseen=(("docs", "team"),)),
+        [known("team/a.md")],
+        False,
+        [],
+        [],
+    ),
+    (
+        "beside that folder, not in it: dropped",
+        scan(unseen=(("docs", "team"),)),
+        [known("teams/a.md")],
+        False,
+        [],
+        [("docs", "teams/a.md")],
+    ),
+    (
+        "a source that could not be listed keeps all of it",
+        scan(unseen=(("docs", ""),)),
+        [known("x/a.md")],
+        False,
+        [],
+        [],
+    ),
+    (
+        "another drive's unseen folder does not keep it",
+        scan(unseen=(("wiki", ""),)),
+        [known("a.md")],
+        False,
+        [],
+        [("docs", "a.md")],
+    ),
     ("read in path order", scan(found("b.md"), found("a.md")), [], False, ["a.md", "b.md"], []),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -62,6 +111,6 @@ CASES = [
 def test_plan(
     listed: Scan, records: list[FileRecord], full: bool, read: list[str], dropped: list[Key]
 ) -> None:
-    to_read, to_drop = plan(listed, {(r.source, r.path): r for r in records}, SETTINGS, full)
-    assert [path for (_, path), _ in to_read] == read
-    assert to_drop == dropped
+    planned = plan(listed, {(r.source, r.path): r for r in records}, SETTINGS, full)
+    assert [entry.key[1] for entry in planned.to_read] == read
+    assert planned.to_drop == dropped

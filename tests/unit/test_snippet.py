@@ -34,7 +34,8 @@ FILLER = "Nothing here is about the question at all. " * 5
 
 def test_of_two_matching_sentences_the_one_with_more_question_words_wins():
     """The first sentence names one word of the question, a later one three: the later one is
-    the snippet, though the first also matches (spec 002: "most of the question's words")."""
+    the snippet, though the first also matches: the snippet is the sentence with most of the
+    question's words."""
     first = "Vacation requests go to the team lead by mail."
     best = "Everyone gets 25 vacation days every year."
     text = first + " " + FILLER + best + " " + FILLER
@@ -66,8 +67,11 @@ def test_a_short_sentence_is_widened_evenly_and_its_ends_put_on_words():
     moved off the middle of a word, both marked."""
     s = snippet(BEFORE + " The vacation rule. " + AFTER, words("vacation"))
     assert s == (
-        "…" + " ".join(f"a{i:02d}" for i in range(53, 80)) + ". The vacation rule. "
-        + " ".join(f"b{i:02d}" for i in range(27)) + "…"
+        "…"
+        + " ".join(f"a{i:02d}" for i in range(53, 80))
+        + ". The vacation rule. "
+        + " ".join(f"b{i:02d}" for i in range(27))
+        + "…"
     )
 
 

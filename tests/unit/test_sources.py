@@ -23,10 +23,22 @@ def drive(tmp_path: Path) -> Path:
     root = tmp_path / "drive"
     make(
         root,
-        "README.md", "handbook/leave.MD", "handbook/hr/policy.pdf", "handbook/hr/form.docx",
-        "handbook/site/index.html", "notes.txt", "data/table.csv", "logo.png", "pics/a.PNG",
-        "Makefile", "deck.pptx", ".hidden.md", ".git/config", ".metis/evals.jsonl",
-        "handbook/.drafts/draft.md", ".DS_Store",
+        "README.md",
+        "handbook/leave.MD",
+        "handbook/hr/policy.pdf",
+        "handbook/hr/form.docx",
+        "handbook/site/index.html",
+        "notes.txt",
+        "data/table.csv",
+        "logo.png",
+        "pics/a.PNG",
+        "Makefile",
+        "deck.pptx",
+        ".hidden.md",
+        ".git/config",
+        ".metis/evals.jsonl",
+        "handbook/.drafts/draft.md",
+        ".DS_Store",
     )
     return root
 

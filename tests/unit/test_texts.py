@@ -1,7 +1,7 @@
 """The texts a chunk is embedded, searched and reranked as."""
 
-from metis_indexer import texts
 from metis_indexer.documents import Chunk
+from metis_indexer.index import texts
 
 
 def test_a_first_heading_that_repeats_the_title_is_said_once() -> None:
@@ -42,7 +42,19 @@ def test_a_new_way_of_counting_words_comes_with_a_new_words_version() -> None:
     """Indexes count their words again only when `WORDS_VERSION` moves: counting them another
     way (what `searched` holds, what `tokens.words` cuts) fails here until both move."""
     counted = texts.counted("Handbook", ("Leave policy",), "Configuração: IL-6 and NF-κB, step 2.")
-    assert (texts.WORDS_VERSION, dict(counted)) == ("2", {
-        "handbook": 2, "leave": 1, "policy": 1, "configuracao": 1, "il": 1, "6": 1, "and": 1,
-        "nf": 1, "κb": 1, "step": 1, "2": 1,
-    })
+    assert (texts.WORDS_VERSION, dict(counted)) == (
+        "2",
+        {
+            "handbook": 2,
+            "leave": 1,
+            "policy": 1,
+            "configuracao": 1,
+            "il": 1,
+            "6": 1,
+            "and": 1,
+            "nf": 1,
+            "κb": 1,
+            "step": 1,
+            "2": 1,
+        },
+    )

@@ -19,7 +19,14 @@ def test_single_letters_dropped_single_digits_kept():
 
 def test_words_are_runs_of_letters_and_digits():
     assert words("Xid 79: nvidia-smi PO-2231 snake_case") == [
-        "xid", "79", "nvidia", "smi", "po", "2231", "snake", "case",
+        "xid",
+        "79",
+        "nvidia",
+        "smi",
+        "po",
+        "2231",
+        "snake",
+        "case",
     ]
 
 

@@ -26,9 +26,9 @@ def reference(scores: np.ndarray, k: int) -> list[int]:
 )
 def test_the_k_best_positive_scores_with_ties_to_the_lower_row(n, share, values, k):
     rng = np.random.default_rng(n + k + values)
-    scores = np.where(
-        rng.random(n) < share, rng.integers(1, values + 1, n) / 7, 0
-    ).astype(np.float32)
+    scores = np.where(rng.random(n) < share, rng.integers(1, values + 1, n) / 7, 0).astype(
+        np.float32
+    )
     assert top_positive(scores, k) == reference(scores, k)
 
 

@@ -35,13 +35,17 @@ def refused(response: httpx.Response) -> ErrorBody:
     try:
         return ErrorAnswer.model_validate_json(response.content).error
     except ValidationError:
-        return ErrorBody(code=f"HTTP_{response.status_code}",
-                         message=response.text[:300] or response.reason_phrase)
+        return ErrorBody(
+            code=f"HTTP_{response.status_code}",
+            message=response.text[:300] or response.reason_phrase,
+        )
 
 
 def unreachable(url: str, e: httpx.HTTPError) -> ErrorBody:
-    return ErrorBody(code="KNOWLEDGE_BASE_NOT_READY",
-                     message=f"its indexer at {url} does not answer: {e or type(e).__name__}")
+    return ErrorBody(
+        code="KNOWLEDGE_BASE_NOT_READY",
+        message=f"its indexer at {url} does not answer: {e or type(e).__name__}",
+    )
 
 
 def http_asker(http: httpx.AsyncClient, url: str) -> Ask:
@@ -50,8 +54,11 @@ def http_asker(http: httpx.AsyncClient, url: str) -> Ask:
     async def ask(req: SearchRequest) -> Outcome:
         try:
             response = await http.post(
-                f"{url}/v1/search", content=req.model_dump_json(exclude_none=True),
-                headers={"Content-Type": "application/json"}, timeout=SEARCH_TIMEOUT)
+                f"{url}/v1/search",
+                content=req.model_dump_json(exclude_none=True),
+                headers={"Content-Type": "application/json"},
+                timeout=SEARCH_TIMEOUT,
+            )
         except httpx.HTTPError as e:
             return unreachable(url, e)
         if response.status_code >= 400:
@@ -64,8 +71,9 @@ def http_asker(http: httpx.AsyncClient, url: str) -> Ask:
 async def failed_documents(http: httpx.AsyncClient, url: str) -> DocumentsPage | ErrorBody:
     """The first page of the indexer's failed documents, with why each failed."""
     try:
-        response = await http.get(f"{url}/v1/documents",
-                                  params={"state": "failed", "page_size": 100}, timeout=15.0)
+        response = await http.get(
+            f"{url}/v1/documents", params={"state": "failed", "page_size": 100}, timeout=15.0
+        )
     except httpx.HTTPError as e:
         return unreachable(url, e)
     if response.status_code >= 400:
@@ -90,8 +98,9 @@ async def each(form: SearchForm, mode: Mode, askers: Askers) -> dict[str, Outcom
 
 
 def _hits(form: SearchForm, outcomes: Mapping[str, Outcome]) -> list[Hit]:
-    return merge({b: a.results for b, a in outcomes.items() if isinstance(a, SearchAnswer)},
-                 form.top_k)
+    return merge(
+        {b: a.results for b, a in outcomes.items() if isinstance(a, SearchAnswer)}, form.top_k
+    )
 
 
 async def search(form: SearchForm, askers: Askers) -> tuple[list[Hit], dict[str, Outcome]]:
@@ -100,8 +109,9 @@ async def search(form: SearchForm, askers: Askers) -> tuple[list[Hit], dict[str,
     return _hits(form, outcomes), outcomes
 
 
-async def compare_modes(form: SearchForm, askers: Askers
-                        ) -> tuple[list[CompareRow], dict[Mode, dict[str, Outcome]]]:
+async def compare_modes(
+    form: SearchForm, askers: Askers
+) -> tuple[list[CompareRow], dict[Mode, dict[str, Outcome]]]:
     """The form's question asked three ways (both, by meaning, by words) of its bases."""
     asked = await asyncio.gather(*(each(form, m, askers) for m in COMPARED))
     by_mode = dict(zip(COMPARED, asked, strict=True))

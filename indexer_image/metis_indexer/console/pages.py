@@ -1,34 +1,43 @@
-"""The console's pages as HTML, from plain data (views.py) through the escaping builder.
+"""The Search page as HTML, from plain data (views.py) through the escaping builder,
+and the layout, state badge and error box the cluster console's own pages are built
+with (metis_operator/console/pages.py).
 
-Pure: each function takes what the page shows and returns `Html`. The fragments that
-live updates replace (`bases_fragment`, `base_fragment`) are the same functions the
-first render uses, so a pushed update and a reload show the same thing.
+Pure: each function takes what the page shows and returns `Html`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from urllib.parse import quote
+from typing import Protocol
 
 from metis_indexer.console.html import Html, el, join
 from metis_indexer.console.views import (
     COMPARED,
     KINDS,
-    BaseView,
     CompareRow,
-    EventView,
     Hit,
     SearchForm,
     marked,
     score_line,
-    search_query,
     took_line,
-    when,
 )
-from metis_indexer.schema import DocumentsPage, ErrorBody, Mode, Result, SearchAnswer
+from metis_indexer.schema import ErrorBody, Mode, Result, SearchAnswer
+
+
+class Choice(Protocol):
+    """A base the form offers to search (the cluster console's): its key, its state."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
 
 MODE_LABELS: Mapping[Mode, str] = {
-    "hybrid": "hybrid (both)", "dense": "by meaning only", "keyword": "by words only",
+    "hybrid": "hybrid (both)",
+    "dense": "by meaning only",
+    "keyword": "by words only",
 }
 COLUMN: Mapping[Mode, str] = {"hybrid": "Both", "dense": "Meaning", "keyword": "Words"}
 
@@ -36,209 +45,154 @@ COLUMN: Mapping[Mode, str] = {"hybrid": "Both", "dense": "Meaning", "keyword": "
 def layout(title: str, main: Html, *, console: bool = True) -> Html:
     """A whole page: one stylesheet, one script (deferred), no inline code."""
     nav = [el("a", "Bases", href="/"), " ", el("a", "Search", href="/search")] if console else []
-    return Html("<!doctype html>" + el(
-        "html",
-        el("head",
-           el("meta", charset="utf-8"),
-           el("meta", name="viewport", content="width=device-width, initial-scale=1"),
-           el("title", f"{title} · Metis"),
-           el("link", rel="stylesheet", href="/static/console.css"),
-           el("script", src="/static/console.js", defer=True)),
-        el("body",
-           el("a", "Skip to content", href="#main", class_="skip"),
-           el("header", el("nav", el("strong", "Metis"), " ", nav, aria_label="Console")),
-           el("main", el("h1", title), main, id="main", tabindex="-1")),
-        lang="en",
-    ))
-
-
-def base_href(key: str) -> str:
-    return "/bases/" + quote(key)
+    return Html(
+        "<!doctype html>"
+        + el(
+            "html",
+            el(
+                "head",
+                el("meta", charset="utf-8"),
+                el("meta", name="viewport", content="width=device-width, initial-scale=1"),
+                el("title", f"{title} · Metis"),
+                el("link", rel="stylesheet", href="/static/console.css"),
+                el("script", src="/static/console.js", defer=True),
+            ),
+            el(
+                "body",
+                el("a", "Skip to content", href="#main", class_="skip"),
+                el("header", el("nav", el("strong", "Metis"), " ", nav, aria_label="Console")),
+                el("main", el("h1", title), main, id="main", tabindex="-1"),
+            ),
+            lang="en",
+        )
+    )
 
 
 def state_badge(state: str) -> Html:
     return el("span", state, class_=f"state state-{state.lower()}")
 
 
-def number(value: int | None) -> str:
-    return "—" if value is None else f"{value:,}"
-
-
-def progress(view: BaseView) -> Html:
-    p = view.progress
-    if p is None:
-        return el("span", "—", class_="muted")
-    done, total = p
-    return el("span",
-              el("progress", f"{done}/{total}", value=done, max=total,
-                 aria_label=f"{view.key}: {done} of {total} documents read"),
-              " ", el("span", f"{done}/{total}", class_="count"), class_="pass")
-
-
-def evaluation(view: BaseView) -> Html:
-    e = view.evaluation
-    if e is None or e.recall_at_k is None:
-        return el("span", "—", class_="muted")
-    return join([el("span", f"recall@{e.k} {e.recall_at_k:.2f} · MRR {e.mrr or 0:.2f}",
-                    class_="figures"),
-                 el("small", f"{e.cases} questions, {when(e.at)}") if e.cases else None])
-
-
-def bases_fragment(views: Sequence[BaseView], problem: str | None) -> Html:
-    """The Bases table (the part a live update replaces)."""
-    rows = [el(
-        "tr",
-        el("td", el("a", v.key, href=base_href(v.key)), data_label="Base"),
-        el("td", state_badge(v.state), el("div", v.reason, class_="reason"), data_label="State"),
-        el("td", number(v.documents), data_label="Documents", class_="num"),
-        el("td", number(v.chunks), data_label="Chunks", class_="num"),
-        el("td", number(v.failed), data_label="Failed", class_="num"),
-        el("td", progress(v), data_label="Progress"),
-        el("td", when(v.last_indexed_at), data_label="Last indexed"),
-        el("td", evaluation(v), data_label="Evaluation"),
-        el("td", el("ul", [el("li", w) for w in v.warnings], class_="warnings")
-           if v.warnings else "—", data_label="Warnings"),
-        data_base=v.key, data_state=v.state,
-    ) for v in views]
-    head = el("tr", [el("th", h, scope="col") for h in (
-        "Base", "State", "Documents", "Chunks", "Failed", "Progress", "Last indexed",
-        "Evaluation", "Warnings")])
-    return join([
-        el("p", problem, class_="error", role="alert") if problem else None,
-        el("table", el("thead", head), el("tbody", rows), class_="bases stack")
-        if views else el("p", "No knowledge base to show yet.", class_="muted"),
-    ])
-
-
-def bases_page(views: Sequence[BaseView], problem: str | None) -> Html:
-    return layout("Bases", el("div", bases_fragment(views, problem), id="bases",
-                              data_stream="/events/bases", aria_live="polite"))
-
-
-def base_fragment(view: BaseView, events: Sequence[EventView]) -> Html:
-    """A base's state, totals, conditions and recent Events (replaced live)."""
-    facts = [
-        ("State", join([state_badge(view.state), " ", view.reason])),
-        ("Index", view.phase or "—"),
-        ("Documents / chunks / failed",
-         f"{number(view.documents)} / {number(view.chunks)} / {number(view.failed)}"),
-        ("Progress", progress(view)),
-        ("Last indexed", when(view.last_indexed_at)),
-        ("Evaluation", evaluation(view)),
-        ("Address", view.address or "—"),
-        ("Machine", view.machine or "—"),
-    ]
-    conditions = el("table", el("thead", el("tr", [el("th", h, scope="col") for h in (
-        "Condition", "Status", "Reason", "Message", "Since")])), el("tbody", [el(
-            "tr",
-            el("td", c.type, data_label="Condition"), el("td", c.status, data_label="Status"),
-            el("td", c.reason, data_label="Reason"), el("td", c.message, data_label="Message"),
-            el("td", when(c.lastTransitionTime), data_label="Since"),
-        ) for c in view.conditions]), class_="stack") if view.conditions else el(
-        "p", "No conditions yet.", class_="muted")
-    recent = el("table", el("thead", el("tr", [el("th", h, scope="col") for h in (
-        "Last seen", "Type", "Reason", "Message", "Count")])), el("tbody", [el(
-            "tr",
-            el("td", when(e.last), data_label="Last seen"),
-            el("td", e.type, data_label="Type", class_=f"event-{e.type.lower()}"),
-            el("td", e.reason, data_label="Reason"), el("td", e.message, data_label="Message"),
-            el("td", e.count, data_label="Count", class_="num"),
-        ) for e in events]), class_="stack events") if events else el(
-        "p", "No recent Events.", class_="muted")
-    return join([
-        el("dl", [[el("dt", k), el("dd", v)] for k, v in facts], class_="facts"),
-        el("h2", "Warnings") if view.warnings else None,
-        el("ul", [el("li", w) for w in view.warnings], class_="warnings")
-        if view.warnings else None,
-        el("h2", "Conditions"), conditions,
-        el("h2", "Recent Events"), recent,
-    ])
-
-
-def failed_documents(page: DocumentsPage | ErrorBody | None) -> Html:
-    """The base's failed documents and why, from its indexer (read once per page view)."""
-    if page is None:
-        return el("p", "The indexer has no address yet.", class_="muted")
-    if isinstance(page, ErrorBody):
-        return error_box(page, None)
-    if not page.documents:
-        return el("p", "No document failed.", class_="muted")
-    rows = [el("tr",
-               el("td", f"{d.source}/{d.document}", data_label="Document"),
-               el("td", d.kind, data_label="Kind"),
-               el("td", d.reason or "", data_label="Why"),
-               el("td", d.detail or "", data_label="Detail"))
-            for d in page.documents]
-    more = page.total - len(page.documents)
-    return join([
-        el("table", el("thead", el("tr", [el("th", h, scope="col") for h in (
-            "Document", "Kind", "Why", "Detail")])), el("tbody", rows), class_="stack"),
-        el("p", f"and {more} more", class_="muted") if more > 0 else None,
-    ])
-
-
-def base_page(view: BaseView, events: Sequence[EventView],
-              failed: DocumentsPage | ErrorBody | None) -> Html:
-    ask = "/search?" + search_query(SearchForm(bases=(view.key,)))
-    return layout(view.key, join([
-        el("p", el("a", "Search this base", href=ask)),
-        el("div", base_fragment(view, events), id="base",
-           data_stream=f"/events{base_href(view.key)}", aria_live="polite"),
-        el("h2", "Failed documents"),
-        failed_documents(failed),
-    ]))
-
-
 def error_box(error: ErrorBody, base: str | None) -> Html:
-    return el("div", el("strong", error.code), " ",
-              el("span", f"{base}: " if base else "", class_="base"), error.message,
-              class_="error", role="alert")
+    return el(
+        "div",
+        el("strong", error.code),
+        " ",
+        el("span", f"{base}: " if base else "", class_="base"),
+        error.message,
+        class_="error",
+        role="alert",
+    )
 
 
-def search_form(form: SearchForm, bases: Sequence[BaseView] | None, action: str) -> Html:
+def search_form(form: SearchForm, bases: Sequence[Choice] | None, action: str) -> Html:
     """The form; `bases` None: the page serves one base (`metis serve`)."""
     chosen = set(form.bases)
     pick = None
     if bases is not None:
-        pick = el("fieldset", el("legend", "Bases"), [
-            el("label", el("input", type="checkbox", name="base", value=b.key,
-                           checked=b.key in chosen), " ", b.key, " ", state_badge(b.state))
-            for b in bases
-        ] or el("span", "No knowledge base to show yet.", class_="muted"), class_="bases-pick")
-    modes = el("fieldset", el("legend", "Mode"), [
-        el("label", el("input", type="radio", name="mode", value=m, checked=form.mode == m),
-           " ", label) for m, label in MODE_LABELS.items()])
+        pick = el(
+            "fieldset",
+            el("legend", "Bases"),
+            [
+                el(
+                    "label",
+                    el("input", type="checkbox", name="base", value=b.key, checked=b.key in chosen),
+                    " ",
+                    b.key,
+                    " ",
+                    state_badge(b.state),
+                )
+                for b in bases
+            ]
+            or el("span", "No knowledge base to show yet.", class_="muted"),
+            class_="bases-pick",
+        )
+    modes = el(
+        "fieldset",
+        el("legend", "Mode"),
+        [
+            el(
+                "label",
+                el("input", type="radio", name="mode", value=m, checked=form.mode == m),
+                " ",
+                label,
+            )
+            for m, label in MODE_LABELS.items()
+        ],
+    )
     filters = el(
         "details",
         el("summary", "Filters"),
-        el("label", "Path prefix ", el("input", name="prefix", value=form.prefix,
-                                       placeholder="policies/")),
-        el("fieldset", el("legend", "Kinds"), [
-            el("label", el("input", type="checkbox", name="kind", value=k,
-                           checked=k in form.kinds), " ", k) for k in KINDS]),
-        el("label", "Sources ", el("input", name="source", value=", ".join(form.sources),
-                                   placeholder="docs, runbooks")),
-        el("label", "Results ", el("input", name="top_k", type="number", min=1, max=50,
-                                   value=form.top_k)),
-        class_="filters", open=bool(form.prefix or form.kinds or form.sources),
+        el(
+            "label",
+            "Path prefix ",
+            el("input", name="prefix", value=form.prefix, placeholder="policies/"),
+        ),
+        el(
+            "fieldset",
+            el("legend", "Kinds"),
+            [
+                el(
+                    "label",
+                    el("input", type="checkbox", name="kind", value=k, checked=k in form.kinds),
+                    " ",
+                    k,
+                )
+                for k in KINDS
+            ],
+        ),
+        el(
+            "label",
+            "Sources ",
+            el("input", name="source", value=", ".join(form.sources), placeholder="docs, runbooks"),
+        ),
+        el(
+            "label",
+            "Results ",
+            el("input", name="top_k", type="number", min=1, max=50, value=form.top_k),
+        ),
+        class_="filters",
+        open=bool(form.prefix or form.kinds or form.sources),
     )
     return el(
         "form",
         el("label", "Question", for_="q"),
-        el("div", el("input", id="q", name="q", type="search", value=form.q or "",
-                     autofocus=form.q is None, autocomplete="off"),
-           el("button", "Search", type="submit"), class_="ask"),
-        pick, modes,
-        el("div",
-           el("input", type="hidden", name="rerank", value="0"),
-           el("label", el("input", type="checkbox", name="rerank", value="1",
-                          checked=form.rerank), " rerank"),
-           " ",
-           el("label", el("input", type="checkbox", name="compare", value="1",
-                          checked=form.compare), " compare by meaning, by words, both"),
-           class_="switches"),
+        el(
+            "div",
+            el(
+                "input",
+                id="q",
+                name="q",
+                type="search",
+                value=form.q or "",
+                autofocus=form.q is None,
+                autocomplete="off",
+            ),
+            el("button", "Search", type="submit"),
+            class_="ask",
+        ),
+        pick,
+        modes,
+        el(
+            "div",
+            el("input", type="hidden", name="rerank", value="0"),
+            el(
+                "label",
+                el("input", type="checkbox", name="rerank", value="1", checked=form.rerank),
+                " rerank",
+            ),
+            " ",
+            el(
+                "label",
+                el("input", type="checkbox", name="compare", value="1", checked=form.compare),
+                " compare by meaning, by words, both",
+            ),
+            class_="switches",
+        ),
         filters,
-        method="get", action=action, role="search", class_="search",
+        method="get",
+        action=action,
+        role="search",
+        class_="search",
     )
 
 
@@ -249,18 +203,27 @@ def citation(hit: Hit, several: bool) -> Html:
     if headings and headings[0] == c.title:
         headings = headings[1:]
     place = " › ".join(p for p in [c.title, *headings] if p)
-    return join([
-        el("div", el("span", hit.base, class_="label") if several else None,
-           el("span", f"{c.source}/{c.document}", class_="doc"),
-           el("span", f", {where}") if where else None,
-           el("span", c.kind, class_="kind"), class_="cite"),
-        el("div", place, class_="place") if place else None,
-    ])
+    return join(
+        [
+            el(
+                "div",
+                el("span", hit.base, class_="label") if several else None,
+                el("span", f"{c.source}/{c.document}", class_="doc"),
+                el("span", f", {where}") if where else None,
+                el("span", c.kind, class_="kind"),
+                class_="cite",
+            ),
+            el("div", place, class_="place") if place else None,
+        ]
+    )
 
 
 def snippet(result: Result, question: str) -> Html:
-    return el("p", [el("mark", run) if hit else run
-                    for run, hit in marked(result.citation.snippet, question)], class_="snippet")
+    return el(
+        "p",
+        [el("mark", run) if hit else run for run, hit in marked(result.citation.snippet, question)],
+        class_="snippet",
+    )
 
 
 def outcome_notes(answers: Mapping[str, SearchAnswer | ErrorBody], several: bool) -> Html:
@@ -271,69 +234,129 @@ def outcome_notes(answers: Mapping[str, SearchAnswer | ErrorBody], several: bool
         if isinstance(a, ErrorBody):
             notes.append(error_box(a, label))
             continue
-        notes += [el("div", el("strong", "warning"), " ", f"{label}: " if label else "", w,
-                     class_="warning", role="status") for w in a.warnings]
+        notes += [
+            el(
+                "div",
+                el("strong", "warning"),
+                " ",
+                f"{label}: " if label else "",
+                w,
+                class_="warning",
+                role="status",
+            )
+            for w in a.warnings
+        ]
     return join(notes)
 
 
 def timings(answers: Mapping[str, SearchAnswer | ErrorBody], several: bool) -> Html:
-    lines = [el("li", f"{base}: " if several else "",
-                f"{a.mode}{', reranked' if a.reranked else ''}: ",
-                took_line(a.took.model_dump()))
-             for base, a in answers.items() if isinstance(a, SearchAnswer)]
+    lines = [
+        el(
+            "li",
+            f"{base}: " if several else "",
+            f"{a.mode}{', reranked' if a.reranked else ''}: ",
+            took_line(a.took.model_dump()),
+        )
+        for base, a in answers.items()
+        if isinstance(a, SearchAnswer)
+    ]
     return el("ul", lines, class_="took", aria_label="Step timings") if lines else Html("")
 
 
-def results_section(form: SearchForm, hits: Sequence[Hit],
-                    answers: Mapping[str, SearchAnswer | ErrorBody]) -> Html:
+def results_section(
+    form: SearchForm, hits: Sequence[Hit], answers: Mapping[str, SearchAnswer | ErrorBody]
+) -> Html:
     several = len(form.bases) > 1
-    items = [el("li",
-                citation(h, several),
-                snippet(h.result, form.q or ""),
-                el("p", score_line(h.result.scores), class_="scores"),
-                class_="result") for h in hits]
+    items = [
+        el(
+            "li",
+            citation(h, several),
+            snippet(h.result, form.q or ""),
+            el("p", score_line(h.result.scores), class_="scores"),
+            class_="result",
+        )
+        for h in hits
+    ]
     ok = [a for a in answers.values() if isinstance(a, SearchAnswer)]
     return el(
         "section",
         el("h2", "Results"),
         outcome_notes(answers, several),
-        el("ol", items, class_="results") if items else
-        el("p", "No passage found.", class_="muted") if ok else None,
+        el("ol", items, class_="results")
+        if items
+        else el("p", "No passage found.", class_="muted")
+        if ok
+        else None,
         el("p", "merged across bases by reciprocal rank (k = 60)", class_="muted")
-        if several and items else None,
+        if several and items
+        else None,
         timings(answers, several),
-        id="results", aria_label="Results",
+        id="results",
+        aria_label="Results",
     )
 
 
-def compare_section(form: SearchForm, rows: Sequence[CompareRow],
-                    answers: Mapping[Mode, Mapping[str, SearchAnswer | ErrorBody]]) -> Html:
+def compare_section(
+    form: SearchForm,
+    rows: Sequence[CompareRow],
+    answers: Mapping[Mode, Mapping[str, SearchAnswer | ErrorBody]],
+) -> Html:
     several = len(form.bases) > 1
-    notes = [join([el("h3", MODE_LABELS[m]), outcome_notes(answers[m], several),
-                   timings(answers[m], several)]) for m in COMPARED if m in answers]
-    body = [el(
+    notes = [
+        join(
+            [
+                el("h3", MODE_LABELS[m]),
+                outcome_notes(answers[m], several),
+                timings(answers[m], several),
+            ]
+        )
+        for m in COMPARED
+        if m in answers
+    ]
+    body = [
+        el(
+            "tr",
+            [
+                el("td", r.ranks[m] or "—", data_label=COLUMN[m], class_="num rank")
+                for m in COMPARED
+            ],
+            el(
+                "td",
+                citation(r.hit, several),
+                snippet(r.hit.result, form.q or ""),
+                data_label="Passage",
+            ),
+            el("td", r.why, data_label="Why it came up", class_="why"),
+        )
+        for r in rows
+    ]
+    head = el(
         "tr",
-        [el("td", r.ranks[m] or "—", data_label=COLUMN[m], class_="num rank") for m in COMPARED],
-        el("td", citation(r.hit, several), snippet(r.hit.result, form.q or ""),
-           data_label="Passage"),
-        el("td", r.why, data_label="Why it came up", class_="why"),
-    ) for r in rows]
-    head = el("tr", [el("th", COLUMN[m], scope="col") for m in COMPARED],
-              el("th", "Passage", scope="col"), el("th", "Why it came up", scope="col"))
+        [el("th", COLUMN[m], scope="col") for m in COMPARED],
+        el("th", "Passage", scope="col"),
+        el("th", "Why it came up", scope="col"),
+    )
     return el(
         "section",
         el("h2", "Compare: both, by meaning, by words"),
         el("table", el("thead", head), el("tbody", body), class_="compare stack")
-        if rows else el("p", "No passage found.", class_="muted"),
+        if rows
+        else el("p", "No passage found.", class_="muted"),
         el("details", el("summary", "Each way's warnings and timings"), notes),
-        id="results", aria_label="Compare",
+        id="results",
+        aria_label="Compare",
     )
 
 
-def search_page(form: SearchForm, bases: Sequence[BaseView] | None, found: Html | None,
-                *, action: str = "/search", title: str = "Search") -> Html:
-    return layout(title, join([search_form(form, bases, action), found]),
-                  console=bases is not None)
+def search_page(
+    form: SearchForm,
+    bases: Sequence[Choice] | None,
+    found: Html | None,
+    *,
+    action: str = "/search",
+    title: str = "Search",
+) -> Html:
+    return layout(title, join([search_form(form, bases, action), found]), console=bases is not None)
 
 
 def message_page(title: str, error: ErrorBody, *, console: bool = True) -> Html:

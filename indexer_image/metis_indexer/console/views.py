@@ -1,12 +1,14 @@
 """What the console decides, as pure functions over plain data (no I/O).
 
 - `parse_search`: a search's URL (`/search?q=…&base=NS/NAME&mode=…&compare=1`) into a
-  `SearchForm`, or the spec's error code and message; `search_query` writes it back.
+  `SearchForm`, or the indexer's error code and message; `search_query` writes it back.
 - `merge`: several bases' results into one list by reciprocal rank (k = 60).
 - `compare`: the three modes' lists into rows with each passage's rank in each.
-- `why`: spec 002's "Why it came up" sentence; `score_line`: the line under a result.
+- `why`: a result's "Why it came up" sentence; `score_line`: the line under a result.
 - `marked`: a snippet cut into runs, the question's words marked.
-- `base_view`, `event_view`: a KnowledgeBase and an Event, as the pages show them.
+
+The cluster console's own views of a KnowledgeBase and an Event are in
+metis_operator/console/views.py.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import json
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, get_args
-from urllib.parse import urlencode, urlsplit
+from typing import Any, get_args
+from urllib.parse import urlencode
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from metis_indexer.schema import (
     QUERY_MAX,
@@ -32,7 +34,7 @@ from metis_indexer.schema import (
 )
 
 RRF_K = 60
-"""Spec 002's fusion constant, used again to merge several bases' lists."""
+"""The search's fusion constant (search/fusion.py), used again to merge several bases' lists."""
 MODES: tuple[Mode, ...] = get_args(Mode)
 KINDS = ("md", "txt", "html", "pdf", "docx")
 COMPARED: tuple[Mode, ...] = ("hybrid", "dense", "keyword")
@@ -58,16 +60,28 @@ class SearchForm(BaseModel):
 
     def request(self, mode: Mode | None = None) -> SearchRequest:
         """The indexer's search body for one mode (by default the form's)."""
-        filters = {k: v for k, v in (("path_prefix", self.prefix), ("kinds", list(self.kinds)),
-                                     ("sources", list(self.sources))) if v}
-        body = {"query": self.q or "", "top_k": self.top_k, "mode": mode or self.mode,
-                "rerank": None if self.rerank else False, "filters": filters or None}
+        filters = {
+            k: v
+            for k, v in (
+                ("path_prefix", self.prefix),
+                ("kinds", list(self.kinds)),
+                ("sources", list(self.sources)),
+            )
+            if v
+        }
+        body = {
+            "query": self.q or "",
+            "top_k": self.top_k,
+            "mode": mode or self.mode,
+            "rerank": None if self.rerank else False,
+            "filters": filters or None,
+        }
         # As JSON: the request models are strict, and a kind is a string there.
         return SearchRequest.model_validate_json(json.dumps(body))
 
 
 class FormError(Exception):
-    """A search the console refuses before asking any base, with the spec's code."""
+    """A search the console refuses before asking any base, with the indexer's code."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -98,8 +112,10 @@ def parse_search(query: Mapping[str, Sequence[str]], *, base: str | None = None)
     try:
         top_k = int(last("top_k", "5"))
     except ValueError:
-        raise FormError("INVALID_BODY", f"top_k is {last('top_k')!r}; "
-                        f"it must be a whole number from 1 to {TOP_K_MAX}") from None
+        raise FormError(
+            "INVALID_BODY",
+            f"top_k is {last('top_k')!r}; it must be a whole number from 1 to {TOP_K_MAX}",
+        ) from None
     form = SearchForm(
         q=q,
         bases=(base,) if base else tuple(dict.fromkeys(b for b in query.get("base", []) if b)),
@@ -109,8 +125,9 @@ def parse_search(query: Mapping[str, Sequence[str]], *, base: str | None = None)
         top_k=top_k,
         prefix=last("prefix"),
         kinds=kinds,
-        sources=tuple(dict.fromkeys(
-            s for v in query.get("source", []) for s in re.split(r"[,\s]+", v) if s)),
+        sources=tuple(
+            dict.fromkeys(s for v in query.get("source", []) for s in re.split(r"[,\s]+", v) if s)
+        ),
     )
     if form.q is not None:
         check_form(form)
@@ -118,16 +135,19 @@ def parse_search(query: Mapping[str, Sequence[str]], *, base: str | None = None)
 
 
 def check_form(form: SearchForm) -> None:
-    """The question's limits (spec 001), with the indexer's codes and messages."""
+    """The question's limits, as the indexer checks them, with its codes and messages."""
     q = form.q or ""
     if not q.strip():
         raise FormError("QUERY_EMPTY", "the question is empty")
     if len(q) > QUERY_MAX:
-        raise FormError("QUERY_TOO_LONG", f"the question has {len(q)} characters; "
-                        f"at most {QUERY_MAX} are allowed")
+        raise FormError(
+            "QUERY_TOO_LONG",
+            f"the question has {len(q)} characters; at most {QUERY_MAX} are allowed",
+        )
     if not 1 <= form.top_k <= TOP_K_MAX:
-        raise FormError("TOP_K_OUT_OF_RANGE",
-                        f"top_k is {form.top_k}; it must be between 1 and {TOP_K_MAX}")
+        raise FormError(
+            "TOP_K_OUT_OF_RANGE", f"top_k is {form.top_k}; it must be between 1 and {TOP_K_MAX}"
+        )
     if not form.bases:
         raise FormError("INVALID_BODY", "no base is chosen: tick one or more")
 
@@ -174,23 +194,29 @@ def merge(answers: Mapping[str, Sequence[Result]], top_k: int, k: int = RRF_K) -
     models, two rerankers) cannot be compared, ranks can. Equal ranks keep the order
     of the bases as asked.
     """
-    hits = [Hit(base, rank, result, 1.0 / (k + rank))
-            for base, results in answers.items()
-            for rank, result in enumerate(results, start=1)]
+    hits = [
+        Hit(base, rank, result, 1.0 / (k + rank))
+        for base, results in answers.items()
+        for rank, result in enumerate(results, start=1)
+    ]
     order = sorted(range(len(hits)), key=lambda i: (-hits[i].merged, i))
     return [hits[i] for i in order[:top_k]]
 
 
 def why(dense_rank: int | None, keyword_rank: int | None, rerank: float | None) -> str:
-    """Spec 002's "Why it came up", from the passage's rank by meaning and by words."""
+    """A result's "Why it came up", from the passage's rank by meaning and by words."""
     if dense_rank is not None and keyword_rank is not None:
         said = f"close in meaning (#{dense_rank}) and shares words (#{keyword_rank}) — both agree"
     elif keyword_rank is not None:
-        said = (f"shares words (#{keyword_rank}); not among the closest in meaning — "
-                "it names a term of the question exactly")
+        said = (
+            f"shares words (#{keyword_rank}); not among the closest in meaning — "
+            "it names a term of the question exactly"
+        )
     elif dense_rank is not None:
-        said = (f"close in meaning (#{dense_rank}); its words do not match — "
-                "it says the same thing in other words")
+        said = (
+            f"close in meaning (#{dense_rank}); its words do not match — "
+            "it says the same thing in other words"
+        )
     else:
         said = "not among the closest in meaning nor the best by words"
     if rerank is not None:
@@ -217,24 +243,30 @@ def compare(lists: Mapping[Mode, Sequence[Hit]]) -> list[CompareRow]:
             found.setdefault(hit.key, {})[mode] = dataclasses.replace(hit, rank=position)
 
     def first(by: dict[Mode, Hit], field: str, modes: Iterable[Mode]) -> Any:
-        return next((v for m in modes if m in by
-                     if (v := getattr(by[m].result.scores, field)) is not None), None)
+        return next(
+            (v for m in modes if m in by if (v := getattr(by[m].result.scores, field)) is not None),
+            None,
+        )
 
     rows = []
     for by in found.values():
         ranks = {m: by[m].rank if m in by else None for m in COMPARED}
-        reason = why(first(by, "dense_rank", ("hybrid", "dense")),
-                     first(by, "keyword_rank", ("hybrid", "keyword")),
-                     first(by, "rerank", COMPARED))
+        reason = why(
+            first(by, "dense_rank", ("hybrid", "dense")),
+            first(by, "keyword_rank", ("hybrid", "keyword")),
+            first(by, "rerank", COMPARED),
+        )
         rows.append(CompareRow(next(iter(by.values())), ranks, reason))
     big = TOP_K_MAX * 100
-    return sorted(rows, key=lambda r: (r.ranks["hybrid"] or big,
-                                       min(v for v in r.ranks.values() if v is not None)))
+    return sorted(
+        rows,
+        key=lambda r: (r.ranks["hybrid"] or big, min(v for v in r.ranks.values() if v is not None)),
+    )
 
 
 def score_line(scores: Scores) -> str:
     """`meaning 0.830 (#1) · words 7.41 (#2) · fused 0.0328 · reranker 0.970`: each step
-    that scored the passage (spec 002)."""
+    that scored the passage."""
     parts = []
     if scores.dense is not None:
         parts.append(f"meaning {scores.dense:.3f} (#{scores.dense_rank})")
@@ -248,7 +280,7 @@ def score_line(scores: Scores) -> str:
 
 
 def fold(text: str) -> str:
-    """Lower case, accents dropped: how search compares words (spec 002)."""
+    """Lower case, accents dropped: how search compares words."""
     decomposed = unicodedata.normalize("NFKD", text.lower())
     return "".join(c for c in decomposed if not unicodedata.combining(c))
 
@@ -267,7 +299,7 @@ def marked(snippet: str, question: str) -> list[tuple[str, bool]]:
     for m in _WORD.finditer(snippet):
         if fold(m.group()) in wanted:
             if m.start() > at:
-                runs.append((snippet[at:m.start()], False))
+                runs.append((snippet[at : m.start()], False))
             runs.append((m.group(), True))
             at = m.end()
     if at < len(snippet):
@@ -277,126 +309,12 @@ def marked(snippet: str, question: str) -> list[tuple[str, bool]]:
 
 def took_line(took: Mapping[str, float]) -> str:
     """The search's step timings: `embed 12.0 ms · meaning 1.1 ms · … · total 214.0 ms`."""
-    names = (("embed", "embed"), ("dense", "meaning"), ("keyword", "words"), ("fuse", "fuse"),
-             ("rerank", "rerank"), ("total", "total"))
-    return " · ".join(f"{label} {took[key]:.1f} ms" for key, label in names if key in took)
-
-
-def when(timestamp: str | None) -> str:
-    """An API server's timestamp (`2026-11-30T21:04:12Z`) as `2026-11-30 21:04 UTC`;
-    anything else as it is, none as `—`."""
-    if not timestamp:
-        return "—"
-    m = re.fullmatch(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?Z", timestamp)
-    return f"{m[1]} {m[2]} UTC" if m else timestamp
-
-
-class Condition(BaseModel):
-    type: str
-    status: str
-    reason: str = ""
-    message: str = ""
-    lastTransitionTime: str | None = None
-
-
-class Evaluation(BaseModel):
-    k: int | None = None
-    cases: int | None = None
-    recall_at_k: float | None = None
-    mrr: float | None = None
-    at: str | None = None
-
-
-State = Literal["Pending", "Starting", "Indexing", "Ready", "Waiting", "Failed", "Unknown"]
-
-
-class BaseView(BaseModel):
-    """A KnowledgeBase as the Bases page shows it (spec 001, "What it shows")."""
-
-    namespace: str
-    name: str
-    state: State = "Unknown"
-    reason: str = ""
-    phase: str | None = None
-    documents: int | None = None
-    chunks: int | None = None
-    failed: int | None = None
-    pass_total: int | None = None
-    pass_done: int | None = None
-    last_indexed_at: str | None = None
-    address: str | None = None
-    machine: str | None = None
-    warnings: list[str] = Field(default_factory=list)
-    evaluation: Evaluation | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def progress(self) -> tuple[int, int] | None:
-        """(read, of) while a pass reads documents; None otherwise."""
-        if self.phase in ("scanning", "indexing") and self.pass_total:
-            return min(self.pass_done or 0, self.pass_total), self.pass_total
-        return None
-
-
-def base_view(obj: Mapping[str, Any]) -> BaseView:
-    """A KnowledgeBase object (as the API server gives it) as the page shows it."""
-    meta = obj.get("metadata", {})
-    status = obj.get("status") or {}
-    observed = status.get("observed") or {}
-    index = observed.get("index") or {}
-    state = status.get("state")
-    return BaseView(
-        namespace=meta.get("namespace", ""),
-        name=meta.get("name", ""),
-        state=state if state in get_args(State) else "Unknown",
-        reason=status.get("reason") or ("" if state else "not looked at by the operator yet"),
-        phase=index.get("phase"),
-        documents=index.get("documents"),
-        chunks=index.get("chunks"),
-        failed=index.get("failed"),
-        pass_total=index.get("pass_total"),
-        pass_done=index.get("pass_done"),
-        last_indexed_at=index.get("last_indexed_at"),
-        address=observed.get("address"),
-        machine=observed.get("machine"),
-        warnings=list(observed.get("warnings") or []),
-        evaluation=Evaluation.model_validate(status["evaluation"])
-        if status.get("evaluation") else None,
-        conditions=[Condition.model_validate(c) for c in status.get("conditions") or []],
+    names = (
+        ("embed", "embed"),
+        ("dense", "meaning"),
+        ("keyword", "words"),
+        ("fuse", "fuse"),
+        ("rerank", "rerank"),
+        ("total", "total"),
     )
-
-
-class EventView(BaseModel):
-    """One Event about a base, as the base's page lists it."""
-
-    type: str = "Normal"
-    reason: str = ""
-    message: str = ""
-    count: int = 1
-    last: str = ""
-
-
-def event_view(obj: Mapping[str, Any]) -> EventView:
-    """A core/v1 Event (as JSON) as the base's page lists it: when it was last seen."""
-    last = (obj.get("lastTimestamp") or obj.get("eventTime")
-            or (obj.get("metadata") or {}).get("creationTimestamp") or "")
-    return EventView(type=obj.get("type") or "Normal", reason=obj.get("reason") or "",
-                     message=obj.get("message") or "", count=obj.get("count") or 1,
-                     last=str(last))
-
-
-def indexer_url(address: str, template: str | None) -> str:
-    """Where to reach a base's indexer: its `observed.address`, or the Service named
-    there through `template` (`http://127.0.0.1:{port}` out of a cluster), as the
-    operator's METIS_URL_TEMPLATE."""
-    if not template:
-        return address.rstrip("/")
-    parts = urlsplit(address)
-    host = parts.hostname or ""
-    name, _, rest = host.partition(".")
-    namespace = rest.partition(".")[0]
-    return template.format(name=name, namespace=namespace, port=parts.port or 80).rstrip("/")
+    return " · ".join(f"{label} {took[key]:.1f} ms" for key, label in names if key in took)

@@ -147,13 +147,20 @@ class Snapshot:
             live = self.alive[seg.rows]
             terms.append(np.repeat(seg.terms, np.diff(seg.indptr))[live])
             files.append(self.files[seg.rows[live]])
-        df = document_frequencies(np.concatenate(terms or [np.zeros(0, np.int32)]),
-                                  np.concatenate(files or [np.zeros(0, np.int32)]), n_terms)
+        df = document_frequencies(
+            np.concatenate(terms or [np.zeros(0, np.int32)]),
+            np.concatenate(files or [np.zeros(0, np.int32)]),
+            n_terms,
+        )
         term_idf = idf(self.live_files, df)
         avgdl = self.live_length / self.live_rows if self.live_rows else 1.0
         return [
-            index.term_scores(term_idf[np.repeat(seg.terms, np.diff(seg.indptr))], seg.tfs,
-                              self.lengths[seg.rows], avgdl)
+            index.term_scores(
+                term_idf[np.repeat(seg.terms, np.diff(seg.indptr))],
+                seg.tfs,
+                self.lengths[seg.rows],
+                avgdl,
+            )
             for seg in segments
         ]
 
@@ -205,8 +212,9 @@ class KeywordIndex:
         rows = np.asarray(rows, dtype=np.int64)
         self.ensure_capacity(int(rows.max()) + 1)
         row_of = np.repeat(rows, sizes)
-        lengths = np.bincount(np.repeat(np.arange(len(rows)), sizes), weights=counts,
-                              minlength=len(rows))
+        lengths = np.bincount(
+            np.repeat(np.arange(len(rows)), sizes), weights=counts, minlength=len(rows)
+        )
         self.lengths[rows] = lengths
         self.files[rows] = files
         self._file_rows.update(np.asarray(files, dtype=np.int64).tolist())
@@ -282,14 +290,21 @@ class KeywordIndex:
         self.lengths[:n] = parts["lengths"]
         self.files[:n] = parts["files"]
         files, rows = np.unique(self.files[:n], return_counts=True)
-        self._file_rows = collections.Counter(dict(zip(files.tolist(), rows.tolist(),
-                                                       strict=True)))
+        self._file_rows = collections.Counter(dict(zip(files.tolist(), rows.tolist(), strict=True)))
         self.live_rows = n
         self.live_length = float(self.lengths[:n].sum(dtype=np.float64))
-        self.segments = [
-            Segment(np.array(parts["terms"]), np.array(parts["indptr"]),
-                    np.array(parts["rows"]), np.array(parts["tfs"]))
-        ] if n else []  # a load's rows are one segment: KeyError where a part is missing
+        self.segments = (
+            [
+                Segment(
+                    np.array(parts["terms"]),
+                    np.array(parts["indptr"]),
+                    np.array(parts["rows"]),
+                    np.array(parts["tfs"]),
+                )
+            ]
+            if n
+            else []
+        )  # a load's rows are one segment: KeyError where a part is missing
         self._generation += 1
 
     @property
@@ -307,8 +322,16 @@ class KeywordIndex:
     def snapshot(self, alive: npt.NDArray[np.bool_]) -> Snapshot:
         """What weighing every posting reads, taken under the caller's lock so the weighing
         itself can run outside it (`install` keeps the result if nothing moved meanwhile)."""
-        return Snapshot(self._generation, tuple(self.segments), alive.copy(), self.lengths,
-                        self.files, self.live_files, self.live_rows, self.live_length)
+        return Snapshot(
+            self._generation,
+            tuple(self.segments),
+            alive.copy(),
+            self.lengths,
+            self.files,
+            self.live_files,
+            self.live_rows,
+            self.live_length,
+        )
 
     def install(self, snap: Snapshot, weights: Sequence[npt.NDArray[np.float32]]) -> bool:
         """Cache `weights` (of `snap.weigh`) unless rows came or went since the snapshot."""
@@ -367,8 +390,9 @@ class KeywordIndex:
         avgdl = self.live_length / self.live_rows
         scores = np.zeros(len(alive), dtype=np.float32)
         for i, rows, tfs in found:
-            weights = self.term_scores(np.full(len(rows), term_idf[i]), tfs, self.lengths[rows],
-                                       avgdl)
+            weights = self.term_scores(
+                np.full(len(rows), term_idf[i]), tfs, self.lengths[rows], avgdl
+            )
             np.add.at(scores, rows, weights)
         return scores
 

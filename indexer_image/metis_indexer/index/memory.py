@@ -7,7 +7,7 @@ few chunks a search returns or reranks.
 A replaced or dropped document's rows are marked dead and reclaimed by
 `compact` once they are a share of the rows (`compaction_capacity`), in the write path
 and again once a pass has stopped: a base read again and again holds what a fresh
-load of it would, within a few percent (issue 24: it grew with every full reindex).
+load of it would, within a few percent (`tests/index/test_compaction.py`).
 """
 
 from __future__ import annotations
@@ -27,12 +27,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import texts
 from metis_indexer.documents import Chunk
-from metis_indexer.index import keyword, snapshot
-from metis_indexer.index import vectors as held
+from metis_indexer.index import keyword, snapshot, texts, vectors
 from metis_indexer.index.store import ChunkBatch, FileRecord, Store, Stored, Terms, Written
-from metis_indexer.index.vectors import Leg
+from metis_indexer.index.vectors import Leg, Vectors
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +89,7 @@ class FileEntry:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Settings:
+class IndexSettings:
     """What an index was built with. A change of model or chunking means every document
     is read again (`key`); a change of words only that they are counted again from the
     stored texts (`Index.adopt`)."""
@@ -120,7 +118,7 @@ class Settings:
         }
 
     @classmethod
-    def from_meta(cls, meta: dict[str, str]) -> Settings | None:
+    def from_meta(cls, meta: dict[str, str]) -> IndexSettings | None:
         try:
             return cls(
                 meta["model"],
@@ -143,7 +141,7 @@ class Where:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Cited:
+class CitedRow:
     """What a result's citation needs of its row."""
 
     record: FileRecord
@@ -152,10 +150,27 @@ class Cited:
     headings: tuple[str, ...]
 
 
-Document = tuple[FileRecord, Sequence[Chunk], npt.NDArray[np.float32] | None]
-"""A file's record, its chunks and their vectors (None: the embedding model did not answer)."""
-Counted = tuple[FileRecord, Sequence[Chunk], npt.NDArray[np.float32] | None, Terms]
-"""A Document with its chunks' words already counted (`count_words`)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Replacement:
+    """What a pass hands the index for one file: its record, and the chunks that replace the
+    ones it held (none for a file that failed)."""
+
+    record: FileRecord
+    chunks: Sequence[Chunk] = ()
+    vectors: npt.NDArray[np.float32] | None = None
+    """A row a chunk; None: the embedding model did not answer."""
+    terms: Terms | None = None
+    """The chunks' words already counted (`count_words`); None: the index counts them."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Totals:
+    """What the index holds, as a status counts it."""
+
+    documents: int
+    """Files indexed (those that failed are not documents)."""
+    chunks: int
+    failed: int
 
 
 class Index:
@@ -173,10 +188,10 @@ class Index:
     SAVED_FIELDS = tuple(name for name, _ in ROW_FIELDS if name != "alive")
     """The row fields a snapshot keeps: every row a load reads is alive."""
 
-    def __init__(self, folder: Path, vector_kind: held.Kind = "float32") -> None:
+    def __init__(self, folder: Path, vector_kind: vectors.Kind = "float32") -> None:
         self.store = Store(folder)
         self.folder = folder
-        self.vector_kind: held.Kind = vector_kind
+        self.vector_kind: vectors.Kind = vector_kind
         self.lock = threading.RLock()
         """Held by searches (`reading`) and by the writes that change what they read."""
         self._writes = threading.RLock()
@@ -187,7 +202,7 @@ class Index:
 
     def _clear_memory(self) -> None:
         self.keyword = keyword.KeywordIndex()
-        self.vectors = held.make(self.vector_kind, self.dimensions, self.folder)
+        self.vectors = vectors.make(self.vector_kind, self.dimensions, self.folder)
         self.n_rows = 0
         self.alive = np.zeros(0, dtype=bool)
         self.has_vector = np.zeros(0, dtype=bool)
@@ -206,8 +221,8 @@ class Index:
 
     # -- loading ---------------------------------------------------------------------------
 
-    def settings(self) -> Settings | None:
-        return Settings.from_meta(self.store.meta())
+    def settings(self) -> IndexSettings | None:
+        return IndexSettings.from_meta(self.store.meta())
 
     def load(self) -> None:
         """Read the whole index into memory, sized exactly: from the snapshot the last load
@@ -297,7 +312,7 @@ class Index:
         self.n_rows = n
         return True
 
-    def hold_vectors(self, kind: held.Kind) -> None:
+    def hold_vectors(self, kind: vectors.Kind) -> None:
         """Hold vectors the other way (float32 or int8): the index is loaded again."""
         with self._writes:
             if kind == self.vector_kind:
@@ -305,7 +320,7 @@ class Index:
             self.vector_kind = kind
             self.load()
 
-    def adopt(self, settings: Settings) -> None:
+    def adopt(self, settings: IndexSettings) -> None:
         """Take new settings and keep what is indexed: its files are read again one by one
         (their records say what they were built with), and until then their chunks are
         found by words, and by meaning too where the embedding model did not change.
@@ -316,13 +331,14 @@ class Index:
         with self._writes, self.lock:
             self.store.set_meta(settings.as_meta())
             if before is not None and (before.model, before.dimensions) == (
-                settings.model, settings.dimensions
+                settings.model,
+                settings.dimensions,
             ):
                 return
             self.store.drop_vectors()
             self.dimensions = settings.dimensions
             self.has_vector[:] = False
-            self.vectors = held.make(self.vector_kind, self.dimensions, self.folder)
+            self.vectors = vectors.make(self.vector_kind, self.dimensions, self.folder)
             self.vectors.ensure_capacity(len(self.alive), 0)
 
     def _count_words_again(self) -> None:
@@ -343,27 +359,28 @@ class Index:
         vectors: npt.NDArray[np.float32] | None,
     ) -> None:
         """Replace one file's chunks, on disk (one transaction) and then in memory."""
-        [error] = self.put_documents([(record, chunks, vectors)])
+        [error] = self.put_documents([Replacement(record, chunks, vectors)])
         if error is not None:
             raise error
 
-    def put_documents(self, documents: Sequence[Document | Counted]) -> list[Exception | None]:
+    def put_documents(self, documents: Sequence[Replacement]) -> list[Exception | None]:
         """Replace several files' chunks, on disk (one transaction, each document whole or
         not at all) and then in memory; each document's error, or None where it was
         written. An error of the index itself (a full drive, a damaged file) is raised.
-        A document's words are counted here unless it comes with them (`Counted`). The
+        A document's words are counted here unless it comes with them (`terms`). The
         keyword segments are merged and dead rows reclaimed after, while searches read
         (`compact`)."""
         errors: list[Exception | None] = []
         todo: list[tuple[int, Stored]] = []
-        for i, (record, chunks, vectors, *counted) in enumerate(documents):
-            if vectors is not None and len(vectors) != len(chunks):
-                errors.append(ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors"))
+        for i, d in enumerate(documents):
+            chunks = d.chunks
+            if d.vectors is not None and len(d.vectors) != len(chunks):
+                errors.append(ValueError(f"{len(chunks)} chunks but {len(d.vectors)} vectors"))
                 continue
             errors.append(None)
-            terms = counted[0] if counted else count_words(chunks)
-            units = None if vectors is None else _units(vectors)
-            todo.append((i, Stored(record, chunks, _headings(chunks), terms, units)))
+            terms = d.terms if d.terms is not None else count_words(chunks)
+            units = None if d.vectors is None else _units(d.vectors)
+            todo.append((i, Stored(d.record, chunks, _headings(chunks), terms, units)))
         if not todo:
             return errors
         results = self.store.put_documents([stored for _, stored in todo])
@@ -459,10 +476,13 @@ class Index:
         stored = list(self._headings_ids)  # in the order of their ids
         keyword_index = copy.copy(self.keyword)
         keyword_index.remap(new_row, keep, capacity)
-        vectors = copy.copy(self.vectors)
-        vectors.keep(keep, n, capacity)
+        kept = copy.copy(self.vectors)
+        kept.keep(keep, n, capacity)
         return Rows(
-            **fields, n_rows=live, keyword=keyword_index, vectors=vectors,
+            **fields,
+            n_rows=live,
+            keyword=keyword_index,
+            vectors=kept,
             headings=[self.headings[h] for h in used.tolist()],
             _headings_ids={stored[h]: i for i, h in enumerate(used.tolist())},
         )
@@ -529,6 +549,10 @@ class Index:
     def chunk_count(self) -> int:
         return self.n_rows - self.dead
 
+    def totals(self) -> Totals:
+        failed = self.failed_files
+        return Totals(documents=len(self.files) - failed, chunks=self.chunk_count, failed=failed)
+
     @contextlib.contextmanager
     def reading(self) -> Iterator[Reading]:
         """Hold it across reads whose row numbers must agree (a pass's write or a
@@ -541,8 +565,13 @@ class Index:
     def _reading(self) -> Reading:
         """What `reading` yields; under the lock."""
         return Reading(
-            self, self.row_chunk, self.row_file, self.row_page, self.row_line,
-            self.row_headings, self.headings,
+            self,
+            self.row_chunk,
+            self.row_file,
+            self.row_page,
+            self.row_line,
+            self.row_headings,
+            self.headings,
         )
 
     def vector_coverage(self) -> tuple[bool, int]:
@@ -568,7 +597,7 @@ class Index:
         with self.reading() as read:
             return read.by_words(words, allowed, k)
 
-    def cited(self, rows: Sequence[int]) -> list[Cited]:
+    def cited(self, rows: Sequence[int]) -> list[CitedRow]:
         """Each row's file record, page, line and headings (`Reading.cited`)."""
         with self.reading() as read:
             return read.cited(rows)
@@ -593,7 +622,7 @@ class Rows:
     row_headings: npt.NDArray[np.int32]
     n_rows: int
     keyword: keyword.KeywordIndex
-    vectors: held.Vectors
+    vectors: Vectors
     headings: list[tuple[str, ...]]
     _headings_ids: dict[str, int]
 
@@ -616,11 +645,11 @@ class Reading:
     row_headings: npt.NDArray[np.int32]
     headings: list[tuple[str, ...]]
 
-    def cited(self, rows: Sequence[int]) -> list[Cited]:
+    def cited(self, rows: Sequence[int]) -> list[CitedRow]:
         """Each row's file record, page, line and headings."""
         files = self.index.files
         return [
-            Cited(
+            CitedRow(
                 files[int(self.row_file[r])].record,
                 int(self.row_page[r]) or None,
                 int(self.row_line[r]) or None,
@@ -680,7 +709,7 @@ def top_positive(scores: npt.NDArray[np.float32], k: int) -> list[int]:
     """Rows of the k best scores above 0, best first (ties: lower row first, at the cut
     too: texts repeated across files score alike)."""
     rows = _reaching(scores, k)
-    rows, _ = held.best(rows, scores[rows], k)
+    rows, _ = vectors.best(rows, scores[rows], k)
     return rows[np.lexsort((rows, -scores[rows]))].tolist()
 
 
@@ -726,10 +755,10 @@ def _batch(written: Written, stored: Stored, dimensions: int) -> ChunkBatch:
     """One document's chunks in the columns `load` reads."""
     n = len(stored.chunks)
     units = stored.vectors
-    if units is not None and units.shape[1:] == (dimensions,):
-        vectors, has_vector = units, np.ones(n, dtype=bool)
+    if units is None or units.shape[1:] != (dimensions,):
+        units, has_vector = np.zeros((n, dimensions), np.float32), np.zeros(n, dtype=bool)
     else:
-        vectors, has_vector = np.zeros((n, dimensions), np.float32), np.zeros(n, dtype=bool)
+        has_vector = np.ones(n, dtype=bool)
     return ChunkBatch(
         ids=np.arange(written.first_id, written.first_id + n, dtype=np.int64),
         file_ids=np.full(n, written.file_id, dtype=np.int64),
@@ -739,7 +768,7 @@ def _batch(written: Written, stored: Stored, dimensions: int) -> ChunkBatch:
         term_ids=written.term_ids,
         counts=stored.terms.counts,
         sizes=stored.terms.sizes,
-        vectors=vectors,
+        vectors=units,
         has_vector=has_vector,
     )
 
@@ -764,9 +793,9 @@ def _concatenated(batches: Sequence[ChunkBatch]) -> ChunkBatch:
 
 def _units(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     """Each row scaled to unit length (a zero row stays zero). Each row's norm is taken
-    alone (`np.linalg.norm` of a row is the square root of its dot with itself, which is
-what is taken, without that function's checks per row), as a row was before rows were
-scaled together: the vectors are the same bits."""
+        alone (`np.linalg.norm` of a row is the square root of its dot with itself, which is
+    what is taken, without that function's checks per row), as a row was before rows were
+    scaled together: the vectors are the same bits."""
     v = np.asarray(vectors, dtype=np.float32)
     norms = np.sqrt(np.array([row.dot(row) for row in v], dtype=np.float32).reshape(len(v)))
     return np.divide(v, norms[:, None], out=np.zeros_like(v), where=norms[:, None] > 0)

@@ -114,7 +114,7 @@ class FileRecord:
     title: str | None = None
     chunks: int = 0
     built_with: str = ""
-    """The index settings its chunks were made with (`Settings.key`): a change of
+    """The index settings its chunks were made with (`IndexSettings.key`): a change of
     model or chunking re-reads the file even though the file did not change."""
 
 
@@ -144,8 +144,7 @@ class Terms:
         words = list(dict.fromkeys(pairs))
         at = {w: i for i, w in enumerate(words)}
         which = np.fromiter(map(at.__getitem__, pairs), np.int32, len(pairs))
-        return cls(words, which, np.array(counts, dtype=np.int32),
-                   np.array(sizes, dtype=np.int64))
+        return cls(words, which, np.array(counts, dtype=np.int32), np.array(sizes, dtype=np.int64))
 
     def __reduce__(self) -> tuple[object, ...]:
         """Pickled with its words as one string (a word never holds a newline): a string
@@ -162,7 +161,7 @@ def _joined_terms(
     return Terms(joined.split("\n") if joined else [], which, counts, sizes)
 
 
-class Cited(Protocol):
+class StoredChunk(Protocol):
     """What the store keeps of a chunk besides its words and vector (`documents.Chunk`)."""
 
     @property
@@ -178,7 +177,7 @@ class Stored:
     """A document as written: its record, and its chunks as columns."""
 
     record: FileRecord
-    chunks: Sequence[Cited]
+    chunks: Sequence[StoredChunk]
     headings: list[str]
     """Each chunk's headings as stored (JSON)."""
     terms: Terms
@@ -283,16 +282,32 @@ SWEEP_ROWS = 256
 MB at most (chunks with their texts, words and vectors)."""
 
 SWEEPS: tuple[tuple[str, str, int], ...] = (
-    ("chunks", "SELECT id, file_id, ord, headings, page, line, text, terms, vector "
-               "FROM chunks WHERE id > ? ORDER BY id LIMIT ?", 1),
-    ("chunks_by_file", "SELECT file_id, id FROM chunks INDEXED BY chunks_by_file "
-                       "WHERE (file_id, id) > (?, ?) ORDER BY file_id, id LIMIT ?", 2),
+    (
+        "chunks",
+        "SELECT id, file_id, ord, headings, page, line, text, terms, vector "
+        "FROM chunks WHERE id > ? ORDER BY id LIMIT ?",
+        1,
+    ),
+    (
+        "chunks_by_file",
+        "SELECT file_id, id FROM chunks INDEXED BY chunks_by_file "
+        "WHERE (file_id, id) > (?, ?) ORDER BY file_id, id LIMIT ?",
+        2,
+    ),
     ("terms", "SELECT id, word FROM terms WHERE id > ? ORDER BY id LIMIT ?", 1),
-    ("terms by word", "SELECT word FROM terms INDEXED BY sqlite_autoindex_terms_1 "
-                      "WHERE word > ? ORDER BY word LIMIT ?", 1),
+    (
+        "terms by word",
+        "SELECT word FROM terms INDEXED BY sqlite_autoindex_terms_1 "
+        "WHERE word > ? ORDER BY word LIMIT ?",
+        1,
+    ),
     ("files", "SELECT id, * FROM files WHERE id > ? ORDER BY id LIMIT ?", 1),
-    ("files by path", "SELECT source, path FROM files INDEXED BY sqlite_autoindex_files_1 "
-                      "WHERE (source, path) > (?, ?) ORDER BY source, path LIMIT ?", 2),
+    (
+        "files by path",
+        "SELECT source, path FROM files INDEXED BY sqlite_autoindex_files_1 "
+        "WHERE (source, path) > (?, ?) ORDER BY source, path LIMIT ?",
+        2,
+    ),
 )
 """What the integrity check walks, each in the order of its own B-tree (so a look reads
 its next pages): the tables by row id, each index by its key. A statement's first
@@ -430,8 +445,9 @@ class Store:
         for name, sql, width in SWEEPS:
             after = self._swept.get(name, _SWEEP_START[width])
             found = db.execute(sql, (*after, rows)).fetchall()
-            self._swept[name] = tuple(found[-1][:width]) if len(found) == rows else \
-                _SWEEP_START[width]
+            self._swept[name] = (
+                tuple(found[-1][:width]) if len(found) == rows else _SWEEP_START[width]
+            )
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -687,8 +703,21 @@ class Store:
             " state = excluded.state, indexed_at = excluded.indexed_at,"
             " reason = excluded.reason, detail = excluded.detail, title = excluded.title,"
             " chunks = excluded.chunks, built_with = excluded.built_with RETURNING id",
-            (r.source, r.path, r.kind, r.size, r.mtime_ns, r.hash, r.state, r.indexed_at,
-             r.reason, r.detail, r.title, r.chunks, r.built_with),
+            (
+                r.source,
+                r.path,
+                r.kind,
+                r.size,
+                r.mtime_ns,
+                r.hash,
+                r.state,
+                r.indexed_at,
+                r.reason,
+                r.detail,
+                r.title,
+                r.chunks,
+                r.built_with,
+            ),
         ).fetchone()
         return int(row[0])
 
@@ -783,8 +812,13 @@ class Store:
                 db.executemany(
                     "UPDATE chunks SET terms = ? WHERE id = ?",
                     [
-                        (_terms_blob(np.array([words[w] for w in counts], dtype=np.int32),
-                                     np.array(list(counts.values()), dtype=np.int32)), i)
+                        (
+                            _terms_blob(
+                                np.array([words[w] for w in counts], dtype=np.int32),
+                                np.array(list(counts.values()), dtype=np.int32),
+                            ),
+                            i,
+                        )
                         for i, counts in chunks
                     ],
                 )

@@ -1,4 +1,4 @@
-"""Words as search compares them (spec 002, "By words").
+"""Words as search compares them (a search "by words").
 
 Lower case, accents folded, a word is a run of letters and digits; a single
 letter is dropped, a single digit kept; no stemming, no stop words.

@@ -68,8 +68,9 @@ def allowed_spans(mask: npt.NDArray[np.bool_], span: int = SPAN) -> list[tuple[i
     padded[:n] = mask
     hit = padded.reshape(pieces, span).any(axis=1)
     edges = np.flatnonzero(np.diff(hit.astype(np.int8), prepend=0, append=0))
-    return [(int(a) * span, min(int(b) * span, n)) for a, b in zip(edges[::2], edges[1::2],
-                                                                    strict=True)]
+    return [
+        (int(a) * span, min(int(b) * span, n)) for a, b in zip(edges[::2], edges[1::2], strict=True)
+    ]
 
 
 def top(scores: npt.NDArray[np.float32], mask: npt.NDArray[np.bool_], k: int) -> list[int]:
@@ -113,7 +114,8 @@ class Best:
         if len(new) == 0:
             return
         self.rows, self.scores = best(
-            np.concatenate((self.rows, new + at)), np.concatenate((self.scores, scores[new])),
+            np.concatenate((self.rows, new + at)),
+            np.concatenate((self.scores, scores[new])),
             self.k,
         )
         if len(self.rows) == self.k:
@@ -227,8 +229,9 @@ class RowFile:
             os.close(self.fd)
 
     def write(self, start: int, rows: npt.NDArray[Any]) -> None:
-        os.pwrite(self.fd, np.ascontiguousarray(rows, dtype=self.dtype).tobytes(),
-                  start * self.row_bytes)
+        os.pwrite(
+            self.fd, np.ascontiguousarray(rows, dtype=self.dtype).tobytes(), start * self.row_bytes
+        )
 
     def truncate(self, rows: int) -> None:
         os.ftruncate(self.fd, rows * self.row_bytes)
@@ -377,7 +380,8 @@ class Int8Vectors:
 
         self._scan(query, n, keep, mask)
         candidates, _ = best(
-            np.concatenate([s.rows for s in shares]), np.concatenate([s.scores for s in shares]),
+            np.concatenate([s.rows for s in shares]),
+            np.concatenate([s.scores for s in shares]),
             want,
         )
         candidates = np.sort(candidates)
@@ -438,8 +442,9 @@ class Int8Vectors:
                 else:
                     continue
                 end = min(at + len(raw), n)  # exact in float32: |a dot| < 2^24 at 1,024
-                take(share, at,
-                     raw[: end - at].astype(np.float32) * self.row_scale[at:end] * factor)
+                take(
+                    share, at, raw[: end - at].astype(np.float32) * self.row_scale[at:end] * factor
+                )
 
         later = [_pool().submit(run, share) for share in range(1, min(THREADS, len(pieces)))]
         run(0)
@@ -455,8 +460,12 @@ class Int8Vectors:
         """What a snapshot keeps of the first n rows (mapped, not copied)."""
         assert not self.base, "a snapshot is taken of rows loaded from the store"
         dim = self.dim_scale if self.dim_scale is not None else np.zeros(0, np.float32)
-        return {"floats": self._floats.view(n), "codes": self._codes.view(n),
-                "row_scale": self.row_scale[:n], "dim_scale": dim}
+        return {
+            "floats": self._floats.view(n),
+            "codes": self._codes.view(n),
+            "row_scale": self.row_scale[:n],
+            "dim_scale": dim,
+        }
 
     def from_snapshot(self, parts: Mapping[str, npt.NDArray[Any]], n: int) -> bool:
         """Take n rows from a snapshot's parts: codes packed from its file, vectors read

@@ -1,6 +1,6 @@
 """Cutting a document's sections into the chunks that are embedded and searched.
 
-Spec 000, "Chunks": a chunk is at most `size` characters of one section; it ends at a
+A chunk is at most `size` characters of one section; it ends at a
 paragraph, sentence or line end when one falls in its second half; the next one starts
 `overlap` characters before it ended, on a word; a sentence cut in two is whole in one
 of them. The exact rules, with positions as offsets in the section's text:
@@ -41,7 +41,7 @@ import re
 from collections.abc import Iterator
 
 from metis_indexer import limits
-from metis_indexer.documents import Chunk, Document
+from metis_indexer.documents import Chunk, ParsedDocument
 
 _CLOSERS = "\"'”’)\\]}»」』）"
 # Both start with one character class, which the regex engine skips to quickly. A run of
@@ -62,7 +62,7 @@ _LAST_SPACE = re.compile(r"(?s:.*)\s")
 _LAST_NON_SPACE = re.compile(r"(?s:.*)\S")
 
 
-def chunk_document(doc: Document, size: int = 1200, overlap: int = 200) -> list[Chunk]:
+def chunk_document(doc: ParsedDocument, size: int = 1200, overlap: int = 200) -> list[Chunk]:
     """Cut every section of `doc` into chunks that keep its title, headings, page and line."""
     check(size, overlap)
     chunks = []
@@ -94,7 +94,7 @@ def chunk_text(text: str, size: int = 1200, overlap: int = 200) -> list[tuple[in
 
 
 def check(size: int, overlap: int) -> None:
-    """Refuse what spec 000 does not allow (`limits`), before any text is cut."""
+    """Refuse what the limits do not allow (`limits`), before any text is cut."""
     if not limits.CHUNK_SIZE_MIN <= size <= limits.CHUNK_SIZE_MAX:
         raise ValueError(
             f"chunking size must be {limits.CHUNK_SIZE_MIN} to {limits.CHUNK_SIZE_MAX} "

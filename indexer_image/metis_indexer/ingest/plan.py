@@ -1,4 +1,4 @@
-"""What a pass reads and what it drops (spec 000, "Incremental indexing").
+"""What a pass reads and what it drops (README, "The index and passes").
 
 `scan` walks the sources (I/O); `plan` is the decision over plain data: a file
 whose size and mtime are those recorded, built with the index's settings, is left
@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from metis_indexer.config import SourceConfig
-from metis_indexer.index.memory import Settings
+from metis_indexer.index.memory import IndexSettings
 from metis_indexer.index.store import FileRecord
 from metis_indexer.ingest import sources
 
@@ -54,22 +54,36 @@ def scan(configured: Sequence[SourceConfig]) -> Scan:
     return Scan(files, unseen, skipped, problems)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToRead:
+    """A file a pass reads: its key, and what the walk found of it."""
+
+    key: Key
+    found: sources.Found
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """What a pass does: the files it reads, in path order, and the known files it drops."""
+
+    to_read: list[ToRead]
+    to_drop: list[Key]
+
+
 def plan(
-    listing: Scan, known: Mapping[Key, FileRecord], settings: Settings, full: bool
-) -> tuple[list[tuple[Key, sources.Found]], list[Key]]:
-    """(the files to read, in path order; the known files to drop)."""
-    to_drop = [
-        key for key in known if key not in listing.files and not _under(key, listing.unseen)
-    ]
+    listing: Scan, known: Mapping[Key, FileRecord], settings: IndexSettings, full: bool
+) -> Plan:
+    """The files to read and the known files to drop."""
+    to_drop = [key for key in known if key not in listing.files and not _under(key, listing.unseen)]
     to_read = [
-        (key, found)
+        ToRead(key, found)
         for key, found in sorted(listing.files.items())
         if full
         or key not in known
         or known[key].built_with != settings.key
         or (known[key].size, known[key].mtime_ns) != (found.size, found.mtime_ns)
     ]
-    return to_read, to_drop
+    return Plan(to_read, to_drop)
 
 
 def _under(key: Key, folders: Sequence[Key]) -> bool:

@@ -22,15 +22,14 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import texts
-from metis_indexer.documents import Chunk, FailReason, ReadFailed
-from metis_indexer.index import store
-from metis_indexer.index.memory import Index, Settings
-from metis_indexer.index.store import FileRecord, Terms
+from metis_indexer.documents import FailReason, ReadFailed
+from metis_indexer.index import store, texts
+from metis_indexer.index.memory import Index, IndexSettings, Replacement
+from metis_indexer.index.store import FileRecord
 from metis_indexer.ingest import readers, sources
-from metis_indexer.ingest.plan import Key
+from metis_indexer.ingest.plan import Key, ToRead
 from metis_indexer.ingest.readers.failures import detail
-from metis_indexer.ingest.readers.pool import ReaderPool
+from metis_indexer.ingest.readers.pool import CountedChunks, ReaderPool
 from metis_indexer.ingest.writer import GroupWriter
 from metis_indexer.models.clients import ModelRefused, Unencodable
 
@@ -100,12 +99,12 @@ class Runner:
 
     async def run(
         self,
-        to_read: Sequence[tuple[Key, sources.Found]],
+        to_read: Sequence[ToRead],
         known: Mapping[Key, FileRecord],
         full: bool,
-        settings: Settings,
+        settings: IndexSettings,
     ) -> None:
-        queue: asyncio.Queue[tuple[Key, sources.Found]] = asyncio.Queue()
+        queue: asyncio.Queue[ToRead] = asyncio.Queue()
         for entry in to_read:
             queue.put_nowait(entry)
         writer = GroupWriter(self.index)
@@ -123,15 +122,16 @@ class Runner:
 
     async def _work(
         self,
-        queue: asyncio.Queue[tuple[Key, sources.Found]],
+        queue: asyncio.Queue[ToRead],
         writer: GroupWriter,
         known: Mapping[Key, FileRecord],
         full: bool,
-        settings: Settings,
+        settings: IndexSettings,
     ) -> None:
         while not queue.empty():
-            (drive, path), item = queue.get_nowait()
-            await self._one(writer, drive, path, item, known.get((drive, path)), full, settings)
+            entry = queue.get_nowait()
+            drive, path = entry.key
+            await self._one(writer, drive, path, entry.found, known.get(entry.key), full, settings)
             self.state.done += 1
             self.progress()
 
@@ -143,19 +143,17 @@ class Runner:
         item: sources.Found,
         before: FileRecord | None,
         full: bool,
-        settings: Settings,
+        settings: IndexSettings,
     ) -> None:
         """Bring one file up to date; commits it whole or not at all. Whatever fails of
         this document alone is recorded as its failure, and the pass goes on. Its file
         work runs on the reader pool's own threads, under a deadline: never on the threads
         searches rank on."""
         try:
-            digest = await self.pool.files.within(
-                item.root, file_hash, item.absolute, item.root
-            )
+            digest = await self.pool.files.within(item.root, file_hash, item.absolute, item.root)
         except (OSError, ReadFailed) as e:
             digest = ""
-            result: tuple[list[Chunk], Terms] | ReadFailed = (
+            result: CountedChunks | ReadFailed = (
                 e if isinstance(e, ReadFailed) else ReadFailed(FailReason.UNREADABLE, detail(e))
             )
         else:
@@ -176,31 +174,37 @@ class Runner:
             )
         self.state.read += 1
         record = FileRecord(
-            source=drive, path=path, kind=item.kind.value, size=item.size,
-            mtime_ns=item.mtime_ns, hash=digest, state="indexed", indexed_at=now(),
+            source=drive,
+            path=path,
+            kind=item.kind.value,
+            size=item.size,
+            mtime_ns=item.mtime_ns,
+            hash=digest,
+            state="indexed",
+            indexed_at=now(),
             built_with=settings.key,
         )
         if isinstance(result, ReadFailed):
-            await writer.put((failed(record, result), [], None))
+            await writer.put(Replacement(failed(record, result)))
             return
-        chunks, terms = result
+        chunks = result.chunks
         try:
             vectors = await self.embed([texts.embedded(c) for c in chunks])
         except Unencodable as e:
-            await writer.put((failed(record, ReadFailed(FailReason.MALFORMED, str(e))), [], None))
+            await writer.put(Replacement(failed(record, ReadFailed(FailReason.MALFORMED, str(e)))))
             return
         except ModelRefused as e:
             why = ReadFailed(FailReason.EMBEDDING_REFUSED, str(e))
-            await writer.put((failed(record, why), [], None))
+            await writer.put(Replacement(failed(record, why)))
             return
         record = dataclasses.replace(
             record, title=chunks[0].title if chunks else None, chunks=len(chunks)
         )
         try:
-            await writer.put((record, chunks, vectors, terms))
+            await writer.put(Replacement(record, chunks, vectors, result.terms))
         except (sqlite3.Error, ValueError) as e:
             if store.trouble(e) is not None:
                 raise  # the index's trouble, not this document's
             log.warning("%s: %s could not be stored: %s", drive, path, e)
             why = ReadFailed(FailReason.NOT_STORED, detail(e))
-            await writer.put((failed(record, why), [], None))
+            await writer.put(Replacement(failed(record, why)))

@@ -1,6 +1,6 @@
 """Walking a source: the files of a drive (or of one folder of it) that Metis reads.
 
-What is listed (spec 000, "Sources"): files whose extension is in the table of
+What is listed: files whose extension is in the table of
 `readers.KINDS`; every other file is counted by extension. Hidden files and
 folders (any path part starting with `.`: `.git`, `.DS_Store`, `.metis`) are
 neither listed nor counted.
@@ -68,7 +68,7 @@ class Listing:
 def check_path(path: str | None) -> PurePosixPath:
     """A source's `path` as a folder of its drive; ValueError saying what is wrong.
 
-    None or "" is the whole drive. Spec 001: "No . or .. parts."
+    None or "" is the whole drive. No . or .. parts.
     """
     if not path:
         return PurePosixPath()

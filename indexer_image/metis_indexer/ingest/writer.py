@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from metis_indexer.index.memory import Counted, Document, Index
+from metis_indexer.index.memory import Index, Replacement
 
 MOST = 32
 """Documents written in one transaction at most: a few thousand chunks, a few MB."""
@@ -21,7 +21,7 @@ MOST = 32
 
 @dataclasses.dataclass(slots=True)
 class _Waiting:
-    document: Document | Counted
+    document: Replacement
     done: asyncio.Future[None]
 
 
@@ -35,7 +35,7 @@ class GroupWriter:
         self._waiting: list[_Waiting] = []
         self._arrived = asyncio.Event()
 
-    async def put(self, document: Document | Counted) -> None:
+    async def put(self, document: Replacement) -> None:
         """Write one document (in a group with whatever else waits); its own error, such
         as text the store cannot hold, or the index's (a full drive), is raised here."""
         done = asyncio.get_running_loop().create_future()

@@ -484,9 +484,11 @@ def decode_embeddings(answer: Any, n: int) -> npt.NDArray[np.float32]:
 
 
 _SEXTETS = np.full(256, 255, dtype=np.uint8)
-_SEXTETS[np.frombuffer(
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", dtype=np.uint8
-)] = np.arange(64, dtype=np.uint8)
+_SEXTETS[
+    np.frombuffer(
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", dtype=np.uint8
+    )
+] = np.arange(64, dtype=np.uint8)
 
 
 def base64_rows(rows: list[str]) -> npt.NDArray[np.uint8]:
@@ -578,8 +580,12 @@ class RerankClient:
             raise ModelUnavailable(describe(e)) from None
 
     async def _cohere(self, query: str, passages: list[str]) -> list[float]:
-        body = {"query": query, "documents": passages, "top_n": len(passages),
-                "return_documents": False}
+        body = {
+            "query": query,
+            "documents": passages,
+            "top_n": len(passages),
+            "return_documents": False,
+        }
         answer = await _post_json(self._client, f"{self.base_url}/v1/rerank", body)
         return _ordered(answer["results"], "relevance_score", len(passages))
 

@@ -1,7 +1,8 @@
-"""Default query and document prefixes by embedding model (spec 001, `embedding.*_prefix`).
+"""Default query and document prefixes by embedding model (`embedding.*_prefix` of the
+configuration).
 
 Each model family was trained with its own markers; the wrong one costs recall,
-so the indexer picks them from the model's id unless the spec sets them.
+so the indexer picks them from the model's id unless the configuration sets them.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ import re
 
 BGE_INSTRUCTION = "Represent this sentence for searching relevant passages: "
 QWEN3_INSTRUCTION = (
-    "Instruct: Given a web search query, retrieve relevant passages that answer the query\n"
-    "Query: "
+    "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
 )
 
 # (pattern on the lower-cased model id, query prefix, document prefix); first match wins.

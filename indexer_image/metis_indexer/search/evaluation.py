@@ -1,4 +1,5 @@
-"""Evaluation: recall@k and MRR of an evaluation set, per retrieval mode (spec 000).
+"""Evaluation: recall@k and MRR of an evaluation set, per retrieval mode (README,
+"Evaluation sets").
 
 The set lives in `.metis/evals.jsonl` of a source drive, never indexed. One JSON
 object a line:
@@ -53,7 +54,7 @@ class Figures(BaseModel):
 
 
 class Evaluation(BaseModel):
-    """The spec's figures (for the mode searches use), plus each mode's and the misses."""
+    """The headline figures (for the mode searches use), plus each mode's and the misses."""
 
     k: int
     cases: int
@@ -190,8 +191,12 @@ async def evaluate(
             missing = sorted(set(case.expected) - set(ranked[:k]))
             if missing:
                 misses.append(
-                    Miss(case=case.id or case.question, mode=way.name, missing=missing,
-                         found=ranked[:k])
+                    Miss(
+                        case=case.id or case.question,
+                        mode=way.name,
+                        missing=missing,
+                        found=ranked[:k],
+                    )
                 )
         done += 1
     per_mode = {
@@ -200,6 +205,12 @@ async def evaluate(
     }
     headline = per_mode[modes[-1].name]
     return Evaluation(
-        k=k, cases=done, recall_at_k=headline.recall_at_k, mrr=headline.mrr, at=now(),
-        modes=per_mode, misses=misses, warnings=warnings,
+        k=k,
+        cases=done,
+        recall_at_k=headline.recall_at_k,
+        mrr=headline.mrr,
+        at=now(),
+        modes=per_mode,
+        misses=misses,
+        warnings=warnings,
     )

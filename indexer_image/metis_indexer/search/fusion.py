@@ -1,4 +1,4 @@
-"""Reciprocal-rank fusion (spec 002, "Fusion")."""
+"""Reciprocal-rank fusion of the search's legs (by meaning, by words)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Hybrid search over the in-memory index (spec 002).
+"""Hybrid search over the in-memory index (README, "HTTP API (port 7700)").
 
 `rank` is the core: filters → the two legs (the index's read API) → fusion, timed.
 `search` wraps it with the model calls, each bounded by its time limit; when a
-model does not answer, the search degrades as the spec says and warns.
+model does not answer, the search answers without it and warns.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from concurrent import futures
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import texts
 from metis_indexer.errors import BadRequest, Unavailable
-from metis_indexer.index import tokens
+from metis_indexer.index import texts, tokens
 from metis_indexer.index.memory import Index, Reading, Where
 from metis_indexer.index.vectors import Leg
 from metis_indexer.schema import (
@@ -164,7 +163,10 @@ async def search(
     mode: Mode = req.mode
     if index.chunk_count == 0:
         return SearchAnswer(
-            results=[], mode=mode, reranked=False, warnings=[empty_warning],
+            results=[],
+            mode=mode,
+            reranked=False,
+            warnings=[empty_warning],
             took=Took(total=_ms(start)),
         )
     query_vector, embed_ms = await _embed(index, req, models, warnings)
@@ -178,8 +180,7 @@ async def search(
     rerank_scores: dict[int, float] = {}
     use_reranker = models.rerank is not None and req.rerank is not False and rows
     if use_reranker:
-        rows, rerank_scores = await _rerank(ranked.read, req, models, rows, ranked.took,
-                                            warnings)  # fmt: skip
+        rows, rerank_scores = await _rerank(ranked.read, req, models, rows, ranked.took, warnings)
     results = _results(req, rows, ranked, rerank_scores)
     ranked.took.total = _ms(start)
     return SearchAnswer(

@@ -1,5 +1,5 @@
 """The snippet of a result: up to 240 characters around the sentence holding most
-of the question's words (spec 002, "What a result holds")."""
+of the question's words (the `snippet` of a result's citation)."""
 
 from __future__ import annotations
 

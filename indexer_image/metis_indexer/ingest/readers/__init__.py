@@ -1,4 +1,4 @@
-"""Readers: one module per kind of document, each turning bytes into a `Document`.
+"""Readers: one module per kind of document, each turning bytes into a `ParsedDocument`.
 
 `read_document` is the one entry point: it opens the file (checking that the
 file opened, not the name listed, is inside its drive), checks the size limit
@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePath
 from types import ModuleType
 
-from metis_indexer.documents import Document, FailReason, Kind, ReadFailed
+from metis_indexer.documents import FailReason, Kind, ParsedDocument, ReadFailed
 from metis_indexer.ingest.readers import docx, html, markdown, pdf, text
 from metis_indexer.ingest.readers.failures import detail
 
 MAX_BYTES = 64 * 1024 * 1024
-"""A file larger than this is not read (spec 001: "at most 64 MB")."""
+"""A file larger than this (64 MB) is not read."""
 MAX_TEXT = MAX_BYTES
 """Characters of text a document may yield: a small compressed file (a DOCX of 600 KB)
 can hold hundreds of MB of XML, and every character becomes index and model work."""
@@ -43,7 +43,7 @@ KINDS: Mapping[str, Kind] = {
     ".pdf": Kind.PDF,
     ".docx": Kind.DOCX,
 }
-"""Extension (lower case) to kind: the table of spec 001, "Files read"."""
+"""Extension (lower case) to kind: the table of README, "How documents are read and cut"."""
 
 _READERS: Mapping[Kind, ModuleType] = {
     Kind.MD: markdown,
@@ -52,7 +52,7 @@ _READERS: Mapping[Kind, ModuleType] = {
     Kind.PDF: pdf,
     Kind.DOCX: docx,
 }
-"""Each kind's module; its `read(data: bytes) -> Document` raises only `ReadFailed`."""
+"""Each kind's module; its `read(data: bytes) -> ParsedDocument` raises only `ReadFailed`."""
 
 
 def kind_of(path: str | PurePath) -> Kind | None:
@@ -131,7 +131,7 @@ def storable(text: str) -> str:
     return _UNSTORABLE.sub("\ufffd", text)
 
 
-def _storable(document: Document) -> Document:
+def _storable(document: ParsedDocument) -> ParsedDocument:
     """The document with unstorable characters replaced, refused past `MAX_TEXT`."""
     total = sum(len(s.text) for s in document.sections)
     if total > MAX_TEXT:
@@ -149,7 +149,7 @@ def _storable(document: Document) -> Document:
     return dataclasses.replace(document, title=title, sections=sections)
 
 
-def read_document(path: Path, kind: Kind, root: Path | None = None) -> Document:
+def read_document(path: Path, kind: Kind, root: Path | None = None) -> ParsedDocument:
     """The file as a document, or `ReadFailed` saying why not. With `root`, a file
     that is not inside it when opened is not read."""
     fd = open_inside(path, root)
@@ -164,7 +164,7 @@ def read_document(path: Path, kind: Kind, root: Path | None = None) -> Document:
     if len(data) > MAX_BYTES:  # it grew since we looked
         raise ReadFailed(FailReason.TOO_LARGE, f"more than {MAX_BYTES:,} bytes")
     try:
-        document: Document = _READERS[kind].read(data)
+        document: ParsedDocument = _READERS[kind].read(data)
     except ReadFailed:
         raise
     except MemoryError as e:

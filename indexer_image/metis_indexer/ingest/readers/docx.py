@@ -32,7 +32,7 @@ from docx.opc.part import Part, XmlPart
 from docx.oxml.parser import parse_xml
 from lxml import etree
 
-from metis_indexer.documents import Document, FailReason, Kind, ReadFailed, Section
+from metis_indexer.documents import FailReason, Kind, ParsedDocument, ReadFailed, Section
 from metis_indexer.ingest.readers import encoding
 from metis_indexer.ingest.readers.failures import detail
 from metis_indexer.ingest.readers.outline import Outline
@@ -55,7 +55,7 @@ _MC = "{http://schemas.openxmlformats.org/markup-compatibility/2006}"
 _HEADING_NAME = re.compile(r"heading\s*([1-9])", re.IGNORECASE)
 
 
-def read(data: bytes) -> Document:
+def read(data: bytes) -> ParsedDocument:
     _check_container(data)
     try:
         package = OpcPackage.open(io.BytesIO(data))
@@ -78,7 +78,7 @@ def read(data: bytes) -> Document:
     headings = _HeadingStyles(styles, w)
     sections, title_style_text = _sections(body_root, w, headings)
     title = _core_title(package) or title_style_text
-    return Document(title=title, kind=Kind.DOCX, sections=tuple(sections))
+    return ParsedDocument(title=title, kind=Kind.DOCX, sections=tuple(sections))
 
 
 def _check_container(data: bytes) -> None:
@@ -256,7 +256,12 @@ def _paragraphs_holding_boxes(body: etree._Element, w: str) -> set[etree._Elemen
 def _paragraph_text(p: etree._Element, w: str, has_boxes: bool) -> str:
     """The paragraph's own text: runs, tracked insertions, tabs and breaks; no deletions."""
     t, tab, ptab, br, cr, hyphen = (
-        f"{w}t", f"{w}tab", f"{w}ptab", f"{w}br", f"{w}cr", f"{w}noBreakHyphen"
+        f"{w}t",
+        f"{w}tab",
+        f"{w}ptab",
+        f"{w}br",
+        f"{w}cr",
+        f"{w}noBreakHyphen",
     )
     tab_stops = f"{w}tabs"
     parts: list[str] = []

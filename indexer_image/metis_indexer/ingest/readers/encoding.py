@@ -1,6 +1,6 @@
-"""Bytes to text, by the spec's rule, with line breaks every reader can count.
+"""Bytes to text, by one rule, with line breaks every reader can count.
 
-Spec 000 ("Sources"): text that is not UTF-8 is read as Latin-1, UTF-16 by its
+The rule: text that is not UTF-8 is read as Latin-1, UTF-16 by its
 byte-order mark. We also read UTF-32 by its mark, and UTF-16/32 without one when
 the NUL bytes give it away (an ASCII-heavy text with every other byte zero is
 not Latin-1). "Latin-1" is decoded the way browsers read the label: windows-1252,
@@ -85,7 +85,7 @@ def wide_without_bom(data: bytes) -> str | None:
 
 
 def decode(data: bytes) -> str:
-    """A text file's bytes as text, by the spec's rule (mark, UTF-8, else Latin-1)."""
+    """A text file's bytes as text, by the rule above (mark, UTF-8, else Latin-1)."""
     marked = bom(data)
     if marked is not None:
         name, skip = marked

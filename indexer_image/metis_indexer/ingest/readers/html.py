@@ -13,7 +13,7 @@ valid UTF-8 is the usual mistake, "declared-charset-mismatch"); otherwise the
 declared charset (`<meta charset>`, `http-equiv` content type, or an XML
 declaration; labels read the way browsers do, so "iso-8859-1" is windows-1252)
 is tried, and a declaration that is bogus or does not fit the bytes falls back
-to Latin-1, the spec's rule for text that is not UTF-8.
+to Latin-1, the rule for text that is not UTF-8 (`encoding`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import re
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
-from metis_indexer.documents import Document, Kind, Section
+from metis_indexer.documents import Kind, ParsedDocument, Section
 from metis_indexer.ingest.readers import encoding
 from metis_indexer.ingest.readers.outline import Outline
 
@@ -79,7 +79,7 @@ _LINE = 1
 _PARAGRAPH = 2
 
 
-def read(data: bytes) -> Document:
+def read(data: bytes) -> ParsedDocument:
     tree = LexborHTMLParser(decode(data))
     title = _title(tree)
     for node in tree.css(_DROPPED):
@@ -92,7 +92,7 @@ def read(data: bytes) -> Document:
     if root is not None:
         sections.walk(root)
     title = title or sections.outline.first_h1
-    return Document(title=title, kind=Kind.HTML, sections=tuple(sections.done))
+    return ParsedDocument(title=title, kind=Kind.HTML, sections=tuple(sections.done))
 
 
 def decode(data: bytes) -> str:

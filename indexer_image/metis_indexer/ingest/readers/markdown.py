@@ -15,7 +15,7 @@ import tomllib
 
 import yaml
 
-from metis_indexer.documents import Document, Kind, Section
+from metis_indexer.documents import Kind, ParsedDocument, Section
 from metis_indexer.ingest.readers import encoding
 from metis_indexer.ingest.readers.outline import Outline
 
@@ -41,13 +41,13 @@ except AttributeError:  # PyYAML built without libyaml
     _YamlLoader = yaml.SafeLoader
 
 
-def read(data: bytes) -> Document:
+def read(data: bytes) -> ParsedDocument:
     lines = encoding.decode_text(data).split("\n")
     body, front_title = _front_matter(lines)
     scan = _Scanner(lines)
     scan.run(body)
     title = front_title or scan.outline.first_h1
-    return Document(title=title, kind=Kind.MD, sections=tuple(scan.done))
+    return ParsedDocument(title=title, kind=Kind.MD, sections=tuple(scan.done))
 
 
 def _front_matter(lines: list[str]) -> tuple[int, str | None]:

@@ -20,14 +20,14 @@ from collections.abc import Iterator
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import EmptyFileError
 
-from metis_indexer.documents import Document, FailReason, Kind, ReadFailed, Section
+from metis_indexer.documents import FailReason, Kind, ParsedDocument, ReadFailed, Section
 from metis_indexer.ingest.readers import encoding
 from metis_indexer.ingest.readers.failures import detail
 
 _BLANK_RUNS = re.compile(r"\n{3,}")
 
 
-def read(data: bytes) -> Document:
+def read(data: bytes) -> ParsedDocument:
     with _quiet():
         reader = _open(data)
         count = _page_count(reader)
@@ -48,7 +48,7 @@ def read(data: bytes) -> Document:
                     f"no text; {len(errors)} of its {count} pages could not be read: {errors[0]}",
                 )
             raise ReadFailed(FailReason.SCANNED_PDF, f"no text on any of its {count} pages")
-        return Document(title=_title(reader), kind=Kind.PDF, sections=tuple(sections))
+        return ParsedDocument(title=_title(reader), kind=Kind.PDF, sections=tuple(sections))
 
 
 @contextlib.contextmanager

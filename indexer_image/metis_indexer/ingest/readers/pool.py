@@ -3,7 +3,7 @@
 Parsers are where a pass can hang or crash: a PDF that takes minutes, a parser
 bug that recurses forever, a decompression bomb. So documents are read (and,
 when asked, chunked) in a pool of worker processes, never in the indexer's own.
-Each task has a deadline (spec 001: "a PDF is given 120 s to read"); a worker
+Each task has a deadline (a PDF is given 120 s to read); a worker
 past it is killed and replaced, and the document fails with `TIMEOUT`. A worker
 that dies (a segfault, the kernel's OOM killer) fails its document, it does not
 hang the pass. Workers also run under an address-space limit, so most runaway
@@ -22,9 +22,9 @@ server) pins one of those threads, not a search's, and not the process's exit.
 Usage::
 
     with ReaderPool(workers=2) as pool:
-        done = pool.submit_read(path, Kind.PDF).result()  # Done(result=Document | ReadFailed)
+        done = pool.submit_read(path, Kind.PDF).result()  # Done(result=ParsedDocument | ReadFailed)
         chunks = await pool.read_chunks(path, Kind.MD, 1200, 200)  # list[Chunk] | ReadFailed
-        counted = await pool.read_counted(path, Kind.MD, 1200, 200)  # (chunks, Terms) | ...
+        counted = await pool.read_counted(path, Kind.MD, 1200, 200)  # CountedChunks | ...
         digest = await pool.files.within(drive, file_hash, path, drive)  # or ReadFailed
 """
 
@@ -51,7 +51,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from metis_indexer.documents import Chunk, Document, FailReason, Kind, ReadFailed
+from metis_indexer.documents import Chunk, FailReason, Kind, ParsedDocument, ReadFailed
 from metis_indexer.index.memory import count_words
 from metis_indexer.index.store import Terms
 from metis_indexer.ingest import chunking, readers
@@ -65,7 +65,7 @@ class Limits:
     """What one document may take in a worker."""
 
     pdf_seconds: float = 120.0
-    """Spec 001: a PDF is given 120 s to read."""
+    """A PDF is given 120 s to read."""
     other_seconds: float = 60.0
     """Every other kind: the slowest real files (a 12 MB document.xml, a 1.6 MB web
     page) read in a few seconds, so a minute means a parser is stuck, not busy."""
@@ -78,6 +78,24 @@ class Limits:
 
     def seconds(self, kind: Kind) -> float:
         return self.pdf_seconds if kind is Kind.PDF else self.other_seconds
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CountedChunks:
+    """A document's chunks with their words counted, as the keyword index stores them."""
+
+    chunks: list[Chunk]
+    terms: Terms
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cutting:
+    """How a worker cuts the document it read into chunks."""
+
+    size: int
+    overlap: int
+    count_words: bool
+    """Whether it counts the chunks' words too (`CountedChunks`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,9 +112,33 @@ class _Task:
     path: Path
     kind: Kind
     root: Path | None
-    chunking: tuple[int, int, bool] | None
-    """Size, overlap and whether to count the chunks' words; None: read only."""
+    cutting: Cutting | None
+    """None: read only."""
     future: Future[Done[Any]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Request:
+    """A task as its worker receives it: plain values, as it crosses a pipe."""
+
+    task: int
+    path: str
+    kind: str
+    root: str | None
+    cutting: Cutting | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Reply:
+    """A task's end as its worker sends it back."""
+
+    task: int
+    seconds: float
+    result: Any = None
+    """The document, its chunks, or its `CountedChunks`; None when it failed."""
+    reason: str | None = None
+    """The `FailReason`'s name when it failed, and why in `detail`."""
+    detail: str = ""
 
 
 @dataclasses.dataclass(slots=True)
@@ -156,7 +198,7 @@ class ReaderPool:
 
     def submit_read(
         self, path: Path, kind: Kind, root: Path | None = None
-    ) -> Future[Done[Document]]:
+    ) -> Future[Done[ParsedDocument]]:
         """Reads `path` as `kind` in a worker; with `root`, only if it is inside it."""
         return self._submit(path, kind, root, None)
 
@@ -165,7 +207,7 @@ class ReaderPool:
     ) -> Future[Done[list[Chunk]]]:
         """Reads and chunks `path` in a worker, so only chunks come back."""
         chunking.check(size, overlap)  # bad settings fail here, not per document
-        return self._submit(path, kind, root, (size, overlap, False))
+        return self._submit(path, kind, root, Cutting(size, overlap, count_words=False))
 
     async def read_chunks(
         self, path: Path, kind: Kind, size: int, overlap: int, root: Path | None = None
@@ -176,12 +218,12 @@ class ReaderPool:
 
     async def read_counted(
         self, path: Path, kind: Kind, size: int, overlap: int, root: Path | None = None
-    ) -> tuple[list[Chunk], Terms] | ReadFailed:
+    ) -> CountedChunks | ReadFailed:
         """`read_chunks`, with the chunks' words counted in the worker too: a pass's
         tokenising runs beside the indexer's own process rather than in it."""
         chunking.check(size, overlap)
-        future = self._submit(path, kind, root, (size, overlap, True))
-        done: Done[tuple[list[Chunk], Terms]] = await asyncio.wrap_future(future)
+        future = self._submit(path, kind, root, Cutting(size, overlap, count_words=True))
+        done: Done[CountedChunks] = await asyncio.wrap_future(future)
         return done.result
 
     def close(self) -> None:
@@ -197,7 +239,7 @@ class ReaderPool:
         self._wake_w.close()
 
     def _submit(
-        self, path: Path, kind: Kind, root: Path | None, chunks: tuple[int, int] | None
+        self, path: Path, kind: Kind, root: Path | None, cutting: Cutting | None
     ) -> Future[Any]:
         future: Future[Done[Any]] = Future()
         with self._lock:
@@ -205,7 +247,7 @@ class ReaderPool:
                 raise RuntimeError("the reader pool is closed")
             if self._broken is not None:
                 raise RuntimeError(self._broken)
-            self._pending.append(_Task(next(self._ids), path, kind, root, chunks, future))
+            self._pending.append(_Task(next(self._ids), path, kind, root, cutting, future))
         self._poke()
         return future
 
@@ -238,10 +280,15 @@ class ReaderPool:
             if task is None:
                 return
             try:
-                worker.conn.send((
-                    task.id, str(task.path), task.kind.value,
-                    None if task.root is None else str(task.root), task.chunking,
-                ))
+                worker.conn.send(
+                    _Request(
+                        task.id,
+                        str(task.path),
+                        task.kind.value,
+                        None if task.root is None else str(task.root),
+                        task.cutting,
+                    )
+                )
             except OSError:  # it died while idle: not the document's fault, so it waits again
                 self._replace(i)
                 with self._lock:
@@ -278,16 +325,16 @@ class ReaderPool:
         if message == _READY:
             worker.ready = True
             return
-        task_id, ok, payload, seconds = message
+        reply: _Reply = message
         task = worker.task
         worker.task = None
-        if task is None or task.id != task_id:
+        if task is None or task.id != reply.task:
             return
-        if ok:
-            task.future.set_result(Done(payload, seconds))
+        if reply.reason is None:
+            task.future.set_result(Done(reply.result, reply.seconds))
         else:
-            reason, why = payload
-            task.future.set_result(Done(ReadFailed(FailReason[reason], why), seconds))
+            failed = ReadFailed(FailReason[reply.reason], reply.detail)
+            task.future.set_result(Done(failed, reply.seconds))
 
     def _died(self, index: int) -> None:
         worker = self._workers[index]
@@ -417,11 +464,13 @@ class FileThreads:
             hung = self._hung[drive]
         if hung >= self.most_hung:
             refused: Future[T] = Future()
-            refused.set_exception(ReadFailed(
-                FailReason.TIMEOUT,
-                f"{hung} reads of its drive have not returned in {self.seconds:g} s "
-                "(is the drive hung?)",
-            ))
+            refused.set_exception(
+                ReadFailed(
+                    FailReason.TIMEOUT,
+                    f"{hung} reads of its drive have not returned in {self.seconds:g} s "
+                    "(is the drive hung?)",
+                )
+            )
             return refused
         return self._put(_Job(functools.partial(fn, *args), Future(), drive, timed=True))
 
@@ -505,11 +554,13 @@ class FileThreads:
                     job.hung = True
                     self._hung[job.drive] += 1
                     self._live -= 1
-                    job.future.set_exception(ReadFailed(
-                        FailReason.TIMEOUT,
-                        f"reading it from its drive did not finish in {self.seconds:g} s "
-                        "(is the drive hung?)",
-                    ))
+                    job.future.set_exception(
+                        ReadFailed(
+                            FailReason.TIMEOUT,
+                            f"reading it from its drive did not finish in {self.seconds:g} s "
+                            "(is the drive hung?)",
+                        )
+                    )
                 replace = min(len(late), self.threads - self._live)
                 self._live += replace
                 for _ in range(replace):
@@ -526,26 +577,29 @@ def _serve(conn: multiprocessing.connection.Connection, memory_bytes: int | None
     conn.send(_READY)
     while True:
         try:
-            task_id, path, kind, root, chunk_settings = conn.recv()
+            request: _Request = conn.recv()
         except EOFError:
             return
         started = time.perf_counter()
-        ok, payload = _work(Path(path), Kind(kind), root and Path(root), chunk_settings)
-        conn.send((task_id, ok, payload, time.perf_counter() - started))
+        try:
+            result = _work(request)
+        except ReadFailed as e:
+            took = time.perf_counter() - started
+            conn.send(_Reply(request.task, took, reason=e.reason.name, detail=e.detail))
+        else:
+            conn.send(_Reply(request.task, time.perf_counter() - started, result))
 
 
-def _work(
-    path: Path, kind: Kind, root: Path | None, chunk_settings: tuple[int, int, bool] | None
-) -> tuple[bool, Any]:
+def _work(request: _Request) -> Any:
+    """What a task asks of its document; ReadFailed when it cannot be read, or when the
+    chunker breaks on it (a chunker bug fails this document, not the pass)."""
+    root = None if request.root is None else Path(request.root)
+    document = readers.read_document(Path(request.path), Kind(request.kind), root)
+    cutting = request.cutting
+    if cutting is None:
+        return document
     try:
-        document = readers.read_document(path, kind, root)
-    except ReadFailed as e:
-        return False, (e.reason.name, e.detail)
-    if chunk_settings is None:
-        return True, document
-    size, overlap, count = chunk_settings
-    try:
-        chunks = chunking.chunk_document(document, size, overlap)
-        return True, (chunks, count_words(chunks)) if count else chunks
-    except Exception as e:  # a chunker bug fails this document, not the pass
-        return False, (FailReason.MALFORMED.name, detail(e, "chunking"))
+        chunks = chunking.chunk_document(document, cutting.size, cutting.overlap)
+        return CountedChunks(chunks, count_words(chunks)) if cutting.count_words else chunks
+    except Exception as e:
+        raise ReadFailed(FailReason.MALFORMED, detail(e, "chunking")) from None

@@ -146,8 +146,9 @@ class _Lane:
         self._order = itertools.count()
         self._ready = threading.Condition()
         self._closed = False
-        self._counts = {kind: dict.fromkeys(("waiting", "started", "answered"), 0)
-                        for kind in KINDS}
+        self._counts = {
+            kind: dict.fromkeys(("waiting", "started", "answered"), 0) for kind in KINDS
+        }
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 

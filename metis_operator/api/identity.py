@@ -1,5 +1,5 @@
-"""The KnowledgeBase resource's identity (crds/knowledgebase.yaml): its group, version,
-kind and plural, and every annotation the operator reads or writes under its group."""
+"""The KnowledgeBase resource's identity: its group, version, kind and plural, and every
+annotation the operator reads or writes under its group."""
 
 from __future__ import annotations
 

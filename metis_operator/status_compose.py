@@ -1,5 +1,5 @@
 """A base's status, composed fresh from a verdict and an observation, compared with
-what is stored, and written only as the difference (ECK's habit).
+what is stored, and written only as the difference.
 
 Conditions keep their lastTransitionTime unless their status or message changed,
 so an unchanged base composes an identical status and nothing is written. The
@@ -15,6 +15,13 @@ from typing import Any
 
 from metis_indexer.schema import StatusAnswer
 from metis_operator import quality
+from metis_operator.api.status_types import (
+    Condition,
+    Evaluation,
+    IndexTotals,
+    KnowledgeBaseStatus,
+    Observed,
+)
 from metis_operator.state import Model, ModelCheck, Observation, State, Verdict
 
 READY = "Ready"
@@ -38,17 +45,17 @@ INDEX_TOTALS = ("documents", "chunks", "failed", "last_indexed_at", "dimensions"
 _UNLISTED = re.compile(r"^source (?P<drive>\S+): cannot list ")
 
 
-def _condition(kind: str, ok: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
-    return {
-        "type": kind,
-        "status": "True" if ok else "False",
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-    }
+def _condition(kind: str, ok: bool, reason: str, message: str, generation: int) -> Condition:
+    return Condition(
+        type=kind,
+        status="True" if ok else "False",
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+    )
 
 
-def _model_condition(kind: str, check: ModelCheck | None, generation: int) -> dict[str, Any]:
+def _model_condition(kind: str, check: ModelCheck | None, generation: int) -> Condition:
     if check is None:
         return _condition(kind, False, "NotChecked", "the spec is invalid", generation)
     ok = check.result is Model.AVAILABLE
@@ -60,42 +67,39 @@ def _model_condition(kind: str, check: ModelCheck | None, generation: int) -> di
 
 def conditions(
     verdict: Verdict, o: Observation, generation: int, with_reranker: bool
-) -> list[dict[str, Any]]:
+) -> list[Condition]:
     """The conditions, without timestamps (`merge_conditions` adds them)."""
     state, why = verdict.state, verdict.reason
     settled = state in (State.READY, State.FAILED)
+    stalled = state is State.FAILED
     out = [
         _condition(READY, state is State.READY, state.value, why, generation),
         _condition(RECONCILING, not settled, state.value, "" if settled else why, generation),
-        _condition(STALLED, state is State.FAILED, state.value,
-                   why if state is State.FAILED else "", generation),
+        _condition(STALLED, stalled, state.value, why if stalled else "", generation),
         _model_condition(EMBEDDING_CONDITION, o.embedding, generation),
-    ]  # fmt: skip
+    ]
     if with_reranker:
         out.append(_model_condition(RERANKER_CONDITION, o.reranker, generation))
     return out
 
 
-def evaluated(previous: Mapping[str, Any]) -> list[dict[str, Any]]:
+def evaluated(previous: KnowledgeBaseStatus) -> list[Condition]:
     """The condition only an evaluation sets (QualityRegressed), kept as it was."""
-    return [c for c in previous.get("conditions") or [] if c.get("type") == quality.CONDITION]
+    return [c for c in previous.conditions or [] if c.type == quality.CONDITION]
 
 
 def merge_conditions(
-    previous: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], now: str
-) -> list[dict[str, Any]]:
+    previous: Sequence[Condition], new: Sequence[Condition], now: str
+) -> list[Condition]:
     """`new`, each keeping the previous lastTransitionTime unless its status or
     message changed."""
-    before = {c.get("type"): c for c in previous}
+    before = {c.type: c for c in previous}
     out = []
     for c in new:
-        old = before.get(c["type"])
-        same = old is not None and (old.get("status"), old.get("message")) == (
-            c["status"],
-            c["message"],
-        )
-        stamp = old.get("lastTransitionTime") if same and old is not None else None
-        out.append({**c, "lastTransitionTime": stamp or now})
+        old = before.get(c.type)
+        same = old is not None and (old.status, old.message) == (c.status, c.message)
+        stamp = old.last_transition_time if same and old is not None else None
+        out.append(c.model_copy(update={"last_transition_time": stamp or now}))
     return out
 
 
@@ -122,21 +126,21 @@ def warnings(o: Observation) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _index(ix: StatusAnswer | None, previous: Mapping[str, Any]) -> dict[str, Any]:
+def _index(ix: StatusAnswer | None, previous: IndexTotals | None) -> IndexTotals | None:
     if ix is None:
-        return {k: previous[k] for k in INDEX_TOTALS if previous.get(k) is not None}
-    index = {
-        "phase": ix.phase,
-        "documents": ix.documents,
-        "chunks": ix.chunks,
-        "failed": ix.failed,
-        "pass_total": ix.pass_total,
-        "pass_done": ix.pass_done,
-        "last_indexed_at": ix.last_indexed_at,
-        "dimensions": ix.dimensions,
-        "vectors": ix.vectors,
-    }
-    return {k: v for k, v in index.items() if v is not None}
+        kept = previous.model_dump(include=set(INDEX_TOTALS), exclude_none=True) if previous else {}
+        return IndexTotals(**kept) if kept else None
+    return IndexTotals(
+        phase=ix.phase,
+        documents=ix.documents,
+        chunks=ix.chunks,
+        failed=ix.failed,
+        pass_total=ix.pass_total,
+        pass_done=ix.pass_done,
+        last_indexed_at=ix.last_indexed_at,
+        dimensions=ix.dimensions,
+        vectors=ix.vectors,
+    )
 
 
 def compose(
@@ -149,42 +153,37 @@ def compose(
     revisions: Mapping[str, str],
     with_reranker: bool,
     now: str,
-) -> dict[str, Any]:
-    """The whole status. `evaluation` is kept from `previous` (only an evaluation
-    writes it); index totals too while the indexer does not answer."""
-    before_observed = previous.get("observed") or {}
-    observed: dict[str, Any] = {}
-    index = _index(o.indexer, before_observed.get("index") or {})
-    if index:
-        observed["index"] = index
-    if o.pod is not None and o.pod.node:
-        observed["machine"] = o.pod.node
-    if address:
-        observed["address"] = address
-    if revisions:
-        observed["revisions"] = dict(sorted(revisions.items()))
-    indexed = o.indexer.indexed_revisions if o.indexer else before_observed.get("indexed_revisions")
-    if indexed:
-        observed["indexed_revisions"] = dict(sorted(indexed.items()))
-    if found := warnings(o):
-        observed["warnings"] = found
-    status: dict[str, Any] = {
-        "state": verdict.state.value,
-        "reason": verdict.reason,
-        "observedGeneration": generation,
-        "observed": observed,
-        "conditions": merge_conditions(
-            previous.get("conditions") or [],
-            conditions(verdict, o, generation, with_reranker) + evaluated(previous),
+) -> KnowledgeBaseStatus:
+    """The whole status, from `previous` as stored. `evaluation` is kept from it (only an
+    evaluation writes it); index totals too while the indexer does not answer."""
+    before = KnowledgeBaseStatus.read(previous)
+    seen = before.observed or Observed()
+    ix = o.indexer
+    indexed = ix.indexed_revisions if ix else seen.indexed_revisions
+    observed = Observed(
+        index=_index(ix, seen.index),
+        machine=o.pod.node if o.pod is not None and o.pod.node else None,
+        address=address or None,
+        revisions=dict(sorted(revisions.items())) or None,
+        indexed_revisions=dict(sorted(indexed.items())) if indexed else None,
+        warnings=warnings(o) or None,
+    )
+    progress = None
+    if ix is not None and ix.phase == "indexing" and ix.pass_total:
+        progress = f"{ix.pass_done}/{ix.pass_total}"
+    return KnowledgeBaseStatus(
+        state=verdict.state.value,
+        reason=verdict.reason,
+        observed_generation=generation,
+        observed=observed,
+        conditions=merge_conditions(
+            before.conditions or [],
+            conditions(verdict, o, generation, with_reranker) + evaluated(before),
             now,
         ),
-    }
-    ix = o.indexer
-    if ix is not None and ix.phase == "indexing" and ix.pass_total:
-        status["progress"] = f"{ix.pass_done}/{ix.pass_total}"
-    if "evaluation" in previous:
-        status["evaluation"] = previous["evaluation"]
-    return status
+        progress=progress,
+        evaluation=before.evaluation,
+    )
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -212,16 +211,44 @@ def is_paused(status: Mapping[str, Any]) -> bool:
     )
 
 
-def paused(previous: Mapping[str, Any], now: str) -> dict[str, Any]:
+def paused(previous: Mapping[str, Any], now: str) -> KnowledgeBaseStatus:
     """The status of a paused base: as it was, with a Paused condition. The
     observedGeneration stays: a change made meanwhile is not observed."""
-    condition = {
-        "type": PAUSED,
-        "status": "True",
-        "reason": "Paused",
-        "message": "annotation metis.astraeus.io/paused is \"true\": the operator leaves the "
+    before = KnowledgeBaseStatus.read(previous)
+    condition = Condition(
+        type=PAUSED,
+        status="True",
+        reason="Paused",
+        message='annotation metis.astraeus.io/paused is "true": the operator leaves the '
         "base and its children as they are",
-    }
-    before = previous.get("conditions") or []
-    kept = [c for c in before if c.get("type") != PAUSED]
-    return {**previous, "conditions": merge_conditions(before, [*kept, condition], now)}
+    )
+    return before.model_copy(update={"conditions": _set_condition(before, condition, now)})
+
+
+def with_evaluation(
+    previous: Mapping[str, Any], evaluation: Mapping[str, Any]
+) -> KnowledgeBaseStatus:
+    """The status as it was, with the figures of an evaluation a user asked for."""
+    before = KnowledgeBaseStatus.read(previous)
+    return before.model_copy(update={"evaluation": Evaluation.model_validate(evaluation)})
+
+
+def with_judgement(
+    previous: Mapping[str, Any],
+    evaluation: Mapping[str, Any],
+    condition: Mapping[str, Any],
+    now: str,
+) -> KnowledgeBaseStatus:
+    """The status as it was, with the evaluation made after a change of retrieval
+    settings and the QualityRegressed condition `quality.judge` set from it."""
+    before = KnowledgeBaseStatus.read(previous)
+    merged = _set_condition(before, Condition.model_validate(condition), now)
+    return before.model_copy(
+        update={"evaluation": Evaluation.model_validate(evaluation), "conditions": merged}
+    )
+
+
+def _set_condition(before: KnowledgeBaseStatus, condition: Condition, now: str) -> list[Condition]:
+    """The conditions with `condition` in place of the one of its type (last, when new)."""
+    kept = [c for c in before.conditions or [] if c.type != condition.type]
+    return merge_conditions(before.conditions or [], [*kept, condition], now)

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from metis_indexer.models import clients
 from metis_indexer.schema import StatusAnswer
-from metis_operator import cache as cache_mod
-from metis_operator import children, kube
-
-if TYPE_CHECKING:
-    from metis_operator.reconcile import Context
+from metis_operator import cache, children, kube
+from metis_operator.context import Context
 
 log = logging.getLogger("metis_operator")
 
@@ -33,9 +30,7 @@ def url(ctx: Context, owner: children.Owner) -> str:
     return ctx.settings.url(owner.child, owner.namespace, ctx.settings.indexer.port)
 
 
-async def status(
-    ctx: Context, owner: children.Owner
-) -> tuple[StatusAnswer | None, str | None]:
+async def status(ctx: Context, owner: children.Owner) -> tuple[StatusAnswer | None, str | None]:
     """The indexer's `GET /v1/status`, or why it did not answer."""
     try:
         answer = await ctx.http.get(f"{url(ctx, owner)}/v1/status")
@@ -56,10 +51,11 @@ async def token(ctx: Context, owner: children.Owner) -> str | None:
         if e.status != 403:
             raise
         where = f"{owner.namespace}/{owner.name}"
-        log.warning("%s: cannot read Secret %s: %s", where, owner.child, e.message,
-                    extra={"base": where})  # fmt: skip
+        log.warning(
+            "%s: cannot read Secret %s: %s", where, owner.child, e.message, extra={"base": where}
+        )
         return None
-    return cache_mod.token(secret) if secret is not None else None
+    return cache.token(secret) if secret is not None else None
 
 
 async def ask(

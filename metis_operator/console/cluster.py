@@ -1,5 +1,5 @@
 """What the console knows of the cluster: every KnowledgeBase it may see and their
-recent Events, kept current by two watches (the `kubernetes` client).
+recent Events, kept current by two watches (metis_operator/kube.py).
 
 The client is synchronous, so each watch runs in a daemon thread: it lists, watches
 from the list's resourceVersion, lists again when the watch ends or expires (410),
@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-from kubernetes import client, config, watch
-from kubernetes.client.exceptions import ApiException
-
-from metis_indexer.console.views import BaseView, EventView, base_view, event_view
+from metis_operator import kube
+from metis_operator.api.identity import API_VERSION, KIND, PLURAL
+from metis_operator.console.views import BaseView, EventView, base_view, event_view
 
 log = logging.getLogger("metis.console")
 
-GROUP, VERSION, PLURAL = "metis.astraeus.io", "v1", "knowledgebases"
 EVENTS_KEPT = 20
 """Recent Events shown per base."""
 WATCH_SECONDS = 60
@@ -32,15 +29,6 @@ WATCH_SECONDS = 60
 BACKOFF_SECONDS = (1, 2, 5, 10, 30)
 
 Obj = dict[str, Any]
-
-
-def api_client(kubeconfig: str | None) -> client.ApiClient:
-    """The cluster's client: `kubeconfig`'s, or the pod's service account (in-cluster)."""
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    cfg = client.Configuration()
-    config.load_incluster_config(client_configuration=cfg)
-    return client.ApiClient(cfg)
 
 
 def _key(namespace: str, name: str) -> str:
@@ -135,42 +123,57 @@ class Cluster:
 
 def _about(event: Obj) -> str:
     involved = event.get("involvedObject") or {}
-    return _key(involved.get("namespace") or event["metadata"].get("namespace", ""),
-                involved.get("name", ""))
+    return _key(
+        involved.get("namespace") or event["metadata"].get("namespace", ""),
+        involved.get("name", ""),
+    )
 
 
 class Watches:
     """The two watch threads; `stop` ends them (each within one watch request)."""
 
-    def __init__(self, api: client.ApiClient, cluster: Cluster, namespace: str | None,
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        api: kube.Cluster,
+        cluster: Cluster,
+        namespace: str | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
-        custom = client.CustomObjectsApi(api)
-        core = client.CoreV1Api(api)
-        selector = "involvedObject.kind=KnowledgeBase"
-        if namespace:
-            bases: tuple[Callable[..., Any], Mapping[str, Any]] = (
-                custom.list_namespaced_custom_object,
-                {"group": GROUP, "version": VERSION, "plural": PLURAL, "namespace": namespace})
-            events: tuple[Callable[..., Any], Mapping[str, Any]] = (
-                core.list_namespaced_event, {"namespace": namespace, "field_selector": selector})
-        else:
-            bases = (custom.list_cluster_custom_object,
-                     {"group": GROUP, "version": VERSION, "plural": PLURAL})
-            events = (core.list_event_for_all_namespaces, {"field_selector": selector})
 
         def on_loop(fn: Callable[..., None]) -> Callable[..., None]:
             return lambda *a: loop.call_soon_threadsafe(fn, *a)
 
-        for what, (fn, kwargs), listed, changed in (
-            ("knowledgebases", bases, cluster.listed_bases, cluster.base_event),
-            ("events", events, cluster.listed_events, cluster.event_event),
+        for what, url_path, query, listed, changed in (
+            (
+                "knowledgebases",
+                kube.path(API_VERSION, PLURAL, namespace),
+                {},
+                cluster.listed_bases,
+                cluster.base_event,
+            ),
+            (
+                "events",
+                kube.path("v1", "events", namespace),
+                {"fieldSelector": f"involvedObject.kind={KIND}"},
+                cluster.listed_events,
+                cluster.event_event,
+            ),
         ):
-            follow = _Follow(what, fn, kwargs, on_loop(listed), on_loop(changed),
-                             on_loop(cluster.problem), self.stopping)
-            self.threads.append(threading.Thread(target=follow.run, name=f"watch-{what}",
-                                                 daemon=True))
+            follow = _Follow(
+                what,
+                api,
+                url_path,
+                query,
+                on_loop(listed),
+                on_loop(changed),
+                on_loop(cluster.problem),
+                self.stopping,
+            )
+            self.threads.append(
+                threading.Thread(target=follow.run, name=f"watch-{what}", daemon=True)
+            )
 
     def start(self) -> None:
         for t in self.threads:
@@ -183,10 +186,18 @@ class Watches:
 class _Follow:
     """List, then watch, again and again, until stopped."""
 
-    def __init__(self, what: str, fn: Callable[..., Any], kwargs: Mapping[str, Any],
-                 listed: Callable[..., None], changed: Callable[..., None],
-                 problem: Callable[..., None], stopping: threading.Event) -> None:
-        self.what, self.fn, self.kwargs = what, fn, dict(kwargs)
+    def __init__(
+        self,
+        what: str,
+        api: kube.Cluster,
+        url_path: str,
+        query: dict[str, str],
+        listed: Callable[..., None],
+        changed: Callable[..., None],
+        problem: Callable[..., None],
+        stopping: threading.Event,
+    ) -> None:
+        self.what, self.api, self.url_path, self.query = what, api, url_path, query
         self.listed, self.changed, self.problem = listed, changed, problem
         self.stopping = stopping
 
@@ -196,7 +207,7 @@ class _Follow:
             try:
                 self._once()
                 failures = 0
-            except ApiException as e:
+            except kube.ApiError as e:
                 if e.status == 410:
                     continue  # the watch's resourceVersion expired: list again at once
                 failures += 1
@@ -212,19 +223,15 @@ class _Follow:
         self.problem(self.what, f"cannot watch {self.what}: {why}")
 
     def _once(self) -> None:
-        answer = self.fn(**self.kwargs, _preload_content=False, _request_timeout=30)
-        listed = json.loads(answer.data)
+        listed = self.api.request("GET", self.url_path, query=self.query)
         self.listed(listed.get("items") or [])
         self.problem(self.what, None)
-        stream = watch.Watch()
-        for event in stream.stream(self.fn, **self.kwargs,
-                                   resource_version=listed["metadata"]["resourceVersion"],
-                                   timeout_seconds=WATCH_SECONDS):
-            if self.stopping.is_set():
-                stream.stop()
-                return
-            kind, raw = event["type"], event["raw_object"]
-            if kind == "ERROR":
-                return  # expired (410 Gone) or refused: list again
-            if kind in ("ADDED", "MODIFIED", "DELETED"):
-                self.changed(kind, raw)
+        version = listed["metadata"]["resourceVersion"]
+        with contextlib.closing(
+            self.api.watch(self.url_path, version, WATCH_SECONDS, self.query)
+        ) as changes:
+            for kind, obj in changes:
+                if self.stopping.is_set():
+                    return
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self.changed(kind, obj)

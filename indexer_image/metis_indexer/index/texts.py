@@ -1,6 +1,7 @@
 """The texts a chunk is embedded, searched by words and reranked as: one place, so the
-three stay in step (spec 002). The model's own prefixes are added by its client
-(`models.prefixes`)."""
+three stay in step. The index counts a chunk's words from `searched`; a pass
+embeds `embedded`, and a search reranks `reranked`. The model's own prefixes are added by its
+client (`models.prefixes`)."""
 
 from __future__ import annotations
 

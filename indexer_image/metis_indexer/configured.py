@@ -1,0 +1,59 @@
+"""What an indexer runs with now: its configuration and the model clients made from it.
+A changed configuration replaces both (`following`); every part reads them here each time,
+so none keeps an old client or an old configuration."""
+
+from __future__ import annotations
+
+from metis_indexer.config import IndexerConfig
+from metis_indexer.models.clients import EmbeddingClient, RerankClient
+
+
+class Configured:
+    """The configuration run now, and its embedding and reranker clients (None where the
+    configuration names no such model)."""
+
+    def __init__(self, config: IndexerConfig) -> None:
+        self.config = config
+        self.embedder = _embedder(config)
+        self.reranker = _reranker(config)
+
+    async def take(self, config: IndexerConfig) -> None:
+        """Run `config` from now on; the clients are made again when its models (or the
+        embedding batch) changed."""
+        old, self.config = self.config, config
+        if (config.embedding, config.reranker, config.embedding_batch) != (
+            old.embedding,
+            old.reranker,
+            old.embedding_batch,
+        ):
+            await self.close()
+            self.embedder = _embedder(config)
+            self.reranker = _reranker(config)
+
+    async def close(self) -> None:
+        for client in (self.embedder, self.reranker):
+            if client is not None:
+                await client.close()
+
+    @property
+    def embedding_name(self) -> str:
+        """The embedding model as a log line or a reason names it."""
+        e = self.config.embedding
+        return e.name if e is not None else "the embedding model"
+
+
+def _embedder(config: IndexerConfig) -> EmbeddingClient | None:
+    e = config.embedding
+    if e is None:
+        return None
+    return EmbeddingClient(
+        e.url,
+        query_prefix=e.query_prefix,
+        document_prefix=e.document_prefix,
+        batch=config.embedding_batch,
+    )
+
+
+def _reranker(config: IndexerConfig) -> RerankClient | None:
+    r = config.reranker
+    return None if r is None else RerankClient(r.url, query_prefix=r.query_prefix, name=r.name)

@@ -1,0 +1,444 @@
+"""A KnowledgeBase's spec as the operator reads it, and the indexer configuration it
+turns into.
+
+The limits are the indexer's (`metis_indexer.limits`, one home for both). The CRD is
+generated from these models (`metis_operator.api.crd`), so the API server enforces the
+same limits; they are checked again here because the operator never trusts a CRD it did
+not install: an older or edited CRD must not make it write a Deployment or a
+configuration that cannot run. Errors name the field as a user wrote it
+(`spec.sources[1].path`).
+
+Each field carries the description `kubectl explain` shows; what only the CRD says (its
+CEL rules, a bound pydantic checks in a validator instead) sits beside the field in
+`json_schema_extra`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from metis_indexer import limits
+from metis_indexer.config import IndexerConfig
+
+NAME_MAX = 40
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+"""A base's name: lowercase letters, digits and -, not at either end (it names the
+base's children, `metis-<name>`, with room to spare)."""
+DRIVE_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A PersistentVolumeClaim's name (a DNS-1123 subdomain)."""
+DRIVE_MAX = 253
+SERVICE_RE = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+"""A Service's name (a DNS-1035 label)."""
+SERVICE_MAX = 63
+PREFIX_MAX = 1000
+CPU_MIN, CPU_MAX, CPU_DEFAULT = 1, 64, 1
+MEMORY_MIN, MEMORY_MAX, MEMORY_DEFAULT = 1, 256, 2
+MACHINES_MAX = 100
+LABELS_MAX = 32
+"""Node labels a placement may ask for (the CRD's bound; the operator takes any number)."""
+LABEL_KEY_RE = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+LABEL_VALUE_MAX = 63
+LABEL_KEY_MAX = DRIVE_MAX + 1 + LABEL_VALUE_MAX
+"""A prefix (a DNS subdomain), a /, and a name."""
+
+DRIVES_ROOT = "/drives"
+INDEX_DIR = "/index"
+
+
+def cel_regex(pattern: str) -> str:
+    """`pattern` as a CEL string literal may hold it: `\\.` is no escape CEL knows, `[.]`
+    matches the same."""
+    return pattern.replace("\\.", "[.]")
+
+
+class SpecError(ValueError):
+    """The spec cannot run; the message names each offending field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Model):
+    model_config = ConfigDict(json_schema_extra={"description": "One drive, or one folder of it."})
+
+    drive: str = Field(
+        pattern=DRIVE_RE,
+        max_length=DRIVE_MAX,
+        description="A drive of the namespace: a PersistentVolumeClaim, plain or filled by a "
+        "data source (then annotated metis.astraeus.io/revision, and a new revision starts a "
+        "pass). The indexer mounts it read-only at /drives/<drive>; a missing drive makes the "
+        "base Failed.",
+    )
+    path: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=limits.PATH_MAX,
+        description="Only the documents under this folder of the drive: relative, with no "
+        "empty, . or .. parts. Not set: the whole drive.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.matches('^[^/]+(/[^/]+)*$') && "
+                    "!self.matches('(^|/)[.][.]?(/|$)')",
+                    "message": "spec.sources[].path must be a folder of the drive: relative, "
+                    "with no leading or trailing /, and no empty, . or .. parts",
+                }
+            ]
+        },
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _plain_folder(cls, v: str | None) -> str | None:
+        """The path rule, and no empty part (`a//b`, a trailing /) as the CRD says."""
+        if v is not None and (limits.path_problem(v) or "" in v.split("/")):
+            raise ValueError(
+                "must be a folder of the drive: relative, without empty, . or .. parts"
+            )
+        return v
+
+    def contains(self, other: Source) -> bool:
+        """Whether one of the two sources holds the other (same drive, nested paths)."""
+        if self.drive != other.drive:
+            return False
+        if self.path is None or other.path is None:
+            return True
+        a, b = PurePosixPath(self.path).parts, PurePosixPath(other.path).parts
+        n = min(len(a), len(b))
+        return a[:n] == b[:n]
+
+
+class Embedding(_Model):
+    deployment: str = Field(
+        pattern=SERVICE_RE,
+        max_length=SERVICE_MAX,
+        description="A Service of the namespace in front of an embedding model server (one "
+        "that answers POST /v1/embeddings, as TEI, vLLM, Infinity and Ollama do). No such "
+        "Service, or one that serves something else, makes the base Failed.",
+    )
+    query_prefix: str | None = Field(
+        default=None,
+        max_length=PREFIX_MAX,
+        description="Put before each question when it is embedded. Not set: the prefix the "
+        'model was trained with ("search_query: " for Nomic Embed Text, "query: " for E5, '
+        '"Represent this sentence for searching relevant passages: " for BGE English, mxbai '
+        'and Snowflake Arctic, an instruction for Qwen3 Embedding, "task: search result | '
+        'query: " for EmbeddingGemma), none for other models (BGE-M3, MiniLM, Granite). '
+        "Empty: none.",
+    )
+    document_prefix: str | None = Field(
+        default=None,
+        max_length=PREFIX_MAX,
+        description="Put before each passage when it is embedded. Not set: the model's own "
+        '("search_document: " for Nomic, "passage: " for E5, "title: none | text: " for '
+        "EmbeddingGemma), none for other models. Empty: none.",
+    )
+
+
+class Reranker(_Model):
+    deployment: str = Field(
+        pattern=SERVICE_RE,
+        max_length=SERVICE_MAX,
+        description="A Service of the namespace in front of a reranker (one that answers "
+        "POST /v1/rerank, or TEI's POST /rerank). No such Service, or one that serves "
+        "something else, makes the base Failed.",
+    )
+    query_prefix: str | None = Field(
+        default=None,
+        max_length=PREFIX_MAX,
+        description="Put before each question sent to the reranker. Not set, none.",
+    )
+
+
+_OVERLAP_RULE = (
+    "spec.chunking.overlap ({overlap}) must be less than half of spec.chunking.size ({size}): "
+    "set a smaller overlap or a larger size"
+)
+"""The overlap rule's message, the CRD's and the operator's."""
+
+
+class Chunking(_Model):
+    # The API server fills in the defaults before the rule runs, so an unset overlap is
+    # the default. One format call a branch: it estimates string(int), and joining
+    # formatted strings, as too costly.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.overlap * 2 < self.size",
+                    "fieldPath": ".overlap",
+                    "message": "spec.chunking.overlap must be less than half of spec.chunking.size",
+                    "messageExpression": f"self.overlap == {limits.CHUNK_OVERLAP_DEFAULT} ? '"
+                    + _OVERLAP_RULE.format(
+                        overlap=f"{limits.CHUNK_OVERLAP_DEFAULT}, its default when not set",
+                        size="%d",
+                    )
+                    + "'.format([self.size]) : '"
+                    + _OVERLAP_RULE.format(overlap="%d", size="%d")
+                    + "'.format([self.overlap, self.size])",
+                }
+            ]
+        }
+    )
+
+    size: int = Field(
+        default=limits.CHUNK_SIZE_DEFAULT,
+        ge=limits.CHUNK_SIZE_MIN,
+        le=limits.CHUNK_SIZE_MAX,
+        description=f"Characters per chunk, at most; {limits.CHUNK_SIZE_MIN} to "
+        f"{limits.CHUNK_SIZE_MAX}. Not set, {limits.CHUNK_SIZE_DEFAULT}.",
+    )
+    overlap: int = Field(
+        default=limits.CHUNK_OVERLAP_DEFAULT,
+        ge=0,
+        description="Characters each chunk repeats of the one before; less than half of "
+        f"size. Not set, {limits.CHUNK_OVERLAP_DEFAULT}.",
+        # Below half of the largest size; the model's rule (below half of this size)
+        # says more than a bound would.
+        json_schema_extra={"maximum": (limits.CHUNK_SIZE_MAX - 1) // 2},
+    )
+
+    @model_validator(mode="after")
+    def _overlap_below_half(self) -> Chunking:
+        if not limits.overlap_allowed(self.size, self.overlap):
+            # Name the default when the user set none: they never wrote the 200.
+            unset = "" if "overlap" in self.model_fields_set else ", its default when not set"
+            raise ValueError(_OVERLAP_RULE.format(overlap=f"{self.overlap}{unset}", size=self.size))
+        return self
+
+
+class Placement(_Model):
+    machines: list[str] = Field(
+        default_factory=list,
+        max_length=MACHINES_MAX,
+        description="Only on one of these nodes (by name, kubernetes.io/hostname). Not set, "
+        "any node.",
+        json_schema_extra={"items": {"maxLength": DRIVE_MAX, "pattern": DRIVE_RE}},
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Only on nodes with all these labels (a pool).",
+        json_schema_extra={
+            "maxProperties": LABELS_MAX,
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, size(k) <= {LABEL_KEY_MAX} && "
+                    f"k.matches('{cel_regex(LABEL_KEY_RE.pattern)}'))",
+                    "message": "spec.placement.labels has a key that is not a label key",
+                }
+            ],
+            "additionalProperties": {
+                "maxLength": LABEL_VALUE_MAX,
+                "pattern": LABEL_VALUE_RE.pattern,
+            },
+        },
+    )
+    cpu_cores: int = Field(
+        default=CPU_DEFAULT,
+        ge=CPU_MIN,
+        le=CPU_MAX,
+        description=f"CPU cores it is placed by (its request), {CPU_MIN} to {CPU_MAX}; it uses "
+        f"the node's idle cores beyond them (no CPU limit). Not set, {CPU_DEFAULT}.",
+    )
+    memory_gb: int = Field(
+        default=MEMORY_DEFAULT,
+        ge=MEMORY_MIN,
+        le=MEMORY_MAX,
+        description=f"Memory in GiB, its request and its limit, {MEMORY_MIN} to {MEMORY_MAX}. "
+        f"Not set, {MEMORY_DEFAULT}. The index is held in memory: about 5 KB a chunk at 1024 "
+        "dimensions (2 KB with vectors: int8).",
+    )
+
+    @field_validator("machines")
+    @classmethod
+    def _node_names(cls, v: list[str]) -> list[str]:
+        bad = [m for m in v if not re.match(DRIVE_RE, m) or len(m) > DRIVE_MAX]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a machine (node) name")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _label_syntax(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if len(key) > LABEL_KEY_MAX or not LABEL_KEY_RE.match(key):
+                raise ValueError(f"{key!r} is not a label key")
+            if len(value) > LABEL_VALUE_MAX or not LABEL_VALUE_RE.match(value):
+                raise ValueError(f"{value!r} (of {key}) is not a label value")
+        return v
+
+
+class KnowledgeBaseSpec(_Model):
+    sources: list[Source] = Field(
+        min_length=limits.SOURCES_MIN,
+        max_length=limits.SOURCES_MAX,
+        description=f"What it reads: {limits.SOURCES_MIN} to {limits.SOURCES_MAX} sources. "
+        "Two sources of one drive may not overlap (handbook and handbook/hr).",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.all(a, self.filter(b, b.drive == a.drive && (!has(a.path) || "
+                    "!has(b.path) || a.path == b.path || b.path.startsWith(a.path + '/') || "
+                    "a.path.startsWith(b.path + '/'))).size() == 1)",
+                    "message": "spec.sources: two sources of one drive may not overlap (one "
+                    "may not contain the other, as handbook and handbook/hr)",
+                }
+            ]
+        },
+    )
+    embedding: Embedding = Field(
+        description="The embedding model that turns passages and questions into vectors for "
+        "search by meaning."
+    )
+    reranker: Reranker | None = Field(
+        default=None,
+        description="A reranker that orders the best candidates again. Without one, results "
+        "come in the fused order of the word and meaning searches.",
+    )
+    # A default is validated as written, without the defaults inside it: the CRD's default
+    # of an object names each of its fields' defaults.
+    chunking: Chunking = Field(
+        default=Chunking(),
+        description="How documents are cut into chunks, the pieces that are embedded and that "
+        "searches return. A change reads every document again.",
+    )
+    placement: Placement = Field(
+        default=Placement(),
+        description="Where its indexer pod runs, and the cores and memory it is given.",
+    )
+    rescan_seconds: int = Field(
+        default=limits.RESCAN_DEFAULT,
+        description="Seconds between two looks for changed documents: 0 (only when asked, or "
+        f"when a data source's drive has a new revision) or {limits.RESCAN_MIN} to "
+        f"{limits.RESCAN_MAX}. Not set, {limits.RESCAN_DEFAULT}.",
+        json_schema_extra={
+            "minimum": 0,
+            "maximum": limits.RESCAN_MAX,
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self == 0 || self >= {limits.RESCAN_MIN}",
+                    "message": "spec.rescan_seconds must be 0 (only when asked) or "
+                    f"{limits.RESCAN_MIN} to {limits.RESCAN_MAX}",
+                }
+            ],
+        },
+    )
+    vectors: limits.VectorKind = Field(
+        default=limits.VECTORS_DEFAULT,
+        description="How the index holds its vectors in memory. float32: as they are. int8: "
+        "scaled int8 codes scanned for candidates, the best few hundred rescored exactly from "
+        "float32 vectors on the index drive; about a quarter of the vectors' memory, the same "
+        f"answers. Not set, {limits.VECTORS_DEFAULT}.",
+    )
+
+    @field_validator("rescan_seconds")
+    @classmethod
+    def _rescan(cls, v: int) -> int:
+        if not limits.rescan_allowed(v):
+            raise ValueError(
+                f"is {v}; it must be 0 (only when asked) or {limits.RESCAN_MIN} to "
+                f"{limits.RESCAN_MAX}"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _no_overlap(self) -> KnowledgeBaseSpec:
+        for i, a in enumerate(self.sources):
+            for j, b in enumerate(self.sources[i + 1 :], start=i + 1):
+                if a.contains(b):
+                    raise ValueError(
+                        f"spec.sources[{i}] and spec.sources[{j}] overlap: two sources of "
+                        f"drive {a.drive} may not contain each other"
+                    )
+        return self
+
+    @property
+    def drives(self) -> list[str]:
+        """The source drives, each once, sorted."""
+        return sorted({s.drive for s in self.sources})
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    out = "spec"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def check_name(name: str) -> None:
+    """Raise SpecError unless `name` is a valid base name (metadata.name)."""
+    if len(name) > NAME_MAX or not NAME_RE.match(name):
+        raise SpecError(
+            f"metadata.name {name!r} must be lowercase letters, digits and -, not starting "
+            f"or ending with -, at most {NAME_MAX} characters"
+        )
+
+
+def parse(name: str, spec: Mapping[str, Any]) -> KnowledgeBaseSpec:
+    """The spec, checked; SpecError names every field that is wrong."""
+    check_name(name)
+    try:
+        return KnowledgeBaseSpec.model_validate(dict(spec))
+    except ValidationError as e:
+        problems = []
+        for err in e.errors(include_url=False):
+            message = err["msg"].removeprefix("Value error, ")
+            where = _where(err["loc"])
+            problems.append(message if message.startswith("spec.") else f"{where}: {message}")
+        raise SpecError("; ".join(problems)) from None
+
+
+def to_indexer_config(
+    name: str,
+    spec: KnowledgeBaseSpec,
+    *,
+    port: int,
+    embedding_url: str,
+    reranker_url: str | None,
+    revisions: Mapping[str, str],
+) -> IndexerConfig:
+    """The indexer's configuration for the pod: source drives mounted at
+    /drives/<drive>, the index drive at /index, the models at their Services' URLs.
+
+    Built with the indexer's own model, so a configuration it would refuse is
+    never written; prefixes left unset are chosen by the indexer from the model.
+    """
+    e, r = spec.embedding, spec.reranker
+    raw: dict[str, Any] = {
+        "name": name,
+        "sources": [
+            {"drive": s.drive, "root": f"{DRIVES_ROOT}/{s.drive}", "path": s.path}
+            for s in spec.sources
+        ],
+        "embedding": {
+            "url": embedding_url,
+            "name": e.deployment,
+            "query_prefix": e.query_prefix,
+            "document_prefix": e.document_prefix,
+        },
+        "chunking": {"size": spec.chunking.size, "overlap": spec.chunking.overlap},
+        "rescan_seconds": spec.rescan_seconds,
+        "vectors": spec.vectors,
+        "index_dir": INDEX_DIR,
+        "host": "0.0.0.0",
+        "port": port,
+        "workers": min(64, max(2, spec.placement.cpu_cores)),
+        "revisions": {d: rev for d, rev in sorted(revisions.items()) if d in spec.drives},
+    }
+    if r is not None and reranker_url is not None:
+        raw["reranker"] = {
+            "url": reranker_url,
+            "name": r.deployment,
+            "query_prefix": r.query_prefix or "",
+        }
+    return IndexerConfig.model_validate(raw)

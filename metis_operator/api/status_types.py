@@ -1,0 +1,190 @@
+"""A KnowledgeBase's status as the operator writes it: its state, what it observed of the
+indexer and the drives, the last evaluation, and the conditions Kubernetes tools read.
+
+The field order is the order the status is written in. A status read back keeps fields
+this version does not know (a newer operator's), so writing it again drops none of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+StateName = Literal["Pending", "Starting", "Indexing", "Ready", "Waiting", "Failed"]
+"""The values of `status.state` (metis_operator.state.State, by value)."""
+
+DATE_TIME = {"format": "date-time"}
+"""An RFC 3339 time, kept as the string the API server holds."""
+INT64 = {"format": "int64"}
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class IndexTotals(_Status):
+    phase: str | None = Field(
+        default=None,
+        description="The index's own phase: loading, scanning, indexing, ready, waiting, or "
+        "standby (a replacement taking over after a change; searches are answered meanwhile).",
+    )
+    documents: int | None = Field(default=None, description="Documents indexed.")
+    chunks: int | None = Field(default=None, description="Chunks indexed.")
+    failed: int | None = Field(
+        default=None,
+        description="Documents that could not be read; the indexer's /v1/documents says why "
+        "for each.",
+    )
+    pass_total: int | None = Field(default=None, description="Documents the current pass reads.")
+    pass_done: int | None = Field(
+        default=None, description="Documents the current pass has read so far."
+    )
+    last_indexed_at: str | None = Field(
+        default=None, description="When its last pass finished.", json_schema_extra=DATE_TIME
+    )
+    dimensions: int | None = Field(default=None, description="The dimensions of its embeddings.")
+    vectors: str | None = Field(
+        default=None, description="How its index holds vectors in memory (float32 or int8)."
+    )
+
+
+class Observed(_Status):
+    index: IndexTotals | None = Field(
+        default=None, description="Its index, as the indexer reports it (GET /v1/status)."
+    )
+    machine: str | None = Field(default=None, description="The node its indexer pod runs on.")
+    address: str | None = Field(
+        default=None,
+        description="Its address for the namespace's workloads, "
+        "http://metis-<name>.<namespace>.svc:7700 (searches at /v1/search).",
+    )
+    revisions: dict[str, str] | None = Field(
+        default=None,
+        description="For each source drive from a data source, the revision it reads (the "
+        "drive's metis.astraeus.io/revision annotation).",
+    )
+    indexed_revisions: dict[str, str] | None = Field(
+        default=None,
+        description="For each source drive from a data source, the revision a finished pass "
+        "indexed.",
+    )
+    warnings: list[str] | None = Field(
+        default=None,
+        description="What you should know, such as a model Service whose workload scales to "
+        "zero (a search would wait for it to wake).",
+    )
+
+
+class Evaluation(_Status):
+    k: int | None = Field(default=None, description="Results looked at for each question, 1 to 50.")
+    cases: int | None = Field(default=None, description="Questions asked.")
+    recall_at_k: float | None = Field(
+        default=None,
+        description="The mean share of each question's expected documents found in its first "
+        "k results, 0 to 1.",
+    )
+    mrr: float | None = Field(
+        default=None,
+        description="The mean reciprocal rank of each question's first expected document (1 "
+        "when it comes first, 1/2 second, 0 when missing).",
+    )
+    at: str | None = Field(
+        default=None, description="When the evaluation ran.", json_schema_extra=DATE_TIME
+    )
+    retrieval: str | None = Field(
+        default=None,
+        description="The retrieval settings it was measured under (embedding model Service, "
+        "chunk size/overlap). The operator evaluates a Ready base again when they change and "
+        "sets QualityRegressed when the figures fall beyond METIS_QUALITY_TOLERANCE.",
+    )
+
+
+class Condition(_Status):
+    model_config = ConfigDict(json_schema_extra={"description": "One condition."})
+
+    type: str = Field(
+        description="Ready, Reconciling, Stalled, Paused, EmbeddingModelAvailable, "
+        "RerankerAvailable or QualityRegressed."
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str | None = Field(
+        default=None, description="One CamelCase word for why (for Ready, the state)."
+    )
+    message: str | None = Field(default=None, description="Why, in words.")
+    observed_generation: int | None = Field(
+        default=None,
+        alias="observedGeneration",
+        description="The generation of the spec the condition was set for.",
+        json_schema_extra=INT64,
+    )
+    last_transition_time: str | None = Field(
+        default=None,
+        alias="lastTransitionTime",
+        description="When its status or message last changed.",
+        json_schema_extra=DATE_TIME,
+    )
+
+
+class KnowledgeBaseStatus(_Status):
+    state: StateName | None = Field(
+        default=None,
+        description="Its state. Pending: waiting for a node that can mount its drives, or for "
+        "a data source's first revision. Starting: its index is loading, or a replacement is "
+        "taking over after a change. Indexing: reading documents; searches are answered from "
+        "what is indexed. Ready: everything indexed with the current spec; watching its "
+        "sources. Waiting: its index waits, most often for its embedding model; the reason "
+        "names what. Failed: it cannot run as asked (a drive or model Service that does not "
+        "exist, one that serves something else, a spec the operator refuses).",
+    )
+    reason: str | None = Field(default=None, description="Why it is in its state, in words.")
+    observed_generation: int | None = Field(
+        default=None,
+        alias="observedGeneration",
+        description="The generation (metadata.generation) of the spec this status was derived "
+        "from. Ready is True only once the indexer runs that generation's configuration and "
+        "the pass it asked for has finished.",
+        json_schema_extra=INT64,
+    )
+    observed: Observed | None = Field(
+        default=None, description="What the operator saw of its indexer and its drives."
+    )
+    conditions: list[Condition] | None = Field(
+        default=None,
+        description="The conditions Kubernetes tools read (kubectl wait, Argo CD, Flux). "
+        "Ready: True only in state Ready, with the current generation indexed. Reconciling: "
+        "True while the base is on its way to what its spec asks (Pending, Starting, "
+        "Indexing, Waiting). Stalled: True while it is Failed. Paused: True while the "
+        'annotation metis.astraeus.io/paused is "true" (the base and its children are left '
+        "untouched). EmbeddingModelAvailable and RerankerAvailable: whether the model "
+        "Services answer as such. QualityRegressed: True when the evaluation after a change "
+        "of embedding model or chunking fell beyond the tolerance.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    progress: str | None = Field(
+        default=None,
+        description="The current pass's documents read so far, as read/total, while a pass reads.",
+    )
+    evaluation: Evaluation | None = Field(
+        default=None,
+        description="The last evaluation, asked for with the annotation "
+        "metis.astraeus.io/evaluate: the questions of .metis/evals.jsonl on its source "
+        "drives, each with the documents it should find.",
+    )
+
+    @classmethod
+    def read(cls, raw: Mapping[str, Any] | None) -> KnowledgeBaseStatus:
+        """A stored status, however it was written: a field this version cannot read (a
+        state a newer operator added, a hand-edited value) is left out rather than
+        refusing the whole status, so one odd base never breaks a page or a loop."""
+        fields = dict(raw or {})
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as e:
+            unreadable = {error["loc"][0] for error in e.errors() if error["loc"]}
+            return cls.model_validate({k: v for k, v in fields.items() if k not in unreadable})
+
+    def dump(self) -> dict[str, Any]:
+        """The status as it is written: the API's names, fields not set left out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -1,0 +1,136 @@
+"""What the cluster console shows of the cluster, as pure functions over plain data (no I/O).
+
+- `base_view`: a KnowledgeBase as the Bases page and its own page show it, its status
+  read through the models the operator writes it with (metis_operator/api/status_types.py).
+- `event_view`: an Event about a base, as the base's page lists it.
+- `when`: an API server's timestamp as the pages show it.
+- `indexer_url`: where to reach a base's indexer from the console.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, Field
+
+from metis_operator.api.status_types import (
+    Condition,
+    Evaluation,
+    IndexTotals,
+    KnowledgeBaseStatus,
+    Observed,
+    StateName,
+)
+
+Shown = StateName | Literal["Unknown"]
+"""A base's state as shown: Unknown until the operator has written one."""
+
+
+def when(timestamp: str | None) -> str:
+    """An API server's timestamp (`2026-11-30T21:04:12Z`) as `2026-11-30 21:04 UTC`;
+    anything else as it is, none as `—`."""
+    if not timestamp:
+        return "—"
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(:\d\d(\.\d+)?)?Z", timestamp)
+    return f"{m[1]} {m[2]} UTC" if m else timestamp
+
+
+class BaseView(BaseModel):
+    """A KnowledgeBase as the Bases page shows it."""
+
+    namespace: str
+    name: str
+    state: Shown = "Unknown"
+    reason: str = ""
+    phase: str | None = None
+    documents: int | None = None
+    chunks: int | None = None
+    failed: int | None = None
+    pass_total: int | None = None
+    pass_done: int | None = None
+    last_indexed_at: str | None = None
+    address: str | None = None
+    machine: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+    evaluation: Evaluation | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def progress(self) -> tuple[int, int] | None:
+        """(read, of) while a pass reads documents; None otherwise."""
+        if self.phase in ("scanning", "indexing") and self.pass_total:
+            return min(self.pass_done or 0, self.pass_total), self.pass_total
+        return None
+
+
+def base_view(obj: Mapping[str, Any]) -> BaseView:
+    """A KnowledgeBase object (as the API server gives it) as the page shows it."""
+    meta = obj.get("metadata", {})
+    status = KnowledgeBaseStatus.read(obj.get("status"))
+    observed = status.observed or Observed()
+    index = observed.index or IndexTotals()
+    return BaseView(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        state=status.state or "Unknown",
+        reason=status.reason or ("" if status.state else "not looked at by the operator yet"),
+        phase=index.phase,
+        documents=index.documents,
+        chunks=index.chunks,
+        failed=index.failed,
+        pass_total=index.pass_total,
+        pass_done=index.pass_done,
+        last_indexed_at=index.last_indexed_at,
+        address=observed.address,
+        machine=observed.machine,
+        warnings=observed.warnings or [],
+        evaluation=status.evaluation,
+        conditions=status.conditions or [],
+    )
+
+
+class EventView(BaseModel):
+    """One Event about a base, as the base's page lists it."""
+
+    type: str = "Normal"
+    reason: str = ""
+    message: str = ""
+    count: int = 1
+    last: str = ""
+
+
+def event_view(obj: Mapping[str, Any]) -> EventView:
+    """A core/v1 Event (as JSON) as the base's page lists it: when it was last seen."""
+    last = (
+        obj.get("lastTimestamp")
+        or obj.get("eventTime")
+        or (obj.get("metadata") or {}).get("creationTimestamp")
+        or ""
+    )
+    return EventView(
+        type=obj.get("type") or "Normal",
+        reason=obj.get("reason") or "",
+        message=obj.get("message") or "",
+        count=obj.get("count") or 1,
+        last=str(last),
+    )
+
+
+def indexer_url(address: str, template: str | None) -> str:
+    """Where to reach a base's indexer: its `observed.address`, or the Service named
+    there through `template` (`http://127.0.0.1:{port}` out of a cluster), as the
+    operator's METIS_URL_TEMPLATE."""
+    if not template:
+        return address.rstrip("/")
+    parts = urlsplit(address)
+    host = parts.hostname or ""
+    name, _, rest = host.partition(".")
+    namespace = rest.partition(".")[0]
+    return template.format(name=name, namespace=namespace, port=parts.port or 80).rstrip("/")

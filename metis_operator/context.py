@@ -1,0 +1,29 @@
+"""What every handler and every base's loop shares, built once at start-up and kept in
+kopf's memo. A module of its own so that the reconciliation and the calls to the
+indexer both take it without importing each other."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import httpx
+
+from metis_operator import kube
+from metis_operator.cache import Cache
+from metis_operator.metrics import Metrics
+from metis_operator.prober import Probers
+from metis_operator.settings import Settings
+
+
+@dataclasses.dataclass
+class Context:
+    """The operator's settings, its clients, its metrics and what it keeps in memory."""
+
+    settings: Settings
+    cluster: kube.Cluster
+    http: httpx.AsyncClient
+    metrics: Metrics
+    cache: Cache
+    probers: Probers
+    tokens: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    """Bases whose token Secret this process has seen (Secrets are not watched)."""
