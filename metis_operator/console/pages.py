@@ -17,6 +17,25 @@ from metis_indexer.console.views import SearchForm, search_query
 from metis_indexer.schema import DocumentsPage, ErrorBody
 from metis_operator.console.views import BaseView, EventView, when
 
+BASES_COLUMNS = (
+    "Base",
+    "State",
+    "Documents",
+    "Chunks",
+    "Failed",
+    "Progress",
+    "Last indexed",
+    "Evaluation",
+    "Warnings",
+)
+
+
+def table(headers: Sequence[str], rows: Sequence[Html], class_: str) -> Html:
+    """A table with a header row; `stack` ones read as labelled lines on a narrow screen
+    (each cell's data-label)."""
+    head = el("tr", [el("th", h, scope="col") for h in headers])
+    return el("table", el("thead", head), el("tbody", rows), class_=class_)
+
 
 def base_href(key: str) -> str:
     return "/bases/" + quote(key)
@@ -87,27 +106,10 @@ def bases_fragment(views: Sequence[BaseView], problem: str | None) -> Html:
         )
         for v in views
     ]
-    head = el(
-        "tr",
-        [
-            el("th", h, scope="col")
-            for h in (
-                "Base",
-                "State",
-                "Documents",
-                "Chunks",
-                "Failed",
-                "Progress",
-                "Last indexed",
-                "Evaluation",
-                "Warnings",
-            )
-        ],
-    )
     return join(
         [
             el("p", problem, class_="error", role="alert") if problem else None,
-            el("table", el("thead", head), el("tbody", rows), class_="bases stack")
+            table(BASES_COLUMNS, rows, "bases stack")
             if views
             else el("p", "No knowledge base to show yet.", class_="muted"),
         ]
@@ -143,65 +145,39 @@ def base_fragment(view: BaseView, events: Sequence[EventView]) -> Html:
         ("Machine", view.machine or "—"),
     ]
     conditions = (
-        el(
-            "table",
-            el(
-                "thead",
+        table(
+            ("Condition", "Status", "Reason", "Message", "Since"),
+            [
                 el(
                     "tr",
-                    [
-                        el("th", h, scope="col")
-                        for h in ("Condition", "Status", "Reason", "Message", "Since")
-                    ],
-                ),
-            ),
-            el(
-                "tbody",
-                [
-                    el(
-                        "tr",
-                        el("td", c.type, data_label="Condition"),
-                        el("td", c.status, data_label="Status"),
-                        el("td", c.reason, data_label="Reason"),
-                        el("td", c.message, data_label="Message"),
-                        el("td", when(c.last_transition_time), data_label="Since"),
-                    )
-                    for c in view.conditions
-                ],
-            ),
-            class_="stack",
+                    el("td", c.type, data_label="Condition"),
+                    el("td", c.status, data_label="Status"),
+                    el("td", c.reason, data_label="Reason"),
+                    el("td", c.message, data_label="Message"),
+                    el("td", when(c.last_transition_time), data_label="Since"),
+                )
+                for c in view.conditions
+            ],
+            "stack",
         )
         if view.conditions
         else el("p", "No conditions yet.", class_="muted")
     )
     recent = (
-        el(
-            "table",
-            el(
-                "thead",
+        table(
+            ("Last seen", "Type", "Reason", "Message", "Count"),
+            [
                 el(
                     "tr",
-                    [
-                        el("th", h, scope="col")
-                        for h in ("Last seen", "Type", "Reason", "Message", "Count")
-                    ],
-                ),
-            ),
-            el(
-                "tbody",
-                [
-                    el(
-                        "tr",
-                        el("td", when(e.last), data_label="Last seen"),
-                        el("td", e.type, data_label="Type", class_=f"event-{e.type.lower()}"),
-                        el("td", e.reason, data_label="Reason"),
-                        el("td", e.message, data_label="Message"),
-                        el("td", e.count, data_label="Count", class_="num"),
-                    )
-                    for e in events
-                ],
-            ),
-            class_="stack events",
+                    el("td", when(e.last), data_label="Last seen"),
+                    el("td", e.type, data_label="Type", class_=f"event-{e.type.lower()}"),
+                    el("td", e.reason, data_label="Reason"),
+                    el("td", e.message, data_label="Message"),
+                    el("td", e.count, data_label="Count", class_="num"),
+                )
+                for e in events
+            ],
+            "stack events",
         )
         if events
         else el("p", "No recent Events.", class_="muted")
