@@ -26,8 +26,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from metis_indexer import cli as indexer_cli
 from metis_indexer import schema
+from metis_indexer.answer_text import answer_text
 from metis_operator import kube
 from metis_operator.api.identity import API_VERSION, EVALUATE, GROUP, KIND, PLURAL, REINDEX
 from metis_operator.api.status_types import IndexTotals, KnowledgeBaseStatus, Observed
@@ -386,10 +386,7 @@ def run(args: argparse.Namespace, now: dt.datetime) -> str:
     answer = cluster.indexer(base, "POST", "/v1/search", request.model_dump(exclude_none=True))
     if args.json:
         return json.dumps(answer, indent=2, ensure_ascii=False)
-    indexer_cli.print_answer(
-        schema.SearchAnswer.model_validate(answer).model_dump(exclude_none=True)
-    )
-    return ""
+    return answer_text(schema.SearchAnswer.model_validate(answer))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,9 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from metis_indexer import limits
+from metis_indexer.answer_text import answer_text
 from metis_indexer.config import ConfigError, IndexerConfig, explain, load
+from metis_indexer.schema import SearchAnswer
 
 DEFAULT_URL = "http://127.0.0.1:7700"
 TOKEN_ENV = "METIS_API_TOKEN"
@@ -203,41 +205,6 @@ def _call(
     return data
 
 
-def score_line(scores: dict[str, Any]) -> str:
-    """`meaning 0.830 (#1) · words 7.41 (#2) · fused 0.0328 · reranker 0.970`."""
-    parts = []
-    if "dense" in scores:
-        parts.append(f"meaning {scores['dense']:.3f} (#{scores['dense_rank']})")
-    if "keyword" in scores:
-        parts.append(f"words {scores['keyword']:.2f} (#{scores['keyword_rank']})")
-    if "fused" in scores:
-        parts.append(f"fused {scores['fused']:.4f}")
-    if "rerank" in scores:
-        parts.append(f"reranker {scores['rerank']:.3f}")
-    return " · ".join(parts)
-
-
-def print_answer(answer: dict[str, Any]) -> None:
-    for w in answer["warnings"]:
-        print(f"warning: {w}")
-    for i, r in enumerate(answer["results"], start=1):
-        c = r["citation"]
-        where = (
-            f"page {c['page']}" if c.get("page") else f"line {c['line']}" if c.get("line") else ""
-        )
-        headings = c.get("headings", [])
-        if headings and headings[0] == c.get("title"):
-            headings = headings[1:]
-        place = " › ".join(p for p in [c.get("title"), *headings] if p)
-        print(f"{i}. {c['source']}/{c['document']}" + (f", {where}" if where else ""))
-        if place:
-            print(f"   {place}")
-        print(f"   {c['snippet']}")
-        print(f"   {score_line(r['scores'])}")
-    took = answer["took"]
-    print(f"({answer['mode']}{', reranked' if answer['reranked'] else ''}; {took['total']:.1f} ms)")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -272,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             body["filters"] = filters
         answer = _call("POST", f"{url}/v1/search", body)
         if not args.json:
-            print_answer(answer)
+            print(answer_text(SearchAnswer.model_validate(answer)))
             return 0
     elif args.command == "status":
         answer = _call("GET", f"{url}/v1/status")

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from metis_indexer.answer_text import score_line
 from metis_indexer.console.views import (
     FormError,
     SearchForm,
@@ -17,7 +18,6 @@ from metis_indexer.console.views import (
     marked,
     merge,
     parse_search,
-    score_line,
     search_query,
     why,
 )

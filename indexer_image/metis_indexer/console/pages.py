@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from metis_indexer.answer_text import score_line
 from metis_indexer.console.html import Html, el, join
 from metis_indexer.console.views import (
     COMPARED,
@@ -18,7 +19,6 @@ from metis_indexer.console.views import (
     Hit,
     SearchForm,
     marked,
-    score_line,
     took_line,
 )
 from metis_indexer.schema import ErrorBody, Mode, Result, SearchAnswer

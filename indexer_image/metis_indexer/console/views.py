@@ -4,7 +4,7 @@
   `SearchForm`, or the indexer's error code and message; `search_query` writes it back.
 - `merge`: several bases' results into one list by reciprocal rank (k = 60).
 - `compare`: the three modes' lists into rows with each passage's rank in each.
-- `why`: a result's "Why it came up" sentence; `score_line`: the line under a result.
+- `why`: a result's "Why it came up" sentence (the score line under it: answer_text).
 - `marked`: a snippet cut into runs, the question's words marked.
 
 The cluster console's own views of a KnowledgeBase and an Event are in
@@ -29,7 +29,6 @@ from metis_indexer.schema import (
     ErrorBody,
     Mode,
     Result,
-    Scores,
     SearchRequest,
 )
 
@@ -262,21 +261,6 @@ def compare(lists: Mapping[Mode, Sequence[Hit]]) -> list[CompareRow]:
         rows,
         key=lambda r: (r.ranks["hybrid"] or big, min(v for v in r.ranks.values() if v is not None)),
     )
-
-
-def score_line(scores: Scores) -> str:
-    """`meaning 0.830 (#1) · words 7.41 (#2) · fused 0.0328 · reranker 0.970`: each step
-    that scored the passage."""
-    parts = []
-    if scores.dense is not None:
-        parts.append(f"meaning {scores.dense:.3f} (#{scores.dense_rank})")
-    if scores.keyword is not None:
-        parts.append(f"words {scores.keyword:.2f} (#{scores.keyword_rank})")
-    if scores.fused is not None:
-        parts.append(f"fused {scores.fused:.4f}")
-    if scores.rerank is not None:
-        parts.append(f"reranker {scores.rerank:.3f}")
-    return " · ".join(parts)
 
 
 def fold(text: str) -> str:
