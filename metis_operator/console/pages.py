@@ -88,11 +88,11 @@ def bases_fragment(views: Sequence[BaseView], problem: str | None) -> Html:
             el(
                 "td", state_badge(v.state), el("div", v.reason, class_="reason"), data_label="State"
             ),
-            el("td", number(v.documents), data_label="Documents", class_="num"),
-            el("td", number(v.chunks), data_label="Chunks", class_="num"),
-            el("td", number(v.failed), data_label="Failed", class_="num"),
+            el("td", number(v.index.documents), data_label="Documents", class_="num"),
+            el("td", number(v.index.chunks), data_label="Chunks", class_="num"),
+            el("td", number(v.index.failed), data_label="Failed", class_="num"),
             el("td", progress(v), data_label="Progress"),
-            el("td", when(v.last_indexed_at), data_label="Last indexed"),
+            el("td", when(v.index.last_indexed_at), data_label="Last indexed"),
             el("td", evaluation(v), data_label="Evaluation"),
             el(
                 "td",
@@ -131,15 +131,16 @@ def bases_page(views: Sequence[BaseView], problem: str | None) -> Html:
 
 def base_fragment(view: BaseView, events: Sequence[EventView]) -> Html:
     """A base's state, totals, conditions and recent Events (replaced live)."""
+    ix = view.index
     facts = [
         ("State", join([state_badge(view.state), " ", view.reason])),
-        ("Index", view.phase or "—"),
+        ("Index", ix.phase or "—"),
         (
             "Documents / chunks / failed",
-            f"{number(view.documents)} / {number(view.chunks)} / {number(view.failed)}",
+            f"{number(ix.documents)} / {number(ix.chunks)} / {number(ix.failed)}",
         ),
         ("Progress", progress(view)),
-        ("Last indexed", when(view.last_indexed_at)),
+        ("Last indexed", when(ix.last_indexed_at)),
         ("Evaluation", evaluation(view)),
         ("Address", view.address or "—"),
         ("Machine", view.machine or "—"),

@@ -45,13 +45,7 @@ class BaseView(BaseModel):
     name: str
     state: Shown = "Unknown"
     reason: str = ""
-    phase: str | None = None
-    documents: int | None = None
-    chunks: int | None = None
-    failed: int | None = None
-    pass_total: int | None = None
-    pass_done: int | None = None
-    last_indexed_at: str | None = None
+    index: IndexTotals = Field(default_factory=IndexTotals)
     address: str | None = None
     machine: str | None = None
     warnings: list[str] = Field(default_factory=list)
@@ -65,8 +59,9 @@ class BaseView(BaseModel):
     @property
     def progress(self) -> tuple[int, int] | None:
         """(read, of) while a pass reads documents; None otherwise."""
-        if self.phase in ("scanning", "indexing") and self.pass_total:
-            return min(self.pass_done or 0, self.pass_total), self.pass_total
+        ix = self.index
+        if ix.phase in ("scanning", "indexing") and ix.pass_total:
+            return min(ix.pass_done or 0, ix.pass_total), ix.pass_total
         return None
 
 
@@ -75,19 +70,12 @@ def base_view(obj: Mapping[str, Any]) -> BaseView:
     meta = obj.get("metadata", {})
     status = KnowledgeBaseStatus.read(obj.get("status"))
     observed = status.observed or Observed()
-    index = observed.index or IndexTotals()
     return BaseView(
         namespace=meta.get("namespace", ""),
         name=meta.get("name", ""),
         state=status.state or "Unknown",
         reason=status.reason or ("" if status.state else "not looked at by the operator yet"),
-        phase=index.phase,
-        documents=index.documents,
-        chunks=index.chunks,
-        failed=index.failed,
-        pass_total=index.pass_total,
-        pass_done=index.pass_done,
-        last_indexed_at=index.last_indexed_at,
+        index=observed.index or IndexTotals(),
         address=observed.address,
         machine=observed.machine,
         warnings=observed.warnings or [],

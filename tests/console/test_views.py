@@ -329,7 +329,7 @@ def test_a_status_this_version_cannot_read_in_part_shows_the_rest() -> None:
         )
     )
     assert (view.state, view.reason) == ("Unknown", "asleep until the first question")
-    assert (view.documents, view.chunks) == (8, 31)
+    assert (view.index.documents, view.index.chunks) == (8, 31)
 
 
 def test_an_event_is_shown_when_it_was_last_seen() -> None:

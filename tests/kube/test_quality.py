@@ -149,7 +149,7 @@ def test_a_chunking_change_that_lowers_recall_sets_quality_regressed(
         "evaluation held: recall@1 1.000, MRR 1.000 over 6 questions (embedding minilm, "
         "chunks 1000/100), was recall@1 1.000, MRR 1.000 (embedding minilm, chunks 1200/200)"
     )
-    # Events are posted after the status is written (kopf's posting queue): polled.
+    # The operator posts its Events after it writes the status: polled.
     wait_for(
         lambda: ("Evaluated", held["message"]) in state_events(kube, ns, "stories"),
         timeout=30,
