@@ -30,6 +30,8 @@ from metis_dev.process import Process
 from metis_dev.rest import KubeApiError
 
 INDEXER_SELECTOR = "app.kubernetes.io/name=metis-indexer"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+"""The label naming a pod's base."""
 
 
 def hostpath_volume(name: str, folder: Path, namespace: str, claim: str) -> dict[str, Any]:
@@ -126,6 +128,12 @@ class Kubelet:
     `hold = True` keeps newly bound pods from starting (to see a base Starting);
     the processes of pods that are deleted are stopped before new ones start, so
     a replacement takes over the index folder and the port as in a pod.
+
+    A base's pods share one loopback port here, so a replacement that starts beside
+    the old pod (a rolling update's surge) cannot run beside it: it is reported ready
+    at once, standing for a replacement that loaded the index in standby, and its
+    process starts once the old pod's has stopped. The searches through that moment
+    are the real node's to measure (tests/node/test_never_dark.py), not this stand-in's.
     """
 
     def __init__(self, kube: ControlPlane, namespace: str | None, workdir: Path) -> None:
@@ -137,6 +145,8 @@ class Kubelet:
         """Keep ConfigMap updates from the running pods, as a real kubelet does for up
         to a minute."""
         self.pods: dict[str, _Pod] = {}
+        self.beside: set[str] = set()
+        """Pods reported ready whose process waits for the old pod's to stop (a surge)."""
         self.errors: list[str] = []
         self.volumes: list[str] = []
         self._stop = threading.Event()
@@ -193,6 +203,9 @@ class Kubelet:
             known = self.pods.get(uid)
             if known is None:
                 if pod["spec"].get("nodeName") and not self.hold:
+                    if self._beside_another(pod, live):
+                        continue
+                    self.beside.discard(uid)
                     started = self.pods[uid] = self._start(pod)
                     # An override of `_start` (bench/operator_scale.py) may leave it out.
                     started.namespace = pod["metadata"]["namespace"]
@@ -202,6 +215,21 @@ class Kubelet:
             if not known.running and self._ready(known.process):
                 self.kube.mark_pod_running(known.namespace, known.name)
                 known.running = True
+
+    def _beside_another(self, pod: dict[str, Any], live: dict[str, dict[str, Any]]) -> bool:
+        """Whether `pod` replaces a pod of its base whose process still runs: then it is
+        reported ready (once), and started when that process has stopped."""
+        meta = pod["metadata"]
+        base = (meta["namespace"], meta.get("labels", {}).get(INSTANCE_LABEL))
+        running = any(
+            (p.namespace, live[u]["metadata"].get("labels", {}).get(INSTANCE_LABEL)) == base
+            for u, p in self.pods.items()
+            if u in live
+        )
+        if running and meta["uid"] not in self.beside:
+            self.kube.mark_pod_running(meta["namespace"], meta["name"])
+            self.beside.add(meta["uid"])
+        return running
 
     def _bind_index_claims(self, claims: list[dict[str, Any]]) -> None:
         for claim in claims:
@@ -240,7 +268,9 @@ class Kubelet:
 
     @staticmethod
     def _localised(text: str, mounts: dict[str, Path]) -> str:
-        """The configuration with paths seen through the mounts, on loopback."""
+        """The configuration with paths seen through the mounts, on loopback, and no
+        drain: this stand-in runs one pod of a base at a time on one port, so a stopping
+        pod's drain would only hold its replacement back."""
 
         def local(path: str) -> str:
             for mount, host in sorted(mounts.items(), key=lambda m: -len(m[0])):
@@ -253,6 +283,7 @@ class Kubelet:
             source["root"] = local(source["root"])
         config["index_dir"] = local(config["index_dir"])
         config["host"] = "127.0.0.1"
+        config["drain_seconds"] = 0
         return json.dumps(config, indent=2)
 
     def _start(self, pod: dict[str, Any]) -> _Pod:

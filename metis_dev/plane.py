@@ -43,6 +43,8 @@ from metis_dev.rest import KubeApiError, KubeRest, run_kubectl
 
 ADMIN_USER = "metis-admin"
 WORKDIR_PREFIX = "metis-kube-"
+STAND_IN_KUBELET = "v0.0.0-metis-test"
+"""The kubelet version of the nodes `add_node` makes: nodes no kubelet serves."""
 
 _LIVE: set[ControlPlane] = set()
 _LIVE_LOCK = threading.Lock()
@@ -337,7 +339,7 @@ class ControlPlane:
             "nodeInfo": {
                 "architecture": "amd64",
                 "operatingSystem": "linux",
-                "kubeletVersion": "v0.0.0-metis-test",
+                "kubeletVersion": STAND_IN_KUBELET,
                 "containerRuntimeVersion": "none://0",
                 "kernelVersion": "",
                 "osImage": "",
@@ -404,18 +406,27 @@ class ControlPlane:
         return dict(api.patch(path, {"status": status}))
 
     def _reap_loop(self) -> None:
-        """Finish graceful deletion of pods bound to a node, the kubelet's part:
-        without it, pods deleted by the garbage collector, a ReplicaSet or the
-        namespace controller would stay Terminating forever."""
+        """Finish graceful deletion of pods bound to a node without a kubelet, the
+        kubelet's part: without it, pods deleted by the garbage collector, a ReplicaSet or
+        the namespace controller would stay Terminating forever. A real node's kubelet
+        finishes its own pods' (their drain is what a test of it measures)."""
         api = self.rest()
         while not self._stopped.wait(0.5):
             try:
                 pods = api.get("/api/v1/pods")["items"]
+                nodes = api.get("/api/v1/nodes")["items"]
             except (KubeApiError, OSError):  # the apiserver may be stopping
                 continue
+            kubelets = {
+                n["metadata"]["name"]
+                for n in nodes
+                if ((n.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion")
+                not in (None, "", STAND_IN_KUBELET)
+            }
             for pod in pods:
                 meta = pod["metadata"]
-                if meta.get("deletionTimestamp") and pod["spec"].get("nodeName"):
+                bound = pod["spec"].get("nodeName")
+                if meta.get("deletionTimestamp") and bound and bound not in kubelets:
                     path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
                     body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
                     with contextlib.suppress(KubeApiError, OSError):

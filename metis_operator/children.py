@@ -15,13 +15,14 @@ import base64
 import dataclasses
 import hashlib
 import json
+import math
 import secrets
 from collections.abc import Mapping
 from typing import Any
 
 from metis_indexer.config import IndexerConfig
 from metis_operator.api import identity
-from metis_operator.api.spec import DRIVES_ROOT, INDEX_DIR, KnowledgeBaseSpec
+from metis_operator.api.spec import DRIVES_ROOT, INDEX_DIR, KnowledgeBaseSpec, Placement
 from metis_operator.settings import Settings
 
 APP = "metis-indexer"
@@ -36,6 +37,15 @@ TOKEN_ENV = "METIS_API_TOKEN"
 and `POST /v1/evaluate` ask for (only the operator starts costly work)."""
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 """The label the API server puts on every namespace, with its name."""
+HOSTNAME = "kubernetes.io/hostname"
+"""The label every node carries with its name: the topology of one machine."""
+CLOSE_SECONDS = 25
+"""What a stopping indexer may take, past its drain, to end its passes and close the
+index."""
+GRACE_SECONDS = math.ceil(IndexerConfig.model_fields["drain_seconds"].default) + CLOSE_SECONDS
+"""The pod's termination grace period: the indexer's drain (it answers searches that
+long after SIGTERM, its writing handed over) and its closing, so the kubelet never
+kills it mid-drain."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,28 +135,75 @@ def volume_name(drive: str) -> str:
     return "drive-" + hashlib.sha256(drive.encode()).hexdigest()[:12]
 
 
-def _affinity(machines: list[str]) -> dict[str, Any]:
-    term = {"key": "kubernetes.io/hostname", "operator": "In", "values": list(machines)}
-    return {
-        "nodeAffinity": {
+def _affinity(name: str, machines: list[str], settings: Settings) -> dict[str, Any]:
+    """The machines a pod may run on, and for a ReadWriteOnce index drive (mountable by
+    the pods of one machine) the machine of the pod it replaces: a required affinity to
+    the base's own pods. The scheduler lets a pod that matches its own term go anywhere
+    when no other pod matches, so a first pod (or one after its machine was drained and
+    the old pod is gone) goes wherever the placement allows."""
+    out: dict[str, Any] = {}
+    if machines:
+        term = {"key": HOSTNAME, "operator": "In", "values": list(machines)}
+        out["nodeAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchExpressions": [term]}]
             }
         }
-    }
+    if settings.indexer.index_access_mode == "ReadWriteOnce":
+        out["podAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": selector(name)}, "topologyKey": HOSTNAME}
+            ]
+        }
+    return out
 
 
-def _strategy(settings: Settings) -> dict[str, Any]:
-    if settings.indexer.index_access_mode == "ReadWriteMany":
-        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
-    return {"type": "Recreate"}
+def _strategy(settings: Settings, moving: bool) -> dict[str, Any]:
+    """A replacement starts beside the old pod and takes over when it is ready (the old
+    one answers searches meanwhile), except where two pods cannot mount the index drive:
+    ReadWriteOncePod never lets a second pod mount it, and a ReadWriteOnce drive that
+    must move to another machine is mountable there only once the old pod let go of it
+    (`moving`): the old pod stops first (Recreate)."""
+    mode = settings.indexer.index_access_mode
+    if mode == "ReadWriteOncePod" or (mode == "ReadWriteOnce" and moving):
+        return {"type": "Recreate"}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
 
 
-def deployment(owner: Owner, spec: KnowledgeBaseSpec, settings: Settings) -> dict[str, Any]:
-    """One indexer pod. When two pods can mount the index drive (ReadWriteMany), a
-    replacement starts beside the old one, answers searches in standby and takes over
-    when the old one stops (the base shows Starting meanwhile); otherwise Recreate: the
-    replacement starts once the old pod is gone.
+def must_move(placement: Placement, actual: Mapping[str, Any] | None, node: str | None) -> bool:
+    """Whether a ReadWriteOnce index drive may have to move to another machine for a pod
+    of `placement` to replace those of the Deployment `actual`, whose pod runs on
+    `node`: the placement names machines without `node`, or labels `actual` did not ask
+    (the operator reads no node's labels: they may exclude it); or `actual` is being
+    recreated for such a move and has not created its new pod yet (a replacement started
+    beside the old pod now would follow it to a machine the placement excludes)."""
+    if actual is None:
+        return False
+    have = actual.get("spec") or {}
+    status = actual.get("status") or {}
+    if (have.get("strategy") or {}).get("type") == "Recreate" and (
+        status.get("observedGeneration", 0) < (actual.get("metadata") or {}).get("generation", 0)
+        or status.get("updatedReplicas", 0) < have.get("replicas", 1)
+    ):
+        return True
+    if node is None:
+        return False
+    asked = ((have.get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
+    fits = placement.labels.items() <= asked.items() and (
+        not placement.machines or node in placement.machines
+    )
+    return not fits
+
+
+def deployment(
+    owner: Owner, spec: KnowledgeBaseSpec, settings: Settings, *, moving: bool = False
+) -> dict[str, Any]:
+    """One indexer pod. A replacement (a new source, placement or image, a deleted or
+    evicted pod) starts beside the old one, on its machine for a ReadWriteOnce drive; it
+    loads the index, answers searches in standby once ready, and takes over the writing
+    when the old one, told to stop, lets go of it and drains (`GRACE_SECONDS`). Where
+    two pods cannot mount the drive (`moving`: `must_move`; ReadWriteOncePod) the old
+    pod stops first.
     The pod template holds no configuration hash: configuration changes reach the
     running indexer through the ConfigMap mount; only new mounts or placement
     replace the pod."""
@@ -203,6 +260,7 @@ def deployment(owner: Owner, spec: KnowledgeBaseSpec, settings: Settings) -> dic
         "volumes": volumes,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": GRACE_SECONDS,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS,
@@ -213,15 +271,15 @@ def deployment(owner: Owner, spec: KnowledgeBaseSpec, settings: Settings) -> dic
     }
     if place.labels:
         pod["nodeSelector"] = dict(sorted(place.labels.items()))
-    if place.machines:
-        pod["affinity"] = _affinity(place.machines)
+    if affinity := _affinity(owner.name, place.machines, settings):
+        pod["affinity"] = affinity
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _meta(owner, "indexer"),
         "spec": {
             "replicas": 1,
-            "strategy": _strategy(settings),
+            "strategy": _strategy(settings, moving),
             "selector": {"matchLabels": selector(owner.name)},
             "template": {"metadata": {"labels": labels(owner.name, "indexer")}, "spec": pod},
         },

@@ -47,14 +47,33 @@ def _waiting(status: Mapping[str, Any]) -> str | None:
     return None
 
 
+TEMPLATE_HASH = "pod-template-hash"
+"""The label a ReplicaSet gives its pods: the hash of their template."""
+
+
+def _ordered(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Pods not going away, newest first, then those going away, newest first."""
+    newest = sorted(pods, key=lambda p: _meta(p).get("creationTimestamp", ""), reverse=True)
+    return sorted(newest, key=lambda p: bool(_meta(p).get("deletionTimestamp")))
+
+
 def pod_view(pods: Sequence[Mapping[str, Any]], now: dt.datetime | None = None) -> PodView | None:
     """The newest pod that is not going away; else the newest going away. `now` dates
     how long ago it turned ready."""
-    live = [p for p in pods if not _meta(p).get("deletionTimestamp")]
-    candidates = live or list(pods)
-    if not candidates:
-        return None
-    pod = max(candidates, key=lambda p: _meta(p).get("creationTimestamp", ""))
+    ordered = _ordered(pods)
+    return _view(ordered[0], now) if ordered else None
+
+
+def old_pod_view(
+    pods: Sequence[Mapping[str, Any]], now: dt.datetime | None = None
+) -> PodView | None:
+    """The pod `pod_view`'s replaces, when there are two: the next one in its order (the
+    old pod running beside a replacement, or going away while one starts)."""
+    ordered = _ordered(pods)
+    return _view(ordered[1], now) if len(ordered) > 1 else None
+
+
+def _view(pod: Mapping[str, Any], now: dt.datetime | None) -> PodView:
     status = pod.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     scheduled = conditions.get("PodScheduled") or {}
@@ -73,7 +92,56 @@ def pod_view(pods: Sequence[Mapping[str, Any]], now: dt.datetime | None = None) 
         ready_seconds=_since(ready.get("lastTransitionTime"), now)
         if ready.get("status") == "True"
         else None,
+        template=(_meta(pod).get("labels") or {}).get(TEMPLATE_HASH, ""),
     )
+
+
+def node(pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """The machine the base's pods run on (one, for a ReadWriteOnce index drive)."""
+    placed = [p for p in _ordered(pods) if (p.get("spec") or {}).get("nodeName")]
+    return str(placed[0]["spec"]["nodeName"]) if placed else None
+
+
+def change(deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> str:
+    """What the Deployment's pod template changes in its oldest pod (the one a rollout
+    replaces), as a person reads it: `indexer image x:2, drive wiki added`; "" when
+    nothing it names differs (a pod made again from the same template)."""
+    if deployment is None or not pods:
+        return ""
+    oldest = min(pods, key=lambda p: _meta(p).get("creationTimestamp", ""))
+    have = oldest.get("spec") or {}
+    want = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+    out = []
+    image = _container(want).get("image")
+    if image and image != _container(have).get("image"):
+        out.append(f"indexer image {image}")
+    before, after = _claims(have), _claims(want)
+    out += [f"drive {d} added" for d in sorted(after - before)]
+    out += [f"drive {d} removed" for d in sorted(before - after)]
+    if have.get("nodeSelector") != want.get("nodeSelector") or _machines(have) != _machines(want):
+        out.append("placement")
+    if _container(have).get("resources") != _container(want).get("resources"):
+        out.append("cpu or memory")
+    return ", ".join(out)
+
+
+def _machines(pod: Mapping[str, Any]) -> Any:
+    """Its node affinity: the machines of the placement (the pod affinity is the
+    operator's own)."""
+    return (pod.get("affinity") or {}).get("nodeAffinity")
+
+
+def _container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return next(iter(pod.get("containers") or []), {})
+
+
+def _claims(pod: Mapping[str, Any]) -> set[str]:
+    """The claims a pod mounts read-only: its source drives."""
+    return {
+        c["claimName"]
+        for v in pod.get("volumes") or []
+        if (c := v.get("persistentVolumeClaim")) and c.get("readOnly")
+    }
 
 
 def _since(stamp: str | None, now: dt.datetime | None) -> float | None:
@@ -87,10 +155,11 @@ def _since(stamp: str | None, now: dt.datetime | None) -> float | None:
     return max(0.0, (now - then).total_seconds())
 
 
-def replacing(deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> bool:
-    """A pod going away, or a changed template (revision 2 and on) not rolled out yet."""
-    if any(_meta(p).get("deletionTimestamp") for p in pods):
-        return True
+def replacing(deployment: Mapping[str, Any] | None) -> bool:
+    """A changed template (revision 2 and on) whose pod is not made yet, as the
+    Deployment controller counts it. Its generation alone does not tell: the operator's
+    annotations and a strategy bump it with no new template. A replacement beside the
+    old pod, or a pod going away with no change (deleted, evicted), the pods show."""
     if deployment is None:
         return False
     try:
@@ -99,10 +168,7 @@ def replacing(deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, 
         rollout = 0
     status = deployment.get("status") or {}
     wanted = (deployment.get("spec") or {}).get("replicas", 1)
-    return rollout > 1 and (
-        status.get("observedGeneration", 0) < _meta(deployment).get("generation", 0)
-        or status.get("updatedReplicas", 0) < wanted
-    )
+    return rollout > 1 and status.get("updatedReplicas", 0) < wanted
 
 
 def pod_failure(deployment: Mapping[str, Any] | None) -> str | None:

@@ -122,7 +122,10 @@ async def _apply_children(
             await ctx.cluster.create(token)  # once: a new token would lock the operator out
             done.append(f"Secret {owner.child} created")
         ctx.tokens.add(key)
-    deployment = children.deployment(owner, spec, ctx.settings)
+    current = await _read(ctx, "Deployment", children.deployment(owner, spec, ctx.settings), fresh)
+    node = observe.node(ctx.cache.pods(owner.namespace, owner.name))
+    moving = children.must_move(spec.placement, current, node)
+    deployment = children.deployment(owner, spec, ctx.settings, moving=moving)
     annotations = deployment["metadata"].setdefault("annotations", {})
     annotations[identity.GENERATION_ANNOTATION] = str(generation)
     desired = [
@@ -135,7 +138,7 @@ async def _apply_children(
     rollout = ""
     for manifest in map(children.with_hash, desired):
         kind = manifest["kind"]
-        found = await _read(ctx, kind, manifest, fresh)
+        found = current if kind == "Deployment" else await _read(ctx, kind, manifest, fresh)
         if children.needs_apply(manifest, found):
             if kind == "Deployment" and operators_change(manifest, found):
                 rollout = "started" if may_roll() else "held"
@@ -252,7 +255,8 @@ async def run(
         ctx, owner, spec, config, generation=generation, fresh=fresh, may_roll=may_roll
     )
     pods = ctx.cache.pods(owner.namespace, owner.name)
-    pod = observe.pod_view(pods, dt.datetime.now(dt.UTC))
+    seen = dt.datetime.now(dt.UTC)
+    pod = observe.pod_view(pods, seen)
     indexer, error = (None, None)
     if pod is not None and pod.running and not pod.terminating:
         indexer, error = await indexer_client.status(ctx, owner)
@@ -261,8 +265,10 @@ async def run(
             o,
             index_drive_bound=observe.claim_bound(claim),
             pod_failure=observe.pod_failure(deployment),
-            replacing=observe.replacing(deployment, pods),
+            replacing=observe.replacing(deployment),
+            change=observe.change(deployment, pods),
             pod=pod,
+            old=observe.old_pod_view(pods, seen),
             indexer=indexer,
             indexer_error=error,
         )

@@ -48,9 +48,13 @@ class IndexerSettings:
     """StorageClass of the index drives; empty: the cluster's default."""
 
     index_access_mode: str = _env("METIS_INDEX_ACCESS_MODE", "ReadWriteOnce")
-    """Access mode of the index drives. With `ReadWriteMany` (a storage class that
-    offers it), a replacement indexer starts beside the old one and answers searches in
-    standby until it takes over; otherwise the old pod stops first (Recreate)."""
+    """Access mode of the index drives. A replacement indexer (after a change, or for a
+    deleted or evicted pod) starts beside the old one, answers searches in standby once
+    it has loaded the index, and takes over when the old one stops: with
+    `ReadWriteOnce` on the old pod's machine (one machine mounts the drive), with
+    `ReadWriteMany` anywhere. The old pod stops first only where two pods cannot mount
+    the drive: always with `ReadWriteOncePod`, and with `ReadWriteOnce` for a placement
+    that may exclude the machine it runs on (searches fail until the new pod is ready)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 
-from metis_indexer.schema import StatusAnswer
+from metis_indexer.schema import Searches, StatusAnswer
 from metis_operator.api.spec import Placement
 
 
@@ -24,7 +24,8 @@ class State(enum.StrEnum):
     PENDING = "Pending"
     """Waiting for a machine, a drive's volume, or a data source's first listing."""
     STARTING = "Starting"
-    """Its pod starts, its index loads, or a replacement takes over."""
+    """Its pod starts, its index loads, or a replacement takes over (after a change, or
+    its pod was deleted or evicted)."""
     WAITING = "Waiting"
     """Its index waits for something, its embedding model most often."""
     INDEXING = "Indexing"
@@ -57,7 +58,7 @@ class ModelCheck:
 
 @dataclasses.dataclass(frozen=True)
 class PodView:
-    """The base's newest indexer pod, as far as state goes."""
+    """One indexer pod of the base, as far as state goes."""
 
     name: str
     node: str | None = None
@@ -70,6 +71,9 @@ class PodView:
     terminating: bool = False
     ready_seconds: float | None = None
     """How long ago the pod turned ready (its Ready condition's transition), if known."""
+    template: str = ""
+    """Its pod template's hash (the ReplicaSet's pod-template-hash label): two pods of two
+    templates are a change rolling out, two of one a pod deleted and made again."""
 
 
 ROUTING_GRACE_SECONDS = 30.0
@@ -95,8 +99,13 @@ class Observation:
     pod_failure: str | None = None
     """Why the Deployment cannot create its pod (its ReplicaFailure condition)."""
     replacing: bool = False
-    """A changed pod template is rolling out, or the old pod is going away."""
+    """A changed pod template is rolling out (not every pod is of it yet)."""
+    change: str = ""
+    """What the rollout changes in the pod, as far as it shows (`indexer image x:2`)."""
     pod: PodView | None = None
+    """The newest pod that is not going away, else the newest going away."""
+    old: PodView | None = None
+    """The pod `pod` replaces, when there are two: running beside it or going away."""
     indexer: StatusAnswer | None = None
     """The indexer's `GET /v1/status`, as its own model."""
     indexer_error: str | None = None
@@ -109,8 +118,8 @@ class Observation:
     two after the operator writes it)."""
     served: bool = False
     """An indexer of this base has answered before (its status holds index totals): only
-    then is a pod going away a replacement taking over, rather than a first pod that
-    never ran being replaced before it started."""
+    then is a second pod, or one going away, a replacement taking over, rather than a
+    first pod that never ran being replaced before it started."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,18 +161,92 @@ def unschedulable(message: str, placement: Placement) -> str:
     """The scheduler's message as what to do about it, followed by the message itself."""
     said = message.split(" preemption:")[0].strip()
     why = []
-    if "didn't match" in said:  # "node(s) didn't match Pod's node affinity/selector", "… node name"
+    if "didn't match pod affinity" in said:  # a replacement of a ReadWriteOnce drive's pod
+        why.append(
+            "it waits for the machine of the pod it replaces, where its index drive is mounted"
+        )
+    if "didn't match Pod's node" in said or "didn't match the requested node" in said:
         why.append(f"no machine matches placement {_placement(placement)}")
     if "Insufficient memory" in said:
         why.append(f"no machine has {placement.memory_gb} GiB of memory free (placement.memory_gb)")
     if "Insufficient cpu" in said:
         why.append(f"no machine has {placement.cpu_cores} CPU cores free (placement.cpu_cores)")
-    if "PersistentVolumeClaim" in said:
+    if "ReadWriteOncePod" in said:
+        why.append("its index drive is still mounted by the pod it replaces")
+    elif "PersistentVolumeClaim" in said:
         why.append("its drives are not bound to volumes yet")
     if "no nodes available" in said:
         why.append("the cluster has no machine to run it")
     head = "; ".join(why) or "no machine can run it"
     return f"{head} (scheduler: {said})" if said else head
+
+
+OLD_ANSWERS = "searches are answered by the old pod meanwhile"
+NOT_CREATED = "a new one is not created yet"
+STANDBY = (
+    "a replacement has loaded the index and answers searches; it takes over when the old pod stops"
+)
+
+
+READING = "reading documents; searches are answered from what is indexed so far"
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def _replacement(o: Observation) -> Verdict | None:
+    """While the pod of a base that served is being replaced, until the new pod answers
+    on its own: what replaces what, where the new pod stands, and whether a pod answers
+    searches meanwhile (said only where one does). None: nothing is being replaced, or
+    the new pod is ready beside none and the indexer's phase speaks."""
+    pod, old = o.pod, o.old
+    if not o.served or (pod is None and not o.replacing):
+        return None
+    after = f" after a change ({o.change})" if o.change else " after a change"
+    if pod is None:
+        return Verdict(
+            State.STARTING, f"its old pod has stopped{after}; the new one is not created yet"
+        )
+    if pod.terminating:  # no pod beside it
+        if o.replacing:
+            why = f"its pod {pod.name} stops{after}; the new one starts once it has stopped"
+        else:
+            why = f"its pod {pod.name} is going away (deleted or evicted); {NOT_CREATED}"
+        return Verdict(State.STARTING, why)
+    placed = pod.unschedulable is None and pod.node is not None
+    if old is None:  # one pod, of the old template or the new: whichever it is answers
+        if not o.replacing or not placed:
+            return None
+        said = f"a change is rolling out ({o.change})" if o.change else "a change is rolling out"
+        return Verdict(
+            State.STARTING, _join(said, "searches are answered meanwhile" if pod.ready else "")
+        )
+    if pod.ready:
+        return None if old.terminating else Verdict(State.STARTING, STANDBY)
+    waits = "waits for a machine"
+    if pod.unschedulable is not None:
+        waits += ": " + unschedulable(pod.unschedulable, o.placement)
+    rollout = o.replacing or old.template != pod.template
+    if old.terminating and not rollout:
+        head = f"its pod {old.name} is going away (deleted or evicted); a new one"
+        if not placed:
+            return Verdict(State.PENDING, f"{head} {waits}")
+        if pod.waiting:
+            return Verdict(State.STARTING, f"{head} waits on machine {pod.node}: {pod.waiting}")
+        return Verdict(State.STARTING, f"{head} starts on machine {pod.node}")
+    change = after if rollout else ""
+    answers = OLD_ANSWERS if old.ready else ""
+    meanwhile = "the old one is going away" if old.terminating else answers
+    if not placed:
+        return Verdict(State.PENDING, _join(f"a replacement pod{change} {waits}", meanwhile))
+    beside = "" if old.terminating else " beside the old one"
+    waiting = (
+        f"its indexer container waits on machine {pod.node}: {pod.waiting}" if pod.waiting else ""
+    )
+    return Verdict(
+        State.STARTING, _join(f"a replacement pod is starting{beside}{change}", waiting, meanwhile)
+    )
 
 
 def _pending(o: Observation) -> str | None:
@@ -177,22 +260,22 @@ def _pending(o: Observation) -> str | None:
         return f"its index drive {o.index_drive} is not bound to a volume yet"
     if o.pod_failure:
         return f"its pod cannot be created: {o.pod_failure}"
-    if o.pod is None:
-        return None if o.replacing and o.served else "its pod is not created yet"
-    if o.pod.terminating and not o.served:
+    if (replacing := _replacement(o)) is not None:
+        return replacing.reason if replacing.state is State.PENDING else None
+    if o.pod is None or o.pod.terminating:
         return "its pod is not created yet"
     if o.pod.unschedulable is not None:
         return unschedulable(o.pod.unschedulable, o.placement)
-    if o.pod.node is None and not o.pod.terminating:
+    if o.pod.node is None:
         return "its pod waits for a machine"
     return None
 
 
 def _starting(o: Observation) -> str | None:
+    if (replacing := _replacement(o)) is not None:
+        return replacing.reason
     pod = o.pod
-    if pod is None or (o.served and (o.replacing or pod.terminating)):
-        where = f" on machine {pod.node}" if pod is not None and pod.node else ""
-        return f"a replacement is taking over after a change{where}"
+    assert pod is not None  # _pending returned for a missing pod
     if not pod.running:
         if pod.waiting:
             return f"its indexer container waits on machine {pod.node}: {pod.waiting}"
@@ -206,7 +289,7 @@ def _starting(o: Observation) -> str | None:
     if o.indexer.phase == "loading":
         return "loading its index"
     if o.indexer.phase == "standby":
-        return "a replacement is taking over; searches are answered meanwhile"
+        return STANDBY
     runs = o.indexer.generation
     if o.generation and runs != o.generation:
         old = f"generation {runs}" if runs is not None else "a configuration of no generation"
@@ -238,6 +321,38 @@ def _waiting(o: Observation) -> str | None:
     return None
 
 
+SEARCHES_ENOUGH = 5
+"""Searches of the last minute from which their outcomes say something of the base:
+below it, one question that met a model's hiccup would be half of a quiet base's."""
+SEARCHES_DEGRADED_SHARE = 0.2
+"""The share of those searches answered by words only or failed from which the status
+no longer says searches are answered: a model too slow for questions (most often while
+a pass keeps it busy) shows as a share of searches, not as a state."""
+
+
+def degraded_searches(s: Searches | None) -> str:
+    """What the last minute's searches say against "searches are answered" (by words
+    only or failed: a search without its reranker is still answered by meaning); empty
+    when too few were made, too few fell back, or the indexer does not count them."""
+    if s is None:
+        return ""
+    total = s.answered + s.by_words_only + s.without_reranker + s.failed
+    fell = s.by_words_only + s.failed
+    if total < SEARCHES_ENOUGH or not fell or fell < SEARCHES_DEGRADED_SHARE * total:
+        return ""
+    if s.by_words_only and s.failed:
+        how = f"were answered by words only ({s.by_words_only}) or failed ({s.failed})"
+    else:
+        how = "were answered by words only" if s.by_words_only else "failed"
+    minute = "the last minute" if s.seconds == 60 else f"the last {s.seconds} s"
+    said = f"{fell} of {total} searches in {minute} {how}"
+    return f"{said}: {s.reason}" if s.reason else said
+
+
+def _but(reason: str, degraded: str) -> str:
+    return f"{reason}; but {degraded}" if degraded else reason
+
+
 def derive(o: Observation) -> Verdict:
     """The state and its reason; the table's rows in order, the first that holds wins."""
     if failures := _failures(o):
@@ -250,7 +365,17 @@ def derive(o: Observation) -> Verdict:
         return Verdict(State.WAITING, reason)
     ix = o.indexer
     assert ix is not None  # _waiting returned for a missing status
-    reading = "reading documents; searches are answered from what is indexed so far"
+    degraded = degraded_searches(ix.searches)
+    if (e := ix.embedding) is not None and e.next is not None:
+        return Verdict(
+            State.INDEXING,
+            _but(
+                f"making the vectors of embedding model {e.next} beside those of "
+                f"{e.answering}, which answer searches meanwhile ({e.done} of {e.total} chunks)",
+                degraded,
+            ),
+        )
+    reading = _but("reading documents", degraded) if degraded else READING
     if o.generation and ix.indexed_generation != o.generation:
         return Verdict(State.INDEXING, f"indexing for generation {o.generation}: {reading}")
     if stale := _behind(o.revisions, ix.indexed_revisions):
@@ -259,4 +384,6 @@ def derive(o: Observation) -> Verdict:
     # A rescan after a finished pass scans without reading anything: still Ready.
     if ix.phase == "indexing" or (ix.phase == "scanning" and not ix.passes):
         return Verdict(State.INDEXING, reading)
+    if degraded:
+        return Verdict(State.READY, _but("everything is indexed", degraded))
     return Verdict(State.READY, "everything is indexed; watching its sources")

@@ -17,12 +17,20 @@ from metis_indexer.schema import StatusAnswer
 from metis_operator import quality
 from metis_operator.api.status_types import (
     Condition,
+    Embedding,
     Evaluation,
     IndexTotals,
     KnowledgeBaseStatus,
     Observed,
 )
-from metis_operator.state import Model, ModelCheck, Observation, State, Verdict
+from metis_operator.state import (
+    Model,
+    ModelCheck,
+    Observation,
+    State,
+    Verdict,
+    degraded_searches,
+)
 
 READY = "Ready"
 """True only in state Ready: what `kubectl wait --for=condition=Ready` and GitOps
@@ -105,7 +113,8 @@ def merge_conditions(
 
 def warnings(o: Observation) -> list[str]:
     """What a user should know: models' warnings, a reranker that does not answer,
-    and the indexer's own warnings with folder names counted instead of named."""
+    searches of the last minute that fell back to words or failed, and the indexer's own
+    warnings with folder names counted instead of named."""
     out: list[str] = []
     for m in (o.embedding, o.reranker):
         if m is not None:
@@ -115,6 +124,8 @@ def warnings(o: Observation) -> list[str]:
         out.append(
             f"reranker {r.service} does not answer ({r.detail}): results come in the fused order"
         )
+    if o.indexer is not None and (degraded := degraded_searches(o.indexer.searches)):
+        out.append(degraded)
     unlisted: dict[str, int] = {}
     for w in o.indexer.warnings if o.indexer else []:
         m = _UNLISTED.match(w)
@@ -140,7 +151,17 @@ def _index(ix: StatusAnswer | None, previous: IndexTotals | None) -> IndexTotals
         last_indexed_at=ix.last_indexed_at,
         dimensions=ix.dimensions,
         vectors=ix.vectors,
+        embedding=_embedding(ix),
     )
+
+
+def _embedding(ix: StatusAnswer) -> Embedding | None:
+    e = ix.embedding
+    if e is None:
+        return None
+    if e.next is None:
+        return Embedding(answering=e.answering)
+    return Embedding(answering=e.answering, next=e.next, done=e.done, total=e.total)
 
 
 def compose(
@@ -169,7 +190,9 @@ def compose(
         warnings=warnings(o) or None,
     )
     progress = None
-    if ix is not None and ix.phase == "indexing" and ix.pass_total:
+    if ix is not None and ix.embedding is not None and ix.embedding.next is not None:
+        progress = f"{ix.embedding.done}/{ix.embedding.total} chunks"
+    elif ix is not None and ix.phase == "indexing" and ix.pass_total:
         progress = f"{ix.pass_done}/{ix.pass_total}"
     return KnowledgeBaseStatus(
         state=verdict.state.value,

@@ -7,22 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 
 import numpy as np
 import numpy.typing as npt
 
 from metis_indexer.config import IndexerConfig
 from metis_indexer.configured import Configured
-from metis_indexer.errors import BadRequest, Unavailable
+from metis_indexer.errors import BadRequest, Refusal, Unavailable
 from metis_indexer.index import store
 from metis_indexer.ingest.runner import now
 from metis_indexer.metrics import Metrics
+from metis_indexer.models.clients import ModelUnavailable
 from metis_indexer.passes import Passes
 from metis_indexer.progress import Progress
 from metis_indexer.schema import DocumentsPage, SearchAnswer, SearchRequest, StatusAnswer
 from metis_indexer.search import evaluation, hybrid
+from metis_indexer.search_health import Fallback, RecentSearches, outcome
 
 DOCUMENT_STATES = ("indexed", "failed")
+BROKE = "the indexer failed on a search; see its log"
+"""What a search that broke the indexer (a 500) is counted with."""
 
 
 class Answers:
@@ -36,6 +41,9 @@ class Answers:
         self._passes = passes
         self.metrics = metrics
         """Where the API counts its requests and searches."""
+        self.recent = RecentSearches()
+        """How the searches of the last minute were answered (an evaluation's are not
+        counted: they ask every way, the ones a base lacks a model for included)."""
 
     @property
     def config(self) -> IndexerConfig:
@@ -61,6 +69,17 @@ class Answers:
         totals = index.totals()
         embedder, reranker = self._configured.embedder, self._configured.reranker
         damage = self._passes.damage
+        answering = self._passes.answering_now()
+        embedding: dict[str, object] | None = None
+        if answering is not None:
+            embedding = {
+                "answering": answering.model,
+                "next": answering.next_model,
+                "done": answering.done,
+                "total": answering.total,
+            }
+        elif embedder is not None and embedder.model is not None:
+            embedding = {"answering": embedder.model, "next": None, "done": 0, "total": 0}
         return StatusAnswer.model_validate(
             {
                 "name": config.name,
@@ -76,6 +95,7 @@ class Answers:
                 "dimensions": index.dimensions or None,
                 "vectors": index.vector_kind,
                 "embedding_model": None if embedder is None else embedder.model,
+                "embedding": embedding,
                 "reranker": None if reranker is None else reranker.name,
                 "skipped": dict(sorted(s.skipped.items())),
                 "revisions": dict(config.revisions),
@@ -84,6 +104,7 @@ class Answers:
                 "indexed_generation": s.indexed_generation,
                 "last_pass": {"read": s.read, "unchanged": s.unchanged, "dropped": s.dropped},
                 "warnings": [*s.problems, *self._passes.notes, *([damage] if damage else [])],
+                "searches": self.recent.account(time.monotonic()),
             }
         )
 
@@ -97,25 +118,64 @@ class Answers:
             )
         return f"nothing is indexed yet: the index is {state.phase}"
 
-    def _models(self, embed: hybrid.EmbedQuery | None = None) -> hybrid.Models:
-        e, r = self._configured.embedder, self._configured.reranker
+    def _embed_query(self) -> hybrid.EmbedQuery | None:
+        """What embeds a question now: the model whose vectors the index holds (while a
+        new model's are made, the old one), None where the base has no embedding model."""
+        answering, e = self._passes.answering_now(), self._configured.embedder
+        if answering is not None:
+            return answering.embed_query
+        return None if e is None else e.embed_query
+
+    async def _embedded(self, question: str) -> npt.NDArray[np.float32]:
+        """A question's vector by the model that answers when it is asked: a search asked
+        again after a switch (`hybrid.Switched`) goes to the new model."""
+        embed = self._embed_query()
+        if embed is None:
+            raise ModelUnavailable("the base has no embedding model now")
+        return await embed(question)
+
+    def _models(
+        self, embed: hybrid.EmbedQuery | None = None, fell_back: hybrid.FellBack | None = None
+    ) -> hybrid.Models:
+        r = self._configured.reranker
         config = self._configured.config
+        answering = self._passes.answering_now()
+        if answering is not None:
+            embedding_name = answering.warning_name()
+        elif config.embedding:
+            embedding_name = f"embedding model {config.embedding.name}"
+        else:
+            embedding_name = "the embedding model"
         return hybrid.Models(
-            embed=embed or (None if e is None else e.embed_query),
-            embedding_name=f"embedding model {config.embedding.name}"
-            if config.embedding
-            else "the embedding model",
+            embed=embed or (None if self._embed_query() is None else self._embedded),
+            embedding_name=embedding_name,
             rerank=None if r is None else r.rerank,
             reranker_name=f"reranker {config.reranker.name}" if config.reranker else "the reranker",
+            fell_back=fell_back,
         )
 
     async def search(self, req: SearchRequest) -> SearchAnswer:
-        if not self._passes.loaded:
-            raise Unavailable(
-                "KNOWLEDGE_BASE_NOT_READY",
-                f"the index is not serving yet: it is {self._progress.state.phase}",
+        """A search of the API (HTTP, MCP, the Search page), counted in `recent` by how
+        it was answered: as asked, without a model, or failed (a 5xx)."""
+        fallbacks: list[tuple[Fallback, str]] = []
+        try:
+            if not self._passes.loaded:
+                raise Unavailable(
+                    "KNOWLEDGE_BASE_NOT_READY",
+                    f"the index is not serving yet: it is {self._progress.state.phase}",
+                )
+            answer = await self._searched(
+                req, self._models(fell_back=lambda kind, why: fallbacks.append((kind, why)))
             )
-        return await self._searched(req, self._models())
+        except Refusal as e:
+            if e.status >= 500:
+                self.recent.record(time.monotonic(), "failed", e.message)
+            raise
+        except Exception:
+            self.recent.record(time.monotonic(), "failed", BROKE)
+            raise
+        self.recent.record(time.monotonic(), *outcome(fallbacks))
+        return answer
 
     async def _searched(self, req: SearchRequest, models: hybrid.Models) -> SearchAnswer:
         """A search of the index; damage it meets is a 503 and schedules the rebuild."""
@@ -172,16 +232,15 @@ class Answers:
     async def evaluate(self, k: int) -> evaluation.Evaluation:
         drives = {s.drive: s.root for s in self._configured.config.sources}
         cases = await asyncio.to_thread(evaluation.read_cases, sorted(drives.items()))
-        vectors: dict[str, npt.NDArray[np.float32]] = {}
+        vectors: dict[tuple[str, int], npt.NDArray[np.float32]] = {}
 
         async def embed_once(question: str) -> npt.NDArray[np.float32]:
-            if question not in vectors:
-                embedder = self._configured.embedder
-                assert embedder is not None
-                vectors[question] = await embedder.embed_query(question)
-            return vectors[question]
+            key = (question, self._passes.index.vectors_epoch)  # a switch: asked again
+            if key not in vectors:
+                vectors[key] = await self._embedded(question)
+            return vectors[key]
 
-        has_embedder = self._configured.embedder is not None
+        has_embedder = self._embed_query() is not None
         models = self._models(embed_once if has_embedder else None)
 
         async def ask(question: str, way: evaluation.Way) -> SearchAnswer:

@@ -115,6 +115,7 @@ class Costly:
 
 answers_key = web.AppKey("answers", Answers)
 costly_key = web.AppKey("costly", Costly)
+indexer_key = web.AppKey("indexer", Indexer)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -233,9 +234,20 @@ async def documents(request: web.Request) -> web.Response:
     return answer(request.app[answers_key].documents(q.page, q.page_size, q.state))
 
 
+def refuse_while_stopping(request: web.Request) -> None:
+    """A stopping indexer has handed its writing over and exits in a moment: a pass or an
+    evaluation asked of it would not end here, and its replacement takes them."""
+    if request.app[indexer_key].stopping:
+        raise Conflict(
+            "STANDBY",
+            "this indexer is stopping and its replacement takes over; ask again in a moment",
+        )
+
+
 async def reindex(request: web.Request) -> web.Response:
     request.app[costly_key].authorize(request)
     req = parse_body(ReindexRequest, await read_body(request))
+    refuse_while_stopping(request)
     request.app[answers_key].request_pass(full=req.full)
     return answer(ReindexAnswer(accepted=True, full=req.full), status=202)
 
@@ -249,6 +261,7 @@ async def evaluate(request: web.Request) -> web.Response:
     operator = costly.authorize(request)
     req = parse_body(EvaluateRequest, await read_body(request))
     check_k("k", req.k)
+    refuse_while_stopping(request)
     if costly.evaluation is not None:
         raise Conflict(
             "EVALUATION_RUNNING", "an evaluation is running; ask again when it has finished"
@@ -445,7 +458,10 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
                         "202": ok("ReindexAnswer", "Accepted"),
                         "400": err("The body is refused", "INVALID_BODY"),
                         **unauthorized,
-                        "409": err("A replacement is taking over", "STANDBY"),
+                        "409": err(
+                            "A replacement is taking over, or this indexer is stopping",
+                            "STANDBY",
+                        ),
                         "413": too_large,
                     },
                 }
@@ -459,7 +475,11 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
                         "200": ok("Evaluation", "The figures"),
                         "400": err("The body or the evaluation set is refused", *EVALUATE_400),
                         **unauthorized,
-                        "409": err("An evaluation is running", "EVALUATION_RUNNING"),
+                        "409": err(
+                            "An evaluation is running, or this indexer is stopping",
+                            "EVALUATION_RUNNING",
+                            "STANDBY",
+                        ),
                         "413": too_large,
                         "503": err("Mode dense without its model", "EMBEDDING_MODEL_UNAVAILABLE"),
                     },
@@ -635,6 +655,7 @@ def create_app(
     app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
     app[answers_key] = answers
     app[costly_key] = Costly(token=token)
+    app[indexer_key] = indexer
 
     async def running(_: web.Application) -> AsyncIterator[None]:
         started = time.monotonic()
@@ -649,7 +670,15 @@ def create_app(
         except Refusal as e:
             return ErrorBody(code=e.code, message=e.message)
 
+    async def closing(_: web.Request, response: web.StreamResponse) -> None:
+        """A stopping indexer closes each connection after its answer: a client's next
+        request opens one to an indexer that stays, none is cut when this one exits."""
+        if indexer.stopping:
+            response.force_close()
+            response.headers["Connection"] = "close"  # the hook runs after headers are made
+
     app.cleanup_ctx.append(running)
+    app.on_response_prepare.append(closing)
     setup_routes(app)
     console.add_search_page(app, ask, answers.config.name)
     mcp.mount(app, answers, functools.partial(searched, answers), read_body)

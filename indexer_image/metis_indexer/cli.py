@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from aiohttp import web
@@ -32,9 +33,13 @@ from metis_indexer.answer_text import answer_text
 from metis_indexer.config import ConfigError, IndexerConfig, explain, load
 from metis_indexer.schema import SearchAnswer
 
+if TYPE_CHECKING:
+    from metis_indexer.service import Indexer
+
 DEFAULT_URL = "http://127.0.0.1:7700"
 TOKEN_ENV = "METIS_API_TOKEN"
 """The operator's token: when set, `POST /v1/reindex` and `/v1/evaluate` require it."""
+log = logging.getLogger("metis")
 _SOURCE = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)=(?P<path>[^:]+)(:(?P<sub>.+))?$")
 
 
@@ -89,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between looks of the integrity check, which reads a few "
         "pages more of the index file each look",
     )
+    serve.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=0.0,
+        help="seconds a stopping indexer (SIGTERM) goes on answering reads, its writing "
+        "handed over, before it exits (0-120; %(default)g: at once; a pod's configuration "
+        "says 15)",
+    )
 
     def client(name: str, help_: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_)
@@ -137,6 +150,7 @@ def serve_config(args: argparse.Namespace) -> IndexerConfig:
         "embedding_batch": args.embedding_batch,
         "vectors": args.vectors,
         "check_seconds": args.check_seconds,
+        "drain_seconds": args.drain_seconds,
     }
     if args.embedding:
         raw["embedding"] = {"url": args.embedding, "name": args.embedding}
@@ -152,6 +166,7 @@ async def _serve(cfg: IndexerConfig, config_path: Path | None) -> None:
     from metis_indexer.api import create_app, runner
     from metis_indexer.service import Indexer
 
+    signals = _signals()
     indexer = Indexer(cfg, on_progress=_progress_bar if sys.stderr.isatty() else None)
     token = os.environ.get(TOKEN_ENV) or None
     running = runner(create_app(indexer, token=token, config_path=config_path))
@@ -159,17 +174,47 @@ async def _serve(cfg: IndexerConfig, config_path: Path | None) -> None:
     site = web.TCPSite(running, cfg.host, cfg.port)
     await site.start()
     print(f"metis: serving {cfg.name} on http://{cfg.host}:{cfg.port}", flush=True)
-    await _signalled()
+    first = await signals.get()
+    drain = indexer.configured.config.drain_seconds  # as the configuration followed says now
+    if drain:
+        await _drain(indexer, signals, first, drain)
     await running.cleanup()
+    log.info("stopped: no longer listening")
 
 
-async def _signalled() -> None:
-    """Returns on SIGINT or SIGTERM: the app then stops its passes and its watcher."""
-    stop = asyncio.Event()
+def _signals() -> asyncio.Queue[signal.Signals]:
+    """SIGINT and SIGTERM as they come: the first stops the indexer, a second one ends
+    its drain."""
+    came: asyncio.Queue[signal.Signals] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+        loop.add_signal_handler(sig, came.put_nowait, sig)
+    return came
+
+
+async def _drain(
+    indexer: Indexer, signals: asyncio.Queue[signal.Signals], first: signal.Signals, seconds: float
+) -> None:
+    """Stop writing at once (a replacement standing by on the index takes over), then
+    answer every read for `seconds` more, or until a second signal.
+
+    A terminating pod is taken out of its Service's ready endpoints by the endpoints
+    controller by itself, but kube-proxy and the clients learn of it a moment later:
+    requests keep coming meanwhile. Readiness stays OK so the pod stays `serving`:
+    kube-proxy still routes to a terminating endpoint that serves when no other endpoint
+    is ready yet (a single replica whose replacement is still loading). Work that writes
+    or costs model time is refused meanwhile (409 STANDBY); answers close their
+    connection, so a client's next request opens one to an endpoint that stays."""
+    await indexer.stop_writing()
+    log.info(
+        "%s: stopping: writing stopped, the index handed over; answering reads for %g s "
+        "more (a second signal stops at once)",
+        first.name,
+        seconds,
+    )
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await signals.get()
 
 
 def _progress_bar(state: Any) -> None:

@@ -4,7 +4,7 @@ so none keeps an old client or an old configuration."""
 
 from __future__ import annotations
 
-from metis_indexer.config import IndexerConfig
+from metis_indexer.config import EmbeddingConfig, IndexerConfig
 from metis_indexer.models.clients import EmbeddingClient, RerankClient
 
 
@@ -44,13 +44,14 @@ class Configured:
 
 def _embedder(config: IndexerConfig) -> EmbeddingClient | None:
     e = config.embedding
-    if e is None:
-        return None
+    return None if e is None else embedding_client(e, config.embedding_batch)
+
+
+def embedding_client(e: EmbeddingConfig, batch: int) -> EmbeddingClient:
+    """A client of an embedding endpoint: the configured one, or the one whose vectors
+    answer while a new model's are made."""
     return EmbeddingClient(
-        e.url,
-        query_prefix=e.query_prefix,
-        document_prefix=e.document_prefix,
-        batch=config.embedding_batch,
+        e.url, query_prefix=e.query_prefix, document_prefix=e.document_prefix, batch=batch
     )
 
 

@@ -1,6 +1,7 @@
 """The configuration file followed (a ConfigMap's mount): each change is taken at once, the
-model clients made again where the models changed, the vectors held the new way, and a pass
-asked for (it reads again what must be). One that cannot run is logged, and the running
+model clients made again where the models changed (questions go on to the model whose
+vectors the index holds until the new model's are made), the vectors held the new way, and
+a pass asked for (it reads again what must be). One that cannot run is logged, and the running
 configuration kept."""
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class Follower:
         if config == old:
             return
         await self._configured.take(config)
+        if self._passes.loaded:
+            await self._passes.follow_recorded()
         if config.vectors != old.vectors and self._passes.loaded:
             await asyncio.to_thread(self._passes.index.hold_vectors, config.vectors)
         self._passes.request()

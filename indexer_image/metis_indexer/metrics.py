@@ -28,6 +28,7 @@ class Metrics:
     index_rebuilds: Counter
     index_damage: Counter
     requests: Counter
+    staged_chunks: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -96,6 +97,12 @@ class Metrics:
             embed_failures=Counter(
                 "metis_embedding_failures_total",
                 "Embedding requests that failed after their retries.",
+                registry=r,
+            ),
+            staged_chunks=Counter(
+                "metis_embedding_staged_chunks_total",
+                "Chunks given a new embedding model's vectors beside the ones that answer "
+                "(the model changed: they take the old ones' place once every chunk has one).",
                 registry=r,
             ),
         )

@@ -4,13 +4,18 @@ A pass is `ingest.plan` (what to read, what to drop) and `ingest.runner` (readin
 embedding, writing). When the embedding model does not answer, the pass waits
 (`model_watch`) and resumes where it stopped; a full index drive makes it wait for space; a
 damaged index is moved aside and rebuilt from the sources (it is derived data), whether the
-damage was met by a pass, a search or the integrity check.
+damage was met by a pass, a search or the integrity check. A new embedding model's vectors
+are made from the stored chunks beside the ones that answer, and switched to at once
+(`restage`). A source whose listing does not finish (a hung drive) stops the pass, which
+waits and is tried again, its files kept, with one listing of it in flight at most.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import logging
 import sqlite3
 import time
@@ -18,19 +23,28 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer.configured import Configured
+from metis_indexer import restage
+from metis_indexer.config import EmbeddingConfig
+from metis_indexer.configured import Configured, embedding_client
 from metis_indexer.errors import Conflict
-from metis_indexer.index import store
+from metis_indexer.index import store, texts
 from metis_indexer.index.memory import Index, IndexSettings
 from metis_indexer.ingest import plan
-from metis_indexer.ingest.readers.pool import ReaderPool
-from metis_indexer.ingest.runner import Runner, now
+from metis_indexer.ingest.readers.pool import FileThreads, ReaderPool
+from metis_indexer.ingest.runner import Embed, Runner, now
 from metis_indexer.metrics import Metrics
 from metis_indexer.model_watch import WAIT_FIRST, WAIT_MAX, ModelWatch
-from metis_indexer.models.clients import ModelRefused, ModelUnavailable
+from metis_indexer.models.clients import EmbeddingClient, ModelRefused, ModelUnavailable
 from metis_indexer.progress import Progress
 
 log = logging.getLogger("metis.indexer")
+
+LISTING_SECONDS = 900.0
+"""How long a pass waits for the listing of its sources before it stops and is tried
+again. Listing the 19,546 files of a documentation corpus takes 0.75 s here: a quarter of
+an hour is over a thousand times that, a drive that much larger or slower (a network
+drive of millions of files) still listed; past it the drive is hung (a stale NFS mount, a
+FUSE filesystem that stopped answering)."""
 
 
 class Passes:
@@ -57,6 +71,20 @@ class Passes:
         self._damage_error: Exception | None = None
         self._wake = asyncio.Event()
         self._full = False
+        self._listings: dict[plan.Key, asyncio.Future[plan.Scan]] = {}
+        """The sources' listings that have not returned, on the pass's file threads: one
+        a source at most, however often the pass is tried again."""
+        self.answering: restage.Answering | None = None
+        """The model whose vectors answer while a new one's are made (questions are embedded
+        by it); None while the configured model's do."""
+
+    def answering_now(self) -> restage.Answering | None:
+        """The model whose vectors answer while a new one's are made; None from the moment
+        the index's vectors are the configured model's (at the switch, under the lock)."""
+        answering = self.answering
+        if answering is None or answering.epoch != self.index.vectors_epoch:
+            return None
+        return answering
 
     def request(self, full: bool = False) -> None:
         """Ask for a pass (`full`: every document read again) as soon as the one running
@@ -75,6 +103,7 @@ class Passes:
         while True:
             try:
                 await asyncio.to_thread(self._check_and_load)
+                await self.follow_recorded()
                 return None
             except store.StoreUnavailable as e:
                 log.error("%s", e)
@@ -97,6 +126,7 @@ class Passes:
         document again. The caller holds the index's writer lock."""
         log.error("the index is damaged (%s): moving it aside and rebuilding it", error)
         aside = await asyncio.to_thread(self.index.store.move_aside)
+        await self._drop_answering()
         config = self._configured.config
         self.index = Index(config.index_dir, config.vectors)
         await asyncio.to_thread(self.index.load)
@@ -166,7 +196,7 @@ class Passes:
                     await self.rebuild(e)
                     continue
                 self._progress.set_phase("waiting", self._stopped_because(e))
-                await asyncio.sleep(delay)
+                await self._back_off(delay)
                 delay = min(WAIT_MAX, delay * 2)
                 continue
             finally:
@@ -176,8 +206,20 @@ class Passes:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
+    async def _back_off(self, delay: float) -> None:
+        """The wait before a pass that broke is tried again, cut short when a listing it
+        waited for returns: the drive answers again."""
+        listings = list(self._listings.values())
+        if listings:
+            await asyncio.wait(listings, timeout=delay)
+        else:
+            await asyncio.sleep(delay)
+
     def _stopped_because(self, e: Exception) -> str:
         """The reason a pass that broke shows; it is tried again after a while."""
+        if isinstance(e, (restage.NoRoom, plan.ListingHung)):
+            log.warning("%s", e)
+            return str(e)
         if store.trouble(e) == "full":
             free = store.free_megabytes(self._configured.config.index_dir)
             log.warning("the index drive is full (%d MB free): waiting for space", free)
@@ -194,6 +236,11 @@ class Passes:
         self._progress.set_phase("scanning", "")
         settings = await self._settings()
         current = self.index.settings()
+        if restage.needs_staging(current, settings, self.index.chunk_count):
+            assert current is not None
+            if not await self._restage(current, settings, pool):
+                return  # the configuration changed meanwhile: the pass it asked for runs next
+            current = self.index.settings()
         if current != settings:
             if current is not None and self.index.chunk_count:
                 again = (
@@ -203,18 +250,8 @@ class Passes:
                 )
                 log.info("index built with %s; now %s: %s", current, settings, again)
             await asyncio.to_thread(self.index.adopt, settings)
-        listing = await asyncio.to_thread(plan.scan, self._configured.config.sources)
-        state.skipped = dict(listing.skipped)
-        state.problems = list(listing.problems)
-        known = {(f.record.source, f.record.path): f.record for f in self.index.files.values()}
-        planned = plan.plan(listing, known, settings, full)
-        await asyncio.to_thread(self.index.drop_files, planned.to_drop)
-        state.total, state.done = len(planned.to_read), 0
-        state.read = state.unchanged = 0
-        state.dropped = len(planned.to_drop)
-        self._progress.set_phase("indexing" if planned.to_read else "scanning", "")
-        runner = Runner(self.index, pool, self._embed, state, self._progress.publish)
-        await runner.run(planned.to_read, known, full, settings)
+        await self._answered_by_configured()
+        planned = await self._read(settings, full, pool, self._embed)
         await asyncio.to_thread(self.index.settle)
         state.last_indexed_at = now()
         state.completed += 1
@@ -230,6 +267,245 @@ class Passes:
             state.unchanged,
             len(planned.to_drop),
         )
+
+    async def _read(
+        self, settings: IndexSettings, full: bool, pool: ReaderPool, embed: Embed
+    ) -> plan.Plan:
+        """What changed in the sources read (the files built otherwise than `settings` say
+        too; `full`: every file), its chunks embedded by `embed`, and what is gone dropped."""
+        state = self._progress.state
+        listing = await self._scan(pool.files)
+        state.skipped = dict(listing.skipped)
+        state.problems = list(listing.problems)
+        known = {(f.record.source, f.record.path): f.record for f in self.index.files.values()}
+        planned = plan.plan(listing, known, settings, full)
+        await asyncio.to_thread(self.index.drop_files, planned.to_drop)
+        state.total, state.done = len(planned.to_read), 0
+        state.read = state.unchanged = 0
+        state.dropped = len(planned.to_drop)
+        self._progress.set_phase("indexing" if planned.to_read else "scanning", "")
+        runner = Runner(self.index, pool, embed, state, self._progress.publish)
+        await runner.run(planned.to_read, known, full, settings)
+        return planned
+
+    async def _scan(self, files: FileThreads) -> plan.Scan:
+        """The sources listed on the pass's file threads, never on the threads searches
+        rank on, all at once; `plan.ListingHung` naming those not listed within
+        `LISTING_SECONDS`, and at once while an earlier listing of one has not returned
+        (`plan.still_listing`). A listing that did not finish is not used: the pass stops
+        before it drops anything."""
+        configured = self._configured.config.sources
+        stuck = plan.still_listing(configured, self._listings)
+        if stuck:
+            raise plan.ListingHung(stuck, LISTING_SECONDS)
+        listings = [
+            asyncio.ensure_future(files.call(plan.scan_source, source)) for source in configured
+        ]
+        for source, listing in zip(configured, listings, strict=True):
+            key = plan.source_key(source)
+            self._listings[key] = listing
+            listing.add_done_callback(functools.partial(self._listed, key))
+        if listings:
+            await asyncio.wait(listings, timeout=LISTING_SECONDS)
+        late = [s for s, listing in zip(configured, listings, strict=True) if not listing.done()]
+        if late:
+            raise plan.ListingHung(late, LISTING_SECONDS)
+        return plan.merged(listing.result() for listing in listings)
+
+    def _listed(self, key: plan.Key, listing: asyncio.Future[plan.Scan]) -> None:
+        """A listing returned: its source may be listed again. One that returned late is
+        not used, and its error (if any) is not the pass's any more."""
+        if self._listings.get(key) is listing:
+            del self._listings[key]
+        if not listing.cancelled():
+            listing.exception()
+
+    # -- a new embedding model ------------------------------------------------------------
+
+    async def follow_recorded(self) -> None:
+        """Questions go to the model whose vectors the index holds: the configured one,
+        unless the index records another endpoint for them (the configuration names
+        another since, and its vectors are not made yet). A pass finds out whether the
+        configured endpoint serves the same model (`_answered_by_configured`) or another
+        (`_restage`)."""
+        meta = await asyncio.to_thread(self.index.store.meta)
+        held = IndexSettings.from_meta(meta)
+        recorded = restage.recorded_endpoint(meta)
+        endpoint = self._configured.config.embedding
+        if (
+            held is None
+            or not held.model
+            or not self.index.chunk_count
+            or endpoint is None
+            or recorded is None
+            or recorded == endpoint
+        ):
+            return
+        staged = restage.staged_model(meta)
+        await self._answer_by(held, recorded, staged.split("|")[0] if staged else None)
+
+    async def _answer_by(
+        self, held: IndexSettings, endpoint: EmbeddingConfig | None, next_model: str | None
+    ) -> restage.Answering:
+        """Questions embedded by `endpoint`'s model, whose vectors the index holds (None: it
+        is served nowhere now), while `next_model`'s are made."""
+        answering = self.answering
+        if (
+            answering is None
+            or answering.endpoint != endpoint
+            or answering.model != held.model
+            or answering.epoch != self.index.vectors_epoch
+        ):
+            await self._drop_answering()
+            client: EmbeddingClient | None = None
+            if endpoint is not None:
+                client = embedding_client(endpoint, self._configured.config.embedding_batch)
+            answering = self.answering = restage.Answering(
+                held, endpoint, client, next_model, self.index.vectors_epoch
+            )
+        answering.next_model = next_model
+        answering.done, answering.total = await asyncio.to_thread(self.index.store.staged_counts)
+        return answering
+
+    async def close(self) -> None:
+        """Let go of the client of the model that answers while a new one's are made."""
+        await self._drop_answering()
+
+    async def _drop_answering(self) -> None:
+        answering, self.answering = self.answering, None
+        self._progress.changing = ""
+        if answering is not None:
+            await answering.close()
+
+    async def _answered_by_configured(self) -> None:
+        """The configured model's vectors are the index's: it answers, the index records
+        its endpoint, and vectors staged for another model are forgotten."""
+        await self._drop_answering()
+        meta = await asyncio.to_thread(self.index.store.meta)
+        if restage.staged_model(meta) is not None:
+            await asyncio.to_thread(self.index.store.end_staging, restage.STAGING)
+        endpoint = self._configured.config.embedding
+        if endpoint is not None and restage.recorded_endpoint(meta) != endpoint:
+            await asyncio.to_thread(self.index.store.set_meta, restage.endpoint_meta(endpoint))
+
+    async def _restage(
+        self, current: IndexSettings, settings: IndexSettings, pool: ReaderPool
+    ) -> bool:
+        """The new model's vectors made beside the ones that answer, then switched to: what
+        changed in the sources is read first (with the old model, and staged too), and read
+        again after each staging (what changed meanwhile is staged next), up to
+        `STAGE_ROUNDS` times. False where the configuration changed meanwhile (nothing
+        switched)."""
+        embedder = self._configured.embedder
+        endpoint = self._configured.config.embedding
+        assert embedder is not None and endpoint is not None
+        started = time.monotonic()
+        meta = await asyncio.to_thread(self.index.store.meta)
+        target = restage.staging_meta(settings)
+        if restage.staged_model(meta) != target[restage.STAGING]:
+            await asyncio.to_thread(self.index.store.begin_staging, target)
+        recorded = restage.recorded_endpoint(meta)
+        old = recorded if recorded != endpoint else None
+        answering = await self._answer_by(current, old, settings.model)
+        log.info(
+            "embedding model %s now; the index holds the vectors of %s: making the new "
+            "model's beside them (%d of %d chunks made)",
+            settings.model,
+            current.model,
+            answering.done,
+            answering.total,
+        )
+        calls = 0
+        self._progress.changing = answering.reason()
+        await self._read(current, False, pool, answering.embed_documents)
+        for _ in range(restage.STAGE_ROUNDS):
+            await self._check_room(answering, settings)
+            self._progress.set_phase("indexing", "")
+            made = await self._stage(answering, embedder)
+            if made is None:
+                return False
+            calls += made
+            planned = await self._read(current, False, pool, answering.embed_documents)
+            if not planned.to_read and not planned.to_drop:
+                break
+        switched = dataclasses.replace(
+            current, model=settings.model, dimensions=settings.dimensions
+        )
+        while not await asyncio.to_thread(
+            self.index.switch, switched, restage.endpoint_meta(endpoint), [restage.STAGING]
+        ):
+            made = await self._stage(answering, embedder)
+            if made is None:
+                return False
+            calls += made
+        await self._drop_answering()
+        log.info(
+            "switched to the vectors of embedding model %s: %d chunks embedded in %.1f s",
+            settings.model,
+            calls,
+            time.monotonic() - started,
+        )
+        return True
+
+    async def _check_room(self, answering: restage.Answering, settings: IndexSettings) -> None:
+        """NoRoom (the pass waits, and is tried again) where the rest of the change does not
+        fit on the index drive."""
+        folder = self._configured.config.index_dir
+        answering.done, answering.total = await asyncio.to_thread(self.index.store.staged_counts)
+        self._progress.changing = answering.reason()
+        size = await asyncio.to_thread(self.index.store.database_bytes)
+        needed = restage.staging_megabytes(
+            answering.total - answering.done,
+            answering.total,
+            settings.dimensions,
+            self.index.vector_kind,
+            size,
+        )
+        why = restage.no_room(needed, store.free_megabytes(folder), settings.model)
+        if why is not None:
+            raise restage.NoRoom(why)
+
+    async def _stage(self, answering: restage.Answering, embedder: EmbeddingClient) -> int | None:
+        """Every live chunk that lacks a staged vector given one by `embedder`, a batch a
+        transaction; the chunks embedded, or None where the configuration changed meanwhile
+        (another client embeds now: what it would give is not this model's)."""
+        state = self._progress.state
+        after, made = 0, 0
+        while self._configured.embedder is embedder:
+            batch = await asyncio.to_thread(
+                self.index.store.lacking_staged, after, restage.STAGE_CHUNKS
+            )
+            if not batch:
+                return made
+            passages = [texts.passage(title, h, text) for _, title, h, text in batch]
+            vectors = await self._staged_vectors(passages)
+            if self._configured.embedder is not embedder:
+                break
+            ids = [chunk_id for chunk_id, *_ in batch]
+            await asyncio.to_thread(self.index.put_staged, ids, vectors)
+            after, made = ids[-1], made + len(ids)
+            answering.done, answering.total = await asyncio.to_thread(
+                self.index.store.staged_counts
+            )
+            self._metrics.staged_chunks.inc(len(ids))
+            self._progress.changing = answering.reason()
+            if state.phase == "indexing":
+                self._progress.set_phase("indexing", "")
+            else:
+                self._progress.publish()
+        return None
+
+    async def _staged_vectors(self, passages: list[str]) -> list[npt.NDArray[np.float32] | None]:
+        """The new model's vectors of passages, in the pass's usual requests; None for a
+        passage it refuses (asked alone, so only that one is)."""
+        try:
+            vectors = await self._embed(passages)
+        except ModelRefused:
+            if len(passages) == 1:
+                return [None]
+            parts = await asyncio.gather(*(self._staged_vectors([p]) for p in passages))
+            return [v for part in parts for v in part]
+        return [None] * len(passages) if vectors is None else list(vectors)
 
     async def _settings(self) -> IndexSettings:
         """What the index must be built with now: waits for the embedding model."""

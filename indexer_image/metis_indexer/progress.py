@@ -25,6 +25,9 @@ class Progress:
         self.rebuilding = ""
         """Why every document is being read again, until that pass is done: the reason a
         phase of the passes shows meanwhile."""
+        self.changing = ""
+        """How far a new embedding model's vectors are, while they are made: the reason
+        the phases of the passes show meanwhile."""
         self._totals = totals
         """What the index holds now (a rebuild replaces the index)."""
         self._on_progress = on_progress
@@ -32,7 +35,7 @@ class Progress:
 
     def set_phase(self, phase: str, reason: str) -> None:
         if not reason and phase in ("loading", "scanning", "indexing"):
-            reason = self.rebuilding
+            reason = self.changing or self.rebuilding
         self.state.phase, self.state.reason = phase, reason
         self.metrics.set_phase(phase)
         self.publish()

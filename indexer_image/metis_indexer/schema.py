@@ -127,6 +127,44 @@ class LastPass(BaseModel):
     dropped: int
 
 
+class EmbeddingState(BaseModel):
+    """Which embedding model's vectors answer, and how far a new model's are made (its
+    vectors are made beside the ones that answer, and take their place at once)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    answering: str
+    """The model whose vectors answer questions now."""
+    next: str | None
+    """The model whose vectors are being made; null when none is."""
+    done: int
+    """Chunks that have the next model's vector."""
+    total: int
+    """Chunks of the index (0 when no model's vectors are being made)."""
+
+
+class Searches(BaseModel):
+    """How the searches of the last `seconds` were answered. Each search counts once, by
+    the worst that befell it; a refused one (4xx) is no search and is not counted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: int
+    answered: int
+    """As asked: by meaning where the base has an embedding model, reranked where it
+    has a reranker (unless the search asked not to be)."""
+    by_words_only: int
+    """By words only: the embedding model did not answer in time or is unavailable, or
+    no chunk has a vector."""
+    without_reranker: int
+    """By meaning, but in the fused order: the reranker did not answer in time."""
+    failed: int
+    """Answered with a 5xx: the index not serving, mode dense without its model, or the
+    indexer broke."""
+    reason: str | None
+    """The words of the most frequent fallback or failure (shortened); null when none."""
+
+
 class StatusAnswer(BaseModel):
     """`GET /v1/status`: what the operator reads to write a base's status.
 
@@ -150,6 +188,8 @@ class StatusAnswer(BaseModel):
     vectors: VectorKind = "float32"
     """How the index holds its vectors in memory (float32, or int8 rescored exactly)."""
     embedding_model: str | None
+    embedding: EmbeddingState | None = None
+    """Which model answers, and how far a new one is; null without an embedding model."""
     reranker: str | None
     skipped: dict[str, int]
     revisions: dict[str, str]
@@ -158,6 +198,9 @@ class StatusAnswer(BaseModel):
     indexed_generation: int | None
     last_pass: LastPass
     warnings: list[str]
+    searches: Searches | None = None
+    """How the searches of the last minute were answered; null from an indexer that
+    does not count them."""
 
     @classmethod
     def read(cls, answer: object) -> StatusAnswer:

@@ -5,7 +5,9 @@ clients, the index and the writer lock.
 
 Only one indexer writes an index folder: the one holding its writer lock. Another one on
 the same folder (a replacement taking over) stands by, answering searches from the index
-as loaded, until the writer stops; a damaged index is rebuilt only by the writer.
+as loaded, until the writer stops writing; a damaged index is rebuilt only by the writer.
+A stopping indexer stops writing first (`stop_writing`), so its replacement takes over
+while it still answers searches.
 
 The parts: `passes` (the pass loop and the rebuild), `model_watch` (the embedding model
 waited for), `following` (a changed configuration), `answers` (what the API asks),
@@ -59,6 +61,8 @@ class Indexer:
         self._pool: ReaderPool | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._lock_fd: int | None = None
+        self.stopping = False
+        """Whether it has stopped writing (`stop_writing`): it only answers reads now."""
 
     def _totals(self) -> Totals:
         return self.passes.index.totals()
@@ -74,19 +78,31 @@ class Indexer:
             follower = Follower(self.configured, self.passes)
             self._tasks.append(asyncio.create_task(follower.follow(follow), name="metis-config"))
 
-    async def stop(self) -> None:
-        """The tasks ended, last started first; then the pool, the clients, the index and
-        the writer lock let go."""
+    async def stop_writing(self) -> None:
+        """The tasks ended, last started first (the passes, the integrity check, the
+        configuration followed), the reader pool closed and the writer lock let go: an
+        indexer standing by on the same folder takes over the writing at once. The index
+        and the model clients stay open, for searches."""
+        self.stopping = True
         for task in reversed(self._tasks):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._tasks = []
         if self._pool is not None:
             await asyncio.to_thread(self._pool.close)
-        await self.configured.close()
-        self.passes.index.store.close()
+            self._pool = None
+        await asyncio.to_thread(self.passes.index.writes_done)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
+            self._lock_fd = None
+
+    async def stop(self) -> None:
+        """Writing stopped (`stop_writing`), then the clients and the index let go."""
+        await self.stop_writing()
+        await self.configured.close()
+        await self.passes.close()
+        self.passes.index.store.close()
 
     async def _run(self, pool: ReaderPool) -> None:
         """Load the index (a damaged one is rebuilt by the writer), answer searches, stand

@@ -24,11 +24,27 @@ class _Status(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
+class Embedding(_Status):
+    answering: str | None = Field(
+        default=None, description="The embedding model whose vectors answer questions now."
+    )
+    next: str | None = Field(
+        default=None,
+        description="A new embedding model whose vectors are made beside those that answer "
+        "(they take their place at once when complete); absent when none is.",
+    )
+    done: int | None = Field(default=None, description="Chunks that have the new model's vector.")
+    total: int | None = Field(
+        default=None, description="Chunks the new model's vectors are made for."
+    )
+
+
 class IndexTotals(_Status):
     phase: str | None = Field(
         default=None,
         description="The index's own phase: loading, scanning, indexing, ready, waiting, or "
-        "standby (a replacement taking over after a change; searches are answered meanwhile).",
+        "standby (a replacement that has loaded the index answers searches until the pod it "
+        "replaces stops, then takes over).",
     )
     documents: int | None = Field(default=None, description="Documents indexed.")
     chunks: int | None = Field(default=None, description="Chunks indexed.")
@@ -47,6 +63,10 @@ class IndexTotals(_Status):
     dimensions: int | None = Field(default=None, description="The dimensions of its embeddings.")
     vectors: str | None = Field(
         default=None, description="How its index holds vectors in memory (float32 or int8)."
+    )
+    embedding: Embedding | None = Field(
+        default=None,
+        description="Which embedding model answers, and how far a new one's vectors are made.",
     )
 
 
@@ -131,12 +151,13 @@ class KnowledgeBaseStatus(_Status):
     state: StateName | None = Field(
         default=None,
         description="Its state. Pending: waiting for a node that can mount its drives, or for "
-        "a data source's first revision. Starting: its index is loading, or a replacement is "
-        "taking over after a change. Indexing: reading documents; searches are answered from "
-        "what is indexed. Ready: everything indexed with the current spec; watching its "
-        "sources. Waiting: its index waits, most often for its embedding model; the reason "
-        "names what. Failed: it cannot run as asked (a drive or model Service that does not "
-        "exist, one that serves something else, a spec the operator refuses).",
+        "a data source's first revision. Starting: its index is loading, or a replacement pod "
+        "is taking over (after a change, or its pod was deleted or evicted); the reason says "
+        "whether searches are answered meanwhile. Indexing: reading documents; searches are "
+        "answered from what is indexed. Ready: everything indexed with the current spec; "
+        "watching its sources. Waiting: its index waits, most often for its embedding model; "
+        "the reason names what. Failed: it cannot run as asked (a drive or model Service that "
+        "does not exist, one that serves something else, a spec the operator refuses).",
     )
     reason: str | None = Field(default=None, description="Why it is in its state, in words.")
     observed_generation: int | None = Field(

@@ -301,7 +301,21 @@ def test_a_base_indexes_answers_and_follows_changes(
         "requests": {"cpu": "1", "memory": "2Gi"},
         "limits": {"memory": "2Gi"},
     }
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # A replacement starts beside the old pod, on its machine (a ReadWriteOnce index
+    # drive), and the old one has time to drain.
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    (same_machine,) = pod["affinity"]["podAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert (
+        same_machine["labelSelector"]["matchLabels"]
+        == deployment["spec"]["selector"]["matchLabels"]
+    )
+    assert same_machine["topologyKey"] == "kubernetes.io/hostname"
+    assert pod["terminationGracePeriodSeconds"] == 40
 
     # A machine matches: the pod is placed and starts (the kubelet held a moment).
     with pods.held():

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from metis_indexer.config import IndexerConfig
 from metis_operator import children
-from metis_operator.api.spec import KnowledgeBaseSpec, parse, to_indexer_config
+from metis_operator.api.spec import KnowledgeBaseSpec, Placement, parse, to_indexer_config
 from metis_operator.settings import IndexerSettings, Settings
 
 OWNER = children.Owner("handbook", "team-a", "uid-1")
@@ -97,7 +98,11 @@ def test_the_pod_mounts_each_drive_once_read_only_and_runs_unprivileged() -> Non
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["automountServiceAccountToken"] is False
     assert c["ports"] == [{"name": "http", "containerPort": 7700, "protocol": "TCP"}]
-    assert dep["spec"]["strategy"] == {"type": "Recreate"} and dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert dep["spec"]["replicas"] == 1
     assert dep["spec"]["selector"]["matchLabels"] == children.selector("handbook")
 
 
@@ -134,7 +139,9 @@ def test_the_pod_mounts_each_drive_once_read_only_and_runs_unprivileged() -> Non
 def test_placement(placement: dict[str, Any], expected: dict[str, Any]) -> None:
     pod = children.deployment(OWNER, spec_with(placement=placement), SETTINGS)["spec"]["template"]
     got = {k: pod["spec"][k] for k in ("nodeSelector", "affinity") if k in pod["spec"]}
-    assert got == expected
+    # The pod affinity that holds a replacement to the old pod's machine is not placement.
+    got.get("affinity", {}).pop("podAffinity", None)
+    assert {k: v for k, v in got.items() if v} == expected
 
 
 def test_cpu_is_requested_and_memory_requested_and_limited() -> None:
@@ -258,3 +265,124 @@ def test_the_policy_follows_the_indexers_port() -> None:
     moved = Settings(indexer=IndexerSettings(port=17700))
     (rule,) = children.network_policy(OWNER, moved, "metis-system")["spec"]["ingress"]
     assert rule["ports"] == [{"protocol": "TCP", "port": 17700}]
+
+
+SAME_MACHINE = {
+    "requiredDuringSchedulingIgnoredDuringExecution": [
+        {
+            "labelSelector": {
+                "matchLabels": {
+                    "app.kubernetes.io/name": "metis-indexer",
+                    "app.kubernetes.io/instance": "handbook",
+                }
+            },
+            "topologyKey": "kubernetes.io/hostname",
+        }
+    ]
+}
+ON_N1 = {
+    "requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [
+            {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}
+                ]
+            }
+        ]
+    }
+}
+ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
+@pytest.mark.parametrize(
+    ("mode", "machines", "strategy", "affinity"),
+    [
+        ("ReadWriteOnce", [], ROLLING, {"podAffinity": SAME_MACHINE}),
+        ("ReadWriteOnce", ["n1"], ROLLING, {"nodeAffinity": ON_N1, "podAffinity": SAME_MACHINE}),
+        ("ReadWriteMany", [], ROLLING, None),
+        ("ReadWriteMany", ["n1"], ROLLING, {"nodeAffinity": ON_N1}),
+        # Two pods never mount a ReadWriteOncePod drive, not even on one machine.
+        ("ReadWriteOncePod", ["n1"], {"type": "Recreate"}, {"nodeAffinity": ON_N1}),
+    ],
+    ids=["rwo", "rwo-machines", "rwx", "rwx-machines", "rwop"],
+)
+def test_a_replacement_starts_beside_the_old_pod_on_the_machine_its_drive_allows(
+    mode: str, machines: list[str], strategy: dict[str, Any], affinity: dict[str, Any] | None
+) -> None:
+    settings = Settings(indexer=IndexerSettings(index_access_mode=mode))
+    dep = children.deployment(OWNER, spec_with(placement={"machines": machines}), settings)
+    assert dep["spec"]["strategy"] == strategy
+    pod = dep["spec"]["template"]["spec"]
+    assert pod.get("affinity") == affinity
+    # The pod affinity picks the base's own pods: those its Deployment selects.
+    assert (
+        SAME_MACHINE["requiredDuringSchedulingIgnoredDuringExecution"][0]["labelSelector"][
+            "matchLabels"
+        ]
+        == (dep["spec"]["selector"]["matchLabels"])
+    )
+
+
+def test_the_kubelet_lets_the_indexer_drain_before_it_kills_it() -> None:
+    pod = children.deployment(OWNER, spec_with(), SETTINGS)["spec"]["template"]["spec"]
+    drain = IndexerConfig.model_fields["drain_seconds"].default
+    assert pod["terminationGracePeriodSeconds"] == 40
+    assert pod["terminationGracePeriodSeconds"] >= drain + 20
+
+
+def test_a_drive_that_must_move_stops_the_old_pod_first() -> None:
+    moving = children.deployment(OWNER, spec_with(), SETTINGS, moving=True)
+    assert moving["spec"]["strategy"] == {"type": "Recreate"}
+    # Only the strategy: the template is the same, so the switch back replaces no pod.
+    assert (
+        moving["spec"]["template"]
+        == children.deployment(OWNER, spec_with(), SETTINGS)["spec"]["template"]
+    )
+    shared = Settings(indexer=IndexerSettings(index_access_mode="ReadWriteMany"))
+    assert children.deployment(OWNER, spec_with(), shared, moving=True)["spec"]["strategy"] == (
+        ROLLING
+    )
+
+
+def running(
+    placement: dict[str, Any], *, strategy: str = "RollingUpdate", rolled: bool = True
+) -> dict[str, Any]:
+    """The Deployment as the API server has it after a rollout (or in the middle of one)."""
+    dep = served(children.deployment(OWNER, spec_with(placement=placement), SETTINGS))
+    dep["spec"]["strategy"] = {"type": strategy}
+    dep["metadata"]["generation"] = 4
+    dep["status"] = {"observedGeneration": 4 if rolled else 3, "updatedReplicas": 1}
+    return dep
+
+
+@pytest.mark.parametrize(
+    ("placement", "actual", "node", "moves"),
+    [
+        ({}, None, None, False),
+        ({}, running({}), "n1", False),
+        ({"machines": ["n1", "n2"]}, running({}), "n1", False),
+        ({"machines": ["n2"]}, running({}), "n1", True),
+        ({"machines": ["n2"]}, running({}), None, False),
+        ({"labels": {"pool": "a"}}, running({"labels": {"pool": "a", "zone": "b"}}), "n1", False),
+        ({"labels": {"pool": "b"}}, running({"labels": {"pool": "a"}}), "n1", True),
+        ({"labels": {"pool": "a"}}, running({}), "n1", True),
+        ({}, running({}, strategy="Recreate", rolled=False), "n1", True),
+        ({}, running({}, strategy="Recreate"), "n1", False),
+    ],
+    ids=[
+        "first",
+        "same-placement",
+        "machines-keep-its-machine",
+        "machines-leave-its-machine",
+        "no-pod-on-a-machine",
+        "fewer-labels",
+        "other-labels",
+        "new-label",
+        "recreating-not-done",
+        "recreated",
+    ],
+)
+def test_when_the_index_drive_must_move(
+    placement: dict[str, Any], actual: dict[str, Any] | None, node: str | None, moves: bool
+) -> None:
+    assert children.must_move(Placement(**placement), actual, node) is moves

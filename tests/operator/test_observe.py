@@ -22,8 +22,11 @@ def pod(
     conditions: list[dict[str, Any]] | None = None,
     deleting: bool = False,
     containers: list[dict[str, Any]] | None = None,
+    template: str = "",
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "creationTimestamp": created}
+    if template:
+        meta["labels"] = {"pod-template-hash": template}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:10:00Z"
     status: dict[str, Any] = {"phase": phase, "conditions": conditions or []}
@@ -127,26 +130,127 @@ def deployment(revision: str, generation: int, observed: int, updated: int) -> d
 
 
 @pytest.mark.parametrize(
-    ("dep", "pods", "expected"),
+    ("dep", "expected"),
     [
-        (None, [], False),
-        (deployment("1", 1, 0, 0), [], False),  # the first rollout is not a replacement
-        (deployment("2", 2, 2, 0), [], True),
-        (deployment("2", 3, 2, 1), [], True),
-        (deployment("2", 2, 2, 1), [], False),
-        (deployment("1", 1, 1, 1), [pod("a", "1", deleting=True)], True),
+        (None, False),
+        (deployment("1", 1, 0, 0), False),  # the first rollout is not a replacement
+        (deployment("2", 2, 2, 0), True),
+        # A bumped generation with no new pod made: an annotation or the strategy changed.
+        (deployment("2", 3, 2, 1), False),
+        (deployment("2", 2, 2, 1), False),
     ],
-    ids=[
-        "no-deployment",
-        "first",
-        "old-pod-gone-new-not-made",
-        "not-observed",
-        "done",
-        "pod-going",
-    ],
+    ids=["no-deployment", "first", "old-pod-gone-new-not-made", "not-observed", "done"],
 )
-def test_replacing(dep: dict[str, Any] | None, pods: list[dict[str, Any]], expected: bool) -> None:
-    assert observe.replacing(dep, pods) is expected
+def test_replacing(dep: dict[str, Any] | None, expected: bool) -> None:
+    assert observe.replacing(dep) is expected
+
+
+def test_a_pod_going_away_with_no_change_is_no_rollout() -> None:
+    """A `kubectl delete pod` or an eviction changes no template: the pods show it (the
+    old going away, a new one of the same template), not the Deployment."""
+    assert not observe.replacing(deployment("1", 1, 1, 1))
+    going = [pod("a", "1", deleting=True, template="h1"), pod("b", "2", template="h1")]
+    old = observe.old_pod_view(going)
+    assert old is not None and old.terminating and old.template == "h1"
+
+
+def with_spec(p: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {**p, "spec": {**p["spec"], **spec}}
+
+
+@pytest.mark.parametrize(
+    ("pods", "new", "old"),
+    [
+        ([], None, None),
+        ([pod("a", "1", node="n", phase="Running", conditions=READY)], "a", None),
+        # A rollout's surge: the new pod starts beside the old one, which answers.
+        (
+            [
+                pod("old", "1", node="n", phase="Running", conditions=READY, template="h1"),
+                pod("new", "2", node="n", template="h2"),
+            ],
+            "new",
+            "old",
+        ),
+        # Deleted: the old pod goes away while the one made again starts.
+        (
+            [
+                pod("new", "2", node="n", template="h1"),
+                pod("old", "1", node="n", phase="Running", deleting=True, template="h1"),
+            ],
+            "new",
+            "old",
+        ),
+        ([pod("old", "1", node="n", deleting=True)], "old", None),
+        (
+            [
+                pod("older", "1", deleting=True),
+                pod("old", "2", deleting=True),
+                pod("new", "3", node="n"),
+            ],
+            "new",
+            "old",
+        ),
+    ],
+    ids=["none", "one", "surge", "deleted", "only-going", "two-going"],
+)
+def test_the_pod_and_the_one_it_replaces(
+    pods: list[dict[str, Any]], new: str | None, old: str | None
+) -> None:
+    got_new, got_old = observe.pod_view(pods), observe.old_pod_view(pods)
+    assert (got_new.name if got_new else None, got_old.name if got_old else None) == (new, old)
+
+
+def template(image: str, drives: list[str], **pod: Any) -> dict[str, Any]:
+    volumes = [
+        {"name": d, "persistentVolumeClaim": {"claimName": d, "readOnly": True}} for d in drives
+    ]
+    volumes.append({"name": "index", "persistentVolumeClaim": {"claimName": "metis-hb"}})
+    container = {"name": "indexer", "image": image, "resources": pod.pop("resources", {})}
+    return {"containers": [container], "volumes": volumes, **pod}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "said"),
+    [
+        (template("ix:1", ["docs"]), template("ix:1", ["docs"]), ""),
+        (template("ix:1", ["docs"]), template("ix:2", ["docs"]), "indexer image ix:2"),
+        (
+            template("ix:1", ["docs", "wiki"]),
+            template("ix:1", ["docs", "runbooks"]),
+            "drive runbooks added, drive wiki removed",
+        ),
+        (
+            template("ix:1", ["docs"]),
+            template("ix:1", ["docs"], nodeSelector={"pool": "gpu"}),
+            "placement",
+        ),
+        (
+            template("ix:1", ["docs"], resources={"limits": {"memory": "2Gi"}}),
+            template("ix:2", ["docs"], resources={"limits": {"memory": "4Gi"}}),
+            "indexer image ix:2, cpu or memory",
+        ),
+        # The operator's own pod affinity (added by an upgrade) is no placement of the user's.
+        (
+            template("ix:1", ["docs"]),
+            template("ix:1", ["docs"], affinity={"podAffinity": {"x": 1}}),
+            "",
+        ),
+    ],
+    ids=["same", "image", "drives", "placement", "image-and-memory", "pod-affinity"],
+)
+def test_what_a_rollout_changes(before: dict[str, Any], after: dict[str, Any], said: str) -> None:
+    old = with_spec(pod("old", "1", node="n"), **before)
+    new = with_spec(pod("new", "2"), **after)
+    dep = {"spec": {"template": {"spec": after}}}
+    assert observe.change(dep, [new, old]) == said
+    assert observe.change(None, [old]) == "" and observe.change(dep, []) == ""
+
+
+def test_the_machine_of_the_bases_pods() -> None:
+    assert observe.node([]) is None
+    assert observe.node([pod("new", "2"), pod("old", "1", node="n1", deleting=True)]) == "n1"
+    assert observe.node([pod("a", "2", node="n2"), pod("b", "1", node="n1")]) == "n2"
 
 
 def test_pod_failure() -> None:

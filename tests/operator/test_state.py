@@ -45,6 +45,28 @@ def given(**changes: object) -> Observation:
     return dataclasses.replace(HEALTHY, **changes)  # type: ignore[arg-type]
 
 
+SLOW = "embedding model bge-m3 did not answer (no answer within 10 s): results by keywords only"
+BUT = "but 12 of 40 searches in the last minute were answered by words only: " + SLOW
+
+
+def searches(
+    answered: int = 0,
+    by_words_only: int = 0,
+    without_reranker: int = 0,
+    failed: int = 0,
+    reason: str | None = None,
+) -> dict[str, object]:
+    """The indexer's account of the last minute's searches."""
+    return {
+        "seconds": 60,
+        "answered": answered,
+        "by_words_only": by_words_only,
+        "without_reranker": without_reranker,
+        "failed": failed,
+        "reason": reason,
+    }
+
+
 CASES = [
     # Failed: what cannot run as asked, before anything else.
     (
@@ -180,30 +202,30 @@ CASES = [
         State.PENDING,
         None,
     ),
-    # Starting: the pod starts, the index loads, a replacement takes over.
+    # Starting: the pod starts, the index loads, a replacement takes over (more below).
     (
         "between-two-pods",
         given(pod=None, replacing=True),
         State.STARTING,
-        "a replacement is taking over after a change",
+        "its old pod has stopped after a change; the new one is not created yet",
     ),
     (
         "old-pod-going",
         given(pod=dataclasses.replace(RUNNING, terminating=True)),
         State.STARTING,
-        "a replacement is taking over after a change on machine node-a",
+        "its pod metis-hb-1 is going away (deleted or evicted); a new one is not created yet",
     ),
     (
         "old-pod-going-its-node-gone",
         given(pod=PodView("p", terminating=True)),
         State.STARTING,
-        "a replacement is taking over after a change",
+        "its pod p is going away (deleted or evicted); a new one is not created yet",
     ),
     (
         "new-template-rolling-out",
         given(replacing=True),
         State.STARTING,
-        "a replacement is taking over after a change on machine node-a",
+        "a change is rolling out; searches are answered meanwhile",
     ),
     (
         "new-pod-of-a-first-rollout",
@@ -238,7 +260,8 @@ CASES = [
         "standby",
         given(indexer=ix("standby")),
         State.STARTING,
-        "a replacement is taking over; searches are answered meanwhile",
+        "a replacement has loaded the index and answers searches; it takes over when the old "
+        "pod stops",
     ),
     # A spec change: not Ready until the indexer runs the new generation and indexed it.
     (
@@ -366,6 +389,21 @@ CASES = [
     ),
     ("first-scan", given(indexer=ix("scanning", passes=0)), State.INDEXING, None),
     (
+        "new-model-made-beside",
+        given(
+            generation=3,
+            indexer=ix(
+                "indexing",
+                generation=3,
+                indexed_generation=2,
+                embedding={"answering": "minilm", "next": "bge-m3", "done": 40, "total": 120},
+            ),
+        ),
+        State.INDEXING,
+        "making the vectors of embedding model bge-m3 beside those of minilm, which answer "
+        "searches meanwhile (40 of 120 chunks)",
+    ),
+    (
         "new-generation-not-indexed-yet",
         given(generation=3, indexer=ix("ready", generation=3, indexed_generation=2, passes=4)),
         State.INDEXING,
@@ -412,6 +450,86 @@ CASES = [
     ),
     ("rescan-after-a-pass-stays-ready", given(indexer=ix("scanning", passes=3)), State.READY, None),
     ("ready", HEALTHY, State.READY, "everything is indexed; watching its sources"),
+    # Searches that fell back to words or failed: the state stays, its reason says so.
+    (
+        "ready-but-searches-by-words",
+        given(indexer=ix("ready", passes=1, searches=searches(28, 12, reason=SLOW))),
+        State.READY,
+        f"everything is indexed; {BUT}",
+    ),
+    (
+        "ready-a-fifth-failed",
+        given(indexer=ix("ready", passes=1, searches=searches(4, failed=1, reason="it broke"))),
+        State.READY,
+        "everything is indexed; but 1 of 5 searches in the last minute failed: it broke",
+    ),
+    (
+        "ready-too-few-searches-to-tell",
+        given(indexer=ix("ready", passes=1, searches=searches(by_words_only=4, reason=SLOW))),
+        State.READY,
+        "everything is indexed; watching its sources",
+    ),
+    (
+        "ready-under-a-fifth-fell-back",
+        given(indexer=ix("ready", passes=1, searches=searches(33, 7, reason=SLOW))),
+        State.READY,
+        "everything is indexed; watching its sources",
+    ),
+    (
+        "ready-without-the-reranker-is-still-by-meaning",
+        given(indexer=ix("ready", passes=1, searches=searches(without_reranker=40, reason="rr"))),
+        State.READY,
+        "everything is indexed; watching its sources",
+    ),
+    (
+        "ready-from-an-indexer-that-does-not-count",
+        given(indexer=ix("ready", passes=1, searches=None)),
+        State.READY,
+        "everything is indexed; watching its sources",
+    ),
+    (
+        "indexing-but-searches-by-words-and-failed",
+        given(indexer=ix("indexing", searches=searches(18, 9, 0, 3, reason=SLOW))),
+        State.INDEXING,
+        "reading documents; but 12 of 30 searches in the last minute were answered by words "
+        f"only (9) or failed (3): {SLOW}",
+    ),
+    (
+        "new-generation-but-searches-by-words",
+        given(
+            generation=3,
+            indexer=ix(
+                "indexing",
+                generation=3,
+                indexed_generation=2,
+                searches=searches(28, 12, reason=SLOW),
+            ),
+        ),
+        State.INDEXING,
+        f"indexing for generation 3: reading documents; {BUT}",
+    ),
+    (
+        "new-model-made-beside-but-searches-by-words",
+        given(
+            generation=3,
+            indexer=ix(
+                "indexing",
+                generation=3,
+                indexed_generation=2,
+                embedding={"answering": "minilm", "next": "bge-m3", "done": 40, "total": 120},
+                searches=searches(28, 12, reason=SLOW),
+            ),
+        ),
+        State.INDEXING,
+        "making the vectors of embedding model bge-m3 beside those of minilm, which answer "
+        f"searches meanwhile (40 of 120 chunks); {BUT}",
+    ),
+    (
+        "by-words-without-their-words",
+        given(indexer=ix("ready", passes=1, searches=searches(0, 5))),
+        State.READY,
+        "everything is indexed; but 5 of 5 searches in the last minute were answered by words only",
+    ),
 ]
 
 
@@ -495,3 +613,196 @@ def test_the_schedulers_message_says_what_to_do(
 
 def test_a_scheduler_that_says_nothing_is_not_quoted() -> None:
     assert unschedulable("", Placement()) == "no machine can run it"
+
+
+# A served base's pod replaced: a rollout's surge (the old pod beside the new, on its
+# machine), the old pod going away (deleted, evicted, or at a rollout's end), standby.
+OLD = PodView("metis-hb-old", node="node-a", running=True, ready=True, template="h1")
+NEW = PodView("metis-hb-new", node="node-a", template="h2")
+AGAIN = dataclasses.replace(NEW, template="h1")
+GOING = dataclasses.replace(OLD, terminating=True)
+AFFINITY = (
+    "0/3 nodes are available: 1 node(s) didn't match pod affinity rules, 2 node(s) didn't "
+    "match Pod's node affinity/selector."
+)
+WAITS_FOR_ITS_MACHINE = (
+    "it waits for the machine of the pod it replaces, where its index drive is mounted; no "
+    "machine matches placement labels pool=gpu (scheduler: " + AFFINITY + ")"
+)
+ROLLING = given(replacing=True, change="indexer image ix:2", old=OLD)
+ANSWERED = "searches are answered by the old pod meanwhile"
+STANDBY = (
+    "a replacement has loaded the index and answers searches; it takes over when the old pod stops"
+)
+
+REPLACEMENTS = [
+    (
+        "surge-new-pod-starting",
+        dataclasses.replace(ROLLING, pod=NEW),
+        State.STARTING,
+        "a replacement pod is starting beside the old one after a change (indexer image "
+        f"ix:2); {ANSWERED}",
+    ),
+    (
+        "surge-new-pod-loading",
+        dataclasses.replace(ROLLING, pod=dataclasses.replace(NEW, running=True)),
+        State.STARTING,
+        "a replacement pod is starting beside the old one after a change (indexer image "
+        f"ix:2); {ANSWERED}",
+    ),
+    (
+        "surge-change-not-observable",
+        given(old=OLD, pod=NEW),
+        State.STARTING,
+        f"a replacement pod is starting beside the old one after a change; {ANSWERED}",
+    ),
+    (
+        "surge-new-pod-image-pull",
+        dataclasses.replace(ROLLING, pod=dataclasses.replace(NEW, waiting="ErrImagePull: no")),
+        State.STARTING,
+        "a replacement pod is starting beside the old one after a change (indexer image "
+        f"ix:2); its indexer container waits on machine node-a: ErrImagePull: no; {ANSWERED}",
+    ),
+    (
+        "surge-waits-for-the-old-pods-machine",
+        dataclasses.replace(
+            ROLLING,
+            placement=Placement(labels={"pool": "gpu"}),
+            pod=PodView("metis-hb-new", unschedulable=AFFINITY, template="h2"),
+        ),
+        State.PENDING,
+        "a replacement pod after a change (indexer image ix:2) waits for a machine: "
+        f"{WAITS_FOR_ITS_MACHINE}; {ANSWERED}",
+    ),
+    (
+        "surge-old-pod-not-answering",
+        dataclasses.replace(ROLLING, pod=NEW, old=dataclasses.replace(OLD, ready=False)),
+        State.STARTING,
+        "a replacement pod is starting beside the old one after a change (indexer image ix:2)",
+    ),
+    # Ready beside the old pod: loaded, it stands by (whichever pod the Service asked).
+    (
+        "surge-new-pod-ready",
+        dataclasses.replace(ROLLING, pod=dataclasses.replace(NEW, running=True, ready=True)),
+        State.STARTING,
+        STANDBY,
+    ),
+    (
+        "rollout-old-pod-going-new-not-ready",
+        dataclasses.replace(ROLLING, pod=dataclasses.replace(NEW, running=True), old=GOING),
+        State.STARTING,
+        "a replacement pod is starting after a change (indexer image ix:2); the old one is "
+        "going away",
+    ),
+    (
+        "rollout-old-pod-going-new-in-standby",
+        dataclasses.replace(
+            ROLLING,
+            pod=dataclasses.replace(NEW, running=True, ready=True),
+            old=GOING,
+            indexer=ix("standby"),
+        ),
+        State.STARTING,
+        STANDBY,
+    ),
+    # Deleted or evicted, nothing changed: a pod of the same template is made again.
+    (
+        "deleted-new-pod-starting",
+        given(pod=AGAIN, old=GOING),
+        State.STARTING,
+        "its pod metis-hb-old is going away (deleted or evicted); a new one starts on machine "
+        "node-a",
+    ),
+    (
+        "deleted-new-pod-image-pull",
+        given(pod=dataclasses.replace(AGAIN, waiting="ErrImagePull: no"), old=GOING),
+        State.STARTING,
+        "its pod metis-hb-old is going away (deleted or evicted); a new one waits on machine "
+        "node-a: ErrImagePull: no",
+    ),
+    (
+        "deleted-new-pod-not-placed",
+        given(pod=PodView("metis-hb-new", template="h1"), old=GOING),
+        State.PENDING,
+        "its pod metis-hb-old is going away (deleted or evicted); a new one waits for a machine",
+    ),
+    (
+        "evicted-from-a-cordoned-machine",
+        given(
+            placement=Placement(labels={"pool": "gpu"}),
+            pod=PodView("metis-hb-new", unschedulable=AFFINITY, template="h1"),
+            old=GOING,
+        ),
+        State.PENDING,
+        "its pod metis-hb-old is going away (deleted or evicted); a new one waits for a "
+        f"machine: {WAITS_FOR_ITS_MACHINE}",
+    ),
+    (
+        "deleted-new-pod-in-standby",
+        given(
+            pod=dataclasses.replace(AGAIN, running=True, ready=True),
+            old=GOING,
+            indexer=ix("standby"),
+        ),
+        State.STARTING,
+        STANDBY,
+    ),
+    (
+        "deleted-new-pod-took-over",
+        given(pod=dataclasses.replace(AGAIN, running=True, ready=True), old=GOING),
+        State.READY,
+        "everything is indexed; watching its sources",
+    ),
+    # Where two pods cannot mount the drive, the old one stops first.
+    (
+        "recreated-old-pod-stopping",
+        given(pod=GOING, replacing=True, change="drive wiki added"),
+        State.STARTING,
+        "its pod metis-hb-old stops after a change (drive wiki added); the new one starts "
+        "once it has stopped",
+    ),
+    # A first pod that never served, replaced beside another: a first start.
+    (
+        "first-pod-replaced-beside-another",
+        given(served=False, pod=NEW, old=dataclasses.replace(OLD, ready=False, running=False)),
+        State.STARTING,
+        "its indexer is starting on machine node-a",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("o", "state", "reason"), [pytest.param(*c[1:], id=c[0]) for c in REPLACEMENTS]
+)
+def test_a_replacement_says_what_happened_and_what_answers(
+    o: Observation, state: State, reason: str
+) -> None:
+    verdict = derive(o)
+    assert (verdict.state, verdict.reason) == (state, reason)
+    # Searches are said to be answered only where a pod that answers (ready, not going
+    # away) is there.
+    answers = any(p is not None and p.ready and not p.terminating for p in (o.pod, o.old))
+    if not answers:
+        assert "answer" not in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("message", "starts"),
+    [
+        (
+            "0/1 nodes are available: 1 node(s) didn't match pod affinity rules.",
+            "it waits for the machine of the pod it replaces, where its index drive is mounted "
+            "(scheduler:",
+        ),
+        (
+            "0/1 nodes are available: 1 node has pod using PersistentVolumeClaim with the same "
+            "name and ReadWriteOncePod access mode.",
+            "its index drive is still mounted by the pod it replaces (scheduler:",
+        ),
+    ],
+    ids=["pod-affinity", "read-write-once-pod"],
+)
+def test_a_replacement_held_by_its_drive_says_so(message: str, starts: str) -> None:
+    said = unschedulable(message, Placement())
+    assert said.startswith(starts)
+    assert "no machine matches placement" not in said and "not bound" not in said

@@ -4,6 +4,7 @@ is empty when nothing changed (so nothing is written)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, get_args
 
 import pytest
@@ -17,6 +18,7 @@ from metis_operator.state import (
     PodView,
     State,
     Verdict,
+    derive,
 )
 from tests.operator.answers import indexer_status
 
@@ -157,6 +159,19 @@ def test_progress_while_a_pass_reads() -> None:
     assert s["progress"] == "12/40"
 
 
+def test_a_new_models_vectors_made_beside_show_which_answers_and_how_far() -> None:
+    embedding = {"answering": "minilm", "next": "bge-m3", "done": 40, "total": 120}
+    o = Observation(indexer=indexer_status(phase="indexing", embedding=embedding))
+    s = compose({}, verdict=Verdict(State.INDEXING, "making"), o=o)
+    assert s["observed"]["index"]["embedding"] == embedding
+    assert s["progress"] == "40/120 chunks"
+    switched = {"answering": "bge-m3", "next": None, "done": 0, "total": 0}
+    o = Observation(indexer=indexer_status(phase="ready", embedding=switched))
+    s = compose({}, o=o)
+    assert s["observed"]["index"]["embedding"] == {"answering": "bge-m3"}
+    assert "progress" not in s
+
+
 def test_totals_survive_a_moment_without_the_indexer_but_its_phase_does_not() -> None:
     before = compose({})
     s = compose(before, verdict=Verdict(State.STARTING, "a replacement"), o=Observation())
@@ -228,6 +243,50 @@ def test_warnings_count_folders_instead_of_naming_them() -> None:
         "source docs: 2 folder(s) cannot be listed",
     ]
     assert compose({}, o=o)["observed"]["warnings"] == status_compose.warnings(o)
+
+
+SLOW = "embedding model bge-m3 did not answer (no answer within 10 s): results by keywords only"
+
+
+def counted(answered: int, by_words_only: int, failed: int = 0) -> dict[str, Any]:
+    return {
+        "seconds": 60,
+        "answered": answered,
+        "by_words_only": by_words_only,
+        "without_reranker": 0,
+        "failed": failed,
+        "reason": SLOW,
+    }
+
+
+@pytest.mark.parametrize(
+    ("searches", "warned"),
+    [
+        pytest.param(
+            counted(28, 12),
+            ["12 of 40 searches in the last minute were answered by words only: " + SLOW],
+            id="a-large-share-by-words",
+        ),
+        pytest.param(counted(35, 5), [], id="a-small-share"),
+        pytest.param(counted(0, 4), [], id="too-few"),
+        pytest.param(None, [], id="not-counted"),
+    ],
+)
+def test_searches_that_fell_back_to_words_are_a_warning_and_the_ready_message(
+    searches: dict[str, Any] | None, warned: list[str]
+) -> None:
+    ix = indexer_status(**{**STATUS.model_dump(), "searches": searches})
+    o = dataclasses.replace(OBSERVED, indexer=ix)
+    verdict = derive(o)
+    s = compose({}, verdict=verdict, o=o)
+    assert s["state"] == "Ready"
+    assert s["observed"].get("warnings", []) == warned
+    [ready] = [c for c in s["conditions"] if c["type"] == "Ready"]
+    assert ready["status"] == "True"
+    if warned:
+        assert ready["message"] == f"everything is indexed; but {warned[0]}" == s["reason"]
+    else:
+        assert ready["message"] == "everything is indexed; watching its sources"
 
 
 @pytest.mark.parametrize(

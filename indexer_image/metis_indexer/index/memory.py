@@ -107,6 +107,11 @@ class IndexSettings:
         """What a file's chunks record they were made with."""
         return f"{self.model}|{self.dimensions}|{self.chunk_size}|{self.chunk_overlap}"
 
+    def same_model(self, other: IndexSettings) -> bool:
+        """Whether `other` embeds with this model, of these dimensions: its vectors would be
+        this index's."""
+        return (self.model, self.dimensions) == (other.model, other.dimensions)
+
     def as_meta(self) -> dict[str, str]:
         return {
             "format": "1",
@@ -198,6 +203,11 @@ class Index:
         """Held by whatever changes the rows, around `lock` (never inside it): a compaction
         builds its arrays holding this alone, while searches go on reading."""
         self.dimensions = 0
+        self.vectors_epoch = 0
+        """Counts the times the vectors became another model's (a switch, a load, `adopt`),
+        under the lock: a question embedded before is not ranked against them."""
+        self._vectors_of: tuple[str, int] | None = None
+        """The model and dimensions the vectors held are of."""
         self._clear_memory()
 
     def _clear_memory(self) -> None:
@@ -231,6 +241,7 @@ class Index:
         with self._writes, self.lock:
             meta_settings = self.settings()
             self.dimensions = meta_settings.dimensions if meta_settings else 0
+            self._vectors_are(meta_settings)
             with self.store.reading() as tag:
                 files = self.store.files()
                 saved = snapshot.read(self.folder, tag)
@@ -312,6 +323,19 @@ class Index:
         self.n_rows = n
         return True
 
+    def _vectors_are(self, settings: IndexSettings | None) -> None:
+        """The vectors held are of `settings`' model from now on (under the lock)."""
+        of = None if settings is None else (settings.model, settings.dimensions)
+        if of != self._vectors_of:
+            self._vectors_of = of
+            self.vectors_epoch += 1
+
+    def writes_done(self) -> None:
+        """Return once no write runs: a task cancelled while its write ran in a thread
+        leaves that thread writing, and the writer lock must not be let go before it ends."""
+        with self._writes:
+            return
+
     def hold_vectors(self, kind: vectors.Kind) -> None:
         """Hold vectors the other way (float32 or int8): the index is loaded again."""
         with self._writes:
@@ -340,6 +364,63 @@ class Index:
             self.has_vector[:] = False
             self.vectors = vectors.make(self.vector_kind, self.dimensions, self.folder)
             self.vectors.ensure_capacity(len(self.alive), 0)
+            self._vectors_are(settings)
+
+    def put_staged(
+        self, ids: Sequence[int], vectors: Sequence[npt.NDArray[np.float32] | None]
+    ) -> None:
+        """Another model's vectors of chunks (by id), beside the ones that answer: scaled to
+        unit length as a document's are (`put_documents`), so that a switched index holds
+        what a fresh one would. None: the model refused the chunk."""
+        self.store.put_staged(ids, [None if v is None else _units(v[None])[0] for v in vectors])
+
+    def switch(self, settings: IndexSettings, meta: dict[str, str], forget: Sequence[str]) -> bool:
+        """The staged vectors take the place of the ones that answer: on disk in one
+        transaction with the settings of their model (and `meta`, `forget`), then in memory
+        at once, under the lock, so a search sees the old vectors or the new, never a mix.
+        The new rows are built from the store meanwhile, while searches go on with the old.
+        False, and nothing changed, where a live chunk still lacks a staged vector."""
+        with self._writes:
+            before = self.settings()
+            old_key = before.key if before is not None else ""
+            rebuilt = self.store.switch_vectors(
+                {**meta, **settings.as_meta()}, forget, (old_key, settings.key)
+            )
+            if rebuilt is None:
+                return False
+            held, has_vector = self._stored_vectors(settings.dimensions)
+            with self.lock:
+                self.vectors, self.has_vector = held, has_vector
+                self.dimensions = settings.dimensions
+                self._vectors_are(settings)
+                for file_id in rebuilt:
+                    entry = self.files[file_id]
+                    entry.record = dataclasses.replace(entry.record, built_with=settings.key)
+        _release_freed_memory()
+        return True
+
+    def _stored_vectors(self, dimensions: int) -> tuple[Vectors, npt.NDArray[np.bool_]]:
+        """The store's vectors for the rows held now (`_writes` held: no row changes), in
+        new arrays of their capacity. Live rows are in id order (a write adds its chunks
+        after the last row, with ids past every id on disk; loads and compactions keep the
+        order), so the stored vectors, read in id order, are put after the last row."""
+        capacity = len(self.alive)
+        held = vectors.make(self.vector_kind, dimensions, self.folder)
+        held.ensure_capacity(capacity, 0)
+        has_vector = np.zeros(capacity, dtype=bool)
+        rows = np.flatnonzero(self.alive[: self.n_rows])
+        ids = self.row_chunk[rows]
+        for batch_ids, matrix, present in self.store.chunk_vectors(dimensions):
+            at = np.minimum(np.searchsorted(ids, batch_ids), max(len(ids) - 1, 0))
+            found = (ids[at] == batch_ids) if len(ids) else np.zeros(len(batch_ids), bool)
+            where = rows[at[found]]
+            if len(where) == 0:
+                continue
+            block = np.zeros((int(where[-1] - where[0]) + 1, dimensions), dtype=np.float32)
+            block[where - where[0]] = matrix[found]
+            held.put(int(where[0]), block)
+            has_vector[where] = present[found]
+        return held, has_vector
 
     def _count_words_again(self) -> None:
         """Count every chunk's words from its stored title, headings and text as this

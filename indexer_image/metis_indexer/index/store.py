@@ -80,6 +80,10 @@ CREATE TABLE IF NOT EXISTS chunks (
     vector BLOB
 );
 CREATE INDEX IF NOT EXISTS chunks_by_file ON chunks (file_id);
+CREATE TABLE IF NOT EXISTS staged (
+    chunk_id INTEGER PRIMARY KEY REFERENCES chunks (id) ON DELETE CASCADE,
+    vector BLOB
+);
 CREATE TABLE IF NOT EXISTS terms (id INTEGER PRIMARY KEY, word TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS generation (id TEXT NOT NULL, n INTEGER NOT NULL);
 INSERT INTO generation SELECT lower(hex(randomblob(16))), 0
@@ -94,7 +98,12 @@ CREATE TRIGGER IF NOT EXISTS chunk_dropped AFTER DELETE ON chunks
 """`generation`: this database's own random id and a count of every change to its chunks,
 kept by triggers in the transaction of the change itself, whichever code writes it. What
 a load builds from the chunks is kept beside the store tagged with both (`snapshot.py`),
-and used only while they still match."""
+and used only while they still match.
+
+`staged`: a new embedding model's vectors of the chunks, made beside the ones that answer
+(`chunks.vector`) until every live chunk has one, then taken in their place in one
+transaction (`switch_vectors`). A chunk dropped takes its staged vector with it; a NULL
+vector is a chunk the new model refused."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -225,6 +234,14 @@ def _select_words(db: sqlite3.Connection, words: set[str]) -> list[tuple[str, in
     return found
 
 
+def _upsert_meta(db: sqlite3.Connection, values: dict[str, str]) -> None:
+    db.executemany(
+        "INSERT INTO meta (key, value) VALUES (?, ?) "
+        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        sorted(values.items()),
+    )
+
+
 def _terms_blob(term_ids: npt.NDArray[np.int32], counts: npt.NDArray[np.int32]) -> bytes:
     return np.concatenate([term_ids, counts]).astype("<i4").tobytes()
 
@@ -295,6 +312,11 @@ SWEEPS: tuple[tuple[str, str, int], ...] = (
         2,
     ),
     ("terms", "SELECT id, word FROM terms WHERE id > ? ORDER BY id LIMIT ?", 1),
+    (
+        "staged",
+        "SELECT chunk_id, vector FROM staged WHERE chunk_id > ? ORDER BY chunk_id LIMIT ?",
+        1,
+    ),
     (
         "terms by word",
         "SELECT word FROM terms INDEXED BY sqlite_autoindex_terms_1 "
@@ -525,11 +547,7 @@ class Store:
 
     def set_meta(self, values: dict[str, str]) -> None:
         with self._transaction() as db:
-            db.executemany(
-                "INSERT INTO meta (key, value) VALUES (?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                sorted(values.items()),
-            )
+            _upsert_meta(db, values)
 
     def drop_vectors(self) -> None:
         """Forget every vector (another embedding model's); the chunks stay searchable by
@@ -537,6 +555,110 @@ class Store:
         with self._write_lock:
             self._writer.execute("UPDATE chunks SET vector = NULL WHERE vector IS NOT NULL")
             self._written()
+
+    # -- a new embedding model's vectors, made beside the ones that answer -----------------
+
+    def begin_staging(self, meta: dict[str, str]) -> None:
+        """Start making another model's vectors: none staged yet, and `meta` says which."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM staged")
+            _upsert_meta(db, meta)
+
+    def end_staging(self, key: str) -> None:
+        """Forget the vectors being made (the model they were for is no longer wanted) and
+        the meta `key` that named it."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM staged")
+            db.execute("DELETE FROM meta WHERE key = ?", (key,))
+
+    def lacking_staged(
+        self, after: int, limit: int
+    ) -> list[tuple[int, str | None, tuple[str, ...], str]]:
+        """Up to `limit` chunks past id `after` that have no staged vector, in id order, with
+        what their passage is made of: their file's title, their headings and text."""
+        rows = self._reader.execute(
+            "SELECT chunks.id, files.title, chunks.headings, chunks.text FROM chunks"
+            " JOIN files ON files.id = chunks.file_id WHERE chunks.id > ?"
+            " AND NOT EXISTS (SELECT 1 FROM staged WHERE staged.chunk_id = chunks.id)"
+            " ORDER BY chunks.id LIMIT ?",
+            (after, limit),
+        ).fetchall()
+        return [(i, title, tuple(json.loads(h)), text) for i, title, h, text in rows]
+
+    def put_staged(
+        self, ids: Sequence[int], vectors: Sequence[npt.NDArray[np.float32] | None]
+    ) -> None:
+        """Staged vectors of chunks (by id), in one transaction; None: the model refused the
+        chunk. A chunk dropped meanwhile is left out."""
+        rows = [
+            (i, None if v is None else np.asarray(v, dtype="<f4").tobytes(), i)
+            for i, v in zip(ids, vectors, strict=True)
+        ]
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO staged (chunk_id, vector)"
+                " SELECT ?, ? WHERE EXISTS (SELECT 1 FROM chunks WHERE id = ?)",
+                rows,
+            )
+
+    def staged_counts(self) -> tuple[int, int]:
+        """Chunks with a staged vector, and all the chunks."""
+        db = self._reader
+        done = int(db.execute("SELECT COUNT(*) FROM staged").fetchone()[0])
+        return done, int(db.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
+
+    def database_bytes(self) -> int:
+        """The database's size (its pages, free ones too)."""
+        db = self._reader
+        pages = int(db.execute("PRAGMA page_count").fetchone()[0])
+        return pages * int(db.execute("PRAGMA page_size").fetchone()[0])
+
+    def switch_vectors(
+        self, meta: dict[str, str], forget: Sequence[str], built_with: tuple[str, str]
+    ) -> list[int] | None:
+        """The staged vectors become the chunks' vectors, in one transaction with the meta
+        that says so (`meta` set, `forget` deleted). Indexed files recorded as built with
+        `built_with[0]` are recorded as built with `built_with[1]` (their ids are returned),
+        but for those with a chunk the new model refused: they are read again, as a fresh
+        pass would fail them. None, and nothing changed, when a chunk still lacks a staged
+        vector."""
+        old_key, new_key = built_with
+        with self._transaction() as db:
+            lacking = db.execute(
+                "SELECT COUNT(*) FROM chunks"
+                " WHERE NOT EXISTS (SELECT 1 FROM staged WHERE staged.chunk_id = chunks.id)"
+            ).fetchone()[0]
+            if lacking:
+                return None
+            db.execute(
+                "UPDATE chunks SET vector = (SELECT vector FROM staged"
+                " WHERE staged.chunk_id = chunks.id)"
+            )
+            rebuilt = db.execute(
+                "UPDATE files SET built_with = ? WHERE built_with = ? AND state = 'indexed'"
+                " AND id NOT IN (SELECT chunks.file_id FROM chunks JOIN staged"
+                " ON staged.chunk_id = chunks.id WHERE staged.vector IS NULL) RETURNING id",
+                (new_key, old_key),
+            ).fetchall()
+            db.execute("DELETE FROM staged")
+            _upsert_meta(db, meta)
+            db.executemany("DELETE FROM meta WHERE key = ?", [(k,) for k in forget])
+        return [int(i) for (i,) in rebuilt]
+
+    def chunk_vectors(
+        self, dimensions: int, batch: int = 8192
+    ) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.bool_]]]:
+        """Every chunk's id and vector (zeros where it has none of `dimensions`), and which
+        have one, in id order, a batch at a time."""
+        cur = self._reader.execute("SELECT id, vector FROM chunks ORDER BY id")
+        while rows := cur.fetchmany(batch):
+            ids, vectors = zip(*rows, strict=True)
+            present = np.array([v is not None and len(v) == 4 * dimensions for v in vectors])
+            matrix = np.zeros((len(rows), dimensions), dtype=np.float32)
+            if present.any():
+                raw = b"".join(v for v, ok in zip(vectors, present, strict=True) if ok)
+                matrix[present] = np.frombuffer(raw, dtype="<f4").reshape(-1, dimensions)
+            yield np.array(ids, dtype=np.int64), matrix, present
 
     # -- files -----------------------------------------------------------------------------
 

@@ -22,8 +22,14 @@ def context(title: str | None, headings: Sequence[str]) -> tuple[str, ...]:
 
 def embedded(chunk: Chunk) -> str:
     """What is embedded: `Title > H1 > H2`, then the passage."""
-    path = " > ".join(context(chunk.title, chunk.headings))
-    return f"{path}\n\n{chunk.text}" if path else chunk.text
+    return passage(chunk.title, chunk.headings, chunk.text)
+
+
+def passage(title: str | None, headings: Sequence[str], text: str) -> str:
+    """`embedded` of a chunk as the store keeps it (its file's title, its headings and
+    text): a new model's vectors made from the stored chunks are those a pass would make."""
+    path = " > ".join(context(title, headings))
+    return f"{path}\n\n{text}" if path else text
 
 
 TITLE_WEIGHT = 2

@@ -33,6 +33,7 @@ from metis_indexer.schema import (
     check_search,
 )
 from metis_indexer.search import fusion, snippet
+from metis_indexer.search_health import Fallback
 
 CANDIDATES = 50
 """Each leg keeps this many, or 4 × top_k when that is more."""
@@ -42,6 +43,8 @@ MODEL_TIMEOUT = 10.0
 
 EmbedQuery = Callable[[str], Awaitable[npt.NDArray[np.float32]]]
 RerankCall = Callable[[str, list[str]], Awaitable[list[float]]]
+FellBack = Callable[[Fallback, str], None]
+"""Told of a model a search answers without, with the warning that says so."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,6 +56,13 @@ class Models:
     rerank: RerankCall | None = None
     reranker_name: str = "the reranker"
     timeout: float = MODEL_TIMEOUT
+    fell_back: FellBack | None = None
+    """Told of each fallback of the search (the status counts them); None: nobody is."""
+
+    def warn(self, warnings: list[str], fallback: Fallback, warning: str) -> None:
+        warnings.append(warning)
+        if self.fell_back is not None:
+            self.fell_back(fallback, warning)
 
 
 @dataclasses.dataclass(slots=True)
@@ -90,10 +100,16 @@ def where(filters: Filters | None) -> Where | None:
     )
 
 
+class Switched(Exception):
+    """The index's vectors were switched to another model's since the question was
+    embedded: its vector is not ranked against them."""
+
+
 def rank(
     index: Index,
     req: SearchRequest,
     query_vector: npt.NDArray[np.float32] | None,
+    epoch: int | None = None,
 ) -> Ranked:
     """Both legs and their fusion; a leg is skipped when the mode or the models say so.
 
@@ -101,13 +117,17 @@ def rank(
     at the same rank in either) put the one found by words first: a keyword candidate shares
     words with the question, where the dense leg returns its 50 whether or not any is close.
     On SciFact's train split this gave hybrid nDCG@10 +0.005 over the dense leg's first
-    (README, "Quality: BEIR SciFact"); scores and ranks are the same either way."""
+    (README, "Quality: BEIR SciFact"); scores and ranks are the same either way.
+    `epoch`: the index's `vectors_epoch` when the question was embedded (Switched where
+    it is no longer)."""
     took = Took()
     dense: dict[int, tuple[float, int]] = {}
     keyword: dict[int, tuple[float, int]] = {}
     k = leg_size(req.top_k)
     files = where(req.filters)
     with index.reading() as read:  # both legs see the same rows
+        if query_vector is not None and epoch is not None and epoch != index.vectors_epoch:
+            raise Switched
         allowed = read.allowed(files)
         by_vector: Callable[[], Leg] | None = None
         by_words: Callable[[], Leg] | None = None
@@ -159,7 +179,6 @@ async def search(
     """
     check_search(req)
     start = time.perf_counter()
-    warnings: list[str] = []
     mode: Mode = req.mode
     if index.chunk_count == 0:
         return SearchAnswer(
@@ -169,12 +188,22 @@ async def search(
             warnings=[empty_warning],
             took=Took(total=_ms(start)),
         )
-    query_vector, embed_ms = await _embed(index, req, models, warnings)
-    if req.mode == "hybrid" and query_vector is None:
-        mode = "keyword"
-    ranked = await asyncio.to_thread(
-        rank, index, req.model_copy(update={"mode": mode}), query_vector
-    )
+    for again in (False, True):  # again: the vectors were switched while the question was embedded
+        warnings: list[str] = []
+        epoch, dimensions = index.vectors_epoch, index.dimensions  # a switch sets the epoch last
+        query_vector, embed_ms = await _embed(index, req, models, warnings, dimensions)
+        mode = "keyword" if req.mode == "hybrid" and query_vector is None else req.mode
+        try:
+            ranked = await asyncio.to_thread(
+                rank, index, req.model_copy(update={"mode": mode}), query_vector, epoch
+            )
+            break
+        except Switched:
+            if again:
+                raise Unavailable(
+                    "EMBEDDING_MODEL_UNAVAILABLE",
+                    "the index's embedding model changed twice during one search: ask again",
+                ) from None
     ranked.took.embed = embed_ms
     rows = ranked.rows
     rerank_scores: dict[int, float] = {}
@@ -193,9 +222,10 @@ async def search(
 
 
 async def _embed(
-    index: Index, req: SearchRequest, models: Models, warnings: list[str]
+    index: Index, req: SearchRequest, models: Models, warnings: list[str], dimensions: int
 ) -> tuple[npt.NDArray[np.float32] | None, float]:
-    """The question's vector, or None (and why) when the dense leg cannot run."""
+    """The question's vector (of `dimensions`: the index's when it was asked), or None (and
+    why) when the dense leg cannot run."""
     if req.mode == "keyword":
         return None, 0.0
     if models.embed is None:
@@ -204,9 +234,11 @@ async def _embed(
         return None, 0.0
     any_vector, missing = index.vector_coverage()
     if not any_vector:
-        warnings.append(
+        models.warn(
+            warnings,
+            "by_words_only",
             "no chunk has a vector yet (indexed while the embedding model did not answer): "
-            "results by keywords"
+            "results by keywords",
         )
         return None, 0.0
     if missing:
@@ -216,9 +248,7 @@ async def _embed(
         )
     t = time.perf_counter()
     try:
-        vector = _unit(
-            await asyncio.wait_for(models.embed(req.query), models.timeout), index.dimensions
-        )
+        vector = _unit(await asyncio.wait_for(models.embed(req.query), models.timeout), dimensions)
     except Exception as e:  # any failure of the model is the same degraded answer
         why = _why(e, models.timeout)
         if req.mode == "dense":
@@ -226,7 +256,11 @@ async def _embed(
                 "EMBEDDING_MODEL_UNAVAILABLE",
                 f"{models.embedding_name} did not answer ({why}); mode dense needs it",
             ) from None
-        warnings.append(f"{models.embedding_name} did not answer ({why}): results by keywords only")
+        models.warn(
+            warnings,
+            "by_words_only",
+            f"{models.embedding_name} did not answer ({why}): results by keywords only",
+        )
         return None, _ms(t)
     return vector, _ms(t)
 
@@ -253,9 +287,11 @@ async def _rerank(
             raise ValueError(f"{len(scores)} scores for {len(candidates)} passages")
     except Exception as e:  # any failure of the reranker is the same degraded answer
         took.rerank = _ms(t)
-        warnings.append(
+        models.warn(
+            warnings,
+            "without_reranker",
             f"{models.reranker_name} did not answer ({_why(e, models.timeout)}): "
-            "results in the fused order"
+            "results in the fused order",
         )
         return rows, {}
     took.rerank = _ms(t)

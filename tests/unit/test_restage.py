@@ -1,0 +1,51 @@
+"""The decisions of a change of embedding model, over plain data."""
+
+from __future__ import annotations
+
+from metis_indexer import restage
+from metis_indexer.config import EmbeddingConfig
+from metis_indexer.index.memory import IndexSettings
+
+OLD = IndexSettings("old-model", 384, 1200, 200)
+
+
+def test_a_new_model_or_new_dimensions_are_staged_where_there_are_chunks():
+    assert restage.needs_staging(OLD, IndexSettings("new-model", 384, 1200, 200), 10)
+    assert restage.needs_staging(OLD, IndexSettings("old-model", 768, 1200, 200), 10)
+    assert restage.needs_staging(OLD, IndexSettings("new-model", 384, 800, 100), 10)
+    assert not restage.needs_staging(OLD, IndexSettings("old-model", 384, 800, 100), 10), (
+        "a chunking change alone reads the files again, as before"
+    )
+    assert not restage.needs_staging(OLD, IndexSettings("new-model", 384, 1200, 200), 0)
+    assert not restage.needs_staging(None, OLD, 10)
+    assert not restage.needs_staging(IndexSettings("", 0, 1200, 200), OLD, 10), "no vectors"
+    assert not restage.needs_staging(OLD, IndexSettings("", 0, 1200, 200), 10), "no model now"
+
+
+def test_the_staged_vectors_must_fit_on_the_drive_before_staging_starts():
+    # 100,000 chunks of 1,024 dimensions: 414.8 MB staged, plus a 600 MB database that the
+    # switch's log may write again
+    need = restage.staging_megabytes(100_000, 100_000, 1024, "float32", 600_000_000)
+    assert need == 1015
+    assert restage.no_room(need, need + restage.LOG_MEGABYTES, "bge-m3") is None
+    why = restage.no_room(need, 900, "bge-m3")
+    assert why is not None
+    assert why.startswith(
+        "the vectors of embedding model bge-m3 need 1015 MB and 900 MB are free on the index"
+    )
+
+
+def test_what_is_staged_already_is_not_counted_again_and_int8_needs_its_files():
+    full = restage.staging_megabytes(1000, 1000, 384, "float32", 0)
+    half = restage.staging_megabytes(500, 1000, 384, "float32", 0)
+    assert (full, half) == (2, 1)
+    assert restage.staging_megabytes(0, 1000, 384, "int8", 0) == 2, "vectors and codes"
+
+
+def test_the_answering_endpoint_round_trips_through_the_meta():
+    endpoint = EmbeddingConfig(url="http://old:80", name="old", query_prefix="q: ")
+    meta = restage.endpoint_meta(endpoint)
+    assert restage.recorded_endpoint(meta) == endpoint
+    assert restage.recorded_endpoint({}) is None
+    assert restage.recorded_endpoint({restage.ANSWERING: "{not json"}) is None
+    assert restage.staged_model(restage.staging_meta(OLD)) == "old-model|384"
