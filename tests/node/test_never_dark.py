@@ -33,7 +33,7 @@ from tests.node.test_real_node import (
     Operator,
     model_service,
     models,
-    running_operator,
+    operator,
     service_url,
 )
 from tests.support import layered_model
@@ -41,7 +41,7 @@ from tests.support.steady_load import Question, Report, SteadyLoad
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-__all__ = ["models"]  # the host's model server, a fixture of this module too
+__all__ = ["models", "operator"]  # the host's model server and the operator: fixtures here too
 
 BASE = "handbook"
 SETTLE_SECONDS = 3.0
@@ -63,19 +63,6 @@ QUESTIONS = _questions()
 def ns(kube: ControlPlane) -> Iterator[str]:
     with fresh_namespace(kube, f"dark-{os.getpid()}") as name:
         yield name
-
-
-@pytest.fixture(scope="module")
-def operator(
-    kube: ControlPlane,
-    real_node: node.Node,
-    built: images.Built,
-    ns: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Operator]:
-    image = built.refs[images.INDEXER.name]
-    with running_operator(kube, real_node, image, ns, tmp_path_factory.mktemp("op")) as op:
-        yield op
 
 
 @pytest.fixture(scope="module")
