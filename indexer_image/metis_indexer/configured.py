@@ -18,16 +18,17 @@ class Configured:
         self.reranker = _reranker(config)
 
     async def take(self, config: IndexerConfig) -> None:
-        """Run `config` from now on; the clients are made again when its models (or the
-        embedding batch) changed."""
+        """Run `config` from now on; each client is made again only when its own model
+        (or the embedding batch) changed: a search in flight keeps a client that did not
+        change (a reranker closed under it answered in the fused order)."""
         old, self.config = self.config, config
-        if (config.embedding, config.reranker, config.embedding_batch) != (
-            old.embedding,
-            old.reranker,
-            old.embedding_batch,
-        ):
-            await self.close()
+        if (config.embedding, config.embedding_batch) != (old.embedding, old.embedding_batch):
+            if self.embedder is not None:
+                await self.embedder.close()
             self.embedder = _embedder(config)
+        if config.reranker != old.reranker:
+            if self.reranker is not None:
+                await self.reranker.close()
             self.reranker = _reranker(config)
 
     async def close(self) -> None:
