@@ -40,6 +40,7 @@ DEFAULT_CONTROLLERS: tuple[str, ...] = (
     "persistentvolume-binder-controller",
     "persistentvolume-protection-controller",
     "persistentvolumeclaim-protection-controller",
+    "disruption-controller",
 )
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"

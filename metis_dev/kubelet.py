@@ -8,7 +8,8 @@ ConfigMap volume does. Other pods are scheduled but never run.
 
 Services are loopback ports: an indexer listens on 127.0.0.1 at the port of its
 configuration, so the operator reaches Services with the URL template
-`http://127.0.0.1:{port}`.
+`http://127.0.0.1:{port}`. A replica past the first listens on a port of its own, with
+its peer (the base's Service) at that port: the Service here is replica 0.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ from typing import Any
 import httpx
 
 from metis_dev.plane import ControlPlane
-from metis_dev.process import Process
+from metis_dev.process import Process, free_port
 from metis_dev.rest import KubeApiError
 
 INDEXER_SELECTOR = "app.kubernetes.io/name=metis-indexer"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 """The label naming a pod's base."""
+REPLICA_LABEL = "metis.astraeus.io/replica"
+"""The label naming a pod's replica, past the first."""
 
 
 def hostpath_volume(name: str, folder: Path, namespace: str, claim: str) -> dict[str, Any]:
@@ -104,6 +107,13 @@ class Indexer(IndexerClient):
         self.process.stop()
 
 
+def _replica_of(pod: dict[str, Any]) -> tuple[str, str | None, str]:
+    """(namespace, base, replica) of an indexer pod."""
+    meta = pod["metadata"]
+    labels = meta.get("labels", {})
+    return meta["namespace"], labels.get(INSTANCE_LABEL), labels.get(REPLICA_LABEL, "0")
+
+
 def metis(*args: str) -> list[str]:
     """The `metis` command line of this interpreter."""
     return [sys.executable, "-m", "metis_indexer.cli", *args]
@@ -119,6 +129,8 @@ class _Pod:
     config_text: str
     running: bool = False
     namespace: str = ""
+    port: int | None = None
+    """A replica's own port, past the first."""
 
 
 class Kubelet:
@@ -129,7 +141,7 @@ class Kubelet:
     the processes of pods that are deleted are stopped before new ones start, so
     a replacement takes over the index folder and the port as in a pod.
 
-    A base's pods share one loopback port here, so a replacement that starts beside
+    A replica's pods share one loopback port here, so a replacement that starts beside
     the old pod (a rolling update's surge) cannot run beside it: it is reported ready
     at once, standing for a replacement that loaded the index in standby, and its
     process starts once the old pod's has stopped. The searches through that moment
@@ -217,15 +229,11 @@ class Kubelet:
                 known.running = True
 
     def _beside_another(self, pod: dict[str, Any], live: dict[str, dict[str, Any]]) -> bool:
-        """Whether `pod` replaces a pod of its base whose process still runs: then it is
-        reported ready (once), and started when that process has stopped."""
+        """Whether `pod` replaces a pod of its base's replica whose process still runs:
+        then it is reported ready (once), and started when that process has stopped."""
+        base = _replica_of(pod)
+        running = any(_replica_of(live[u]) == base for u in self.pods if u in live)
         meta = pod["metadata"]
-        base = (meta["namespace"], meta.get("labels", {}).get(INSTANCE_LABEL))
-        running = any(
-            (p.namespace, live[u]["metadata"].get("labels", {}).get(INSTANCE_LABEL)) == base
-            for u, p in self.pods.items()
-            if u in live
-        )
         if running and meta["uid"] not in self.beside:
             self.kube.mark_pod_running(meta["namespace"], meta["name"])
             self.beside.add(meta["uid"])
@@ -267,10 +275,11 @@ class Kubelet:
         return str(cm["data"]["config.json"])
 
     @staticmethod
-    def _localised(text: str, mounts: dict[str, Path]) -> str:
+    def _localised(text: str, mounts: dict[str, Path], port: int | None = None) -> str:
         """The configuration with paths seen through the mounts, on loopback, and no
-        drain: this stand-in runs one pod of a base at a time on one port, so a stopping
-        pod's drain would only hold its replacement back."""
+        drain: this stand-in runs one pod of a replica at a time on one port, so a
+        stopping pod's drain would only hold its replacement back. A replica past the
+        first answers on `port`, its peers at the Service's (replica 0's)."""
 
         def local(path: str) -> str:
             for mount, host in sorted(mounts.items(), key=lambda m: -len(m[0])):
@@ -284,6 +293,9 @@ class Kubelet:
         config["index_dir"] = local(config["index_dir"])
         config["host"] = "127.0.0.1"
         config["drain_seconds"] = 0
+        if port is not None:
+            config["peers"] = [f"http://127.0.0.1:{config['port']}"]
+            config["port"] = port
         return json.dumps(config, indent=2)
 
     def _start(self, pod: dict[str, Any]) -> _Pod:
@@ -294,8 +306,9 @@ class Kubelet:
         folder = self.workdir / "pods" / namespace / name
         folder.mkdir(parents=True, exist_ok=True)
         config_path = folder / "config.json"
-        config_path.write_text(self._localised(text, mounts))
-        port = json.loads(text)["port"]
+        own = free_port() if _replica_of(pod)[2] != "0" else None
+        config_path.write_text(self._localised(text, mounts, own))
+        port = own or json.loads(text)["port"]
         process = Process(
             name,
             metis("serve", "--config", str(config_path)),
@@ -303,7 +316,9 @@ class Kubelet:
             env=self._env(pod),
         )
         indexer = Indexer(f"http://127.0.0.1:{port}", process).start()
-        return _Pod(name, indexer, config_path, configmap, mounts, text, namespace=namespace)
+        return _Pod(
+            name, indexer, config_path, configmap, mounts, text, namespace=namespace, port=own
+        )
 
     def _env(self, pod: dict[str, Any]) -> dict[str, str]:
         """The container's environment as a kubelet gives it: values, and keys of
@@ -322,7 +337,7 @@ class Kubelet:
     def _follow_config(self, pod: _Pod) -> None:
         text = self._configmap_text(pod.configmap, pod.namespace)
         if text != pod.config_text:
-            pod.config_path.write_text(self._localised(text, pod.mounts))
+            pod.config_path.write_text(self._localised(text, pod.mounts, pod.port))
             pod.config_text = text
 
     @staticmethod

@@ -45,13 +45,14 @@ WATCHED = (
     Watched("metis_statefulsets", "apps", "v1", "statefulsets"),
     Watched("metis_configmaps", "", "v1", "configmaps", MANAGED),
     Watched("metis_networkpolicies", "networking.k8s.io", "v1", "networkpolicies", MANAGED),
+    Watched("metis_disruptionbudgets", "policy", "v1", "poddisruptionbudgets", MANAGED),
     Watched("metis_pods", "", "v1", "pods", INDEXER_PODS),
 )
 """Drives and model Services by name (any in the namespace may be named by a base),
 workloads (a child, or behind a model Service), and the operator's own ConfigMaps,
-NetworkPolicies and indexer pods by label. Not Secrets: a watch would bring every
-Secret of the cluster into the operator; a base's token is read by name when a request
-needs it."""
+NetworkPolicies, PodDisruptionBudgets and indexer pods by label. Not Secrets: a watch
+would bring every Secret of the cluster into the operator; a base's token is read by
+name when a request needs it."""
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -180,6 +181,7 @@ class Cache:
             "Deployment": "metis_deployments",
             "PersistentVolumeClaim": "metis_claims",
             "NetworkPolicy": "metis_networkpolicies",
+            "PodDisruptionBudget": "metis_disruptionbudgets",
         }[kind]
         return self._one(index, namespace, name)
 

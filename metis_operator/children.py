@@ -3,6 +3,8 @@ ConfigMap, PersistentVolumeClaim, Deployment and Service, and the edge that lets
 the workspace in (a NetworkPolicy, and a Secret holding the token of the routes
 that cost model time), all named `metis-<name>`, owned by the base (the garbage
 collector deletes them with it) and labelled with the `app.kubernetes.io/*` labels.
+Each replica past the first has a Deployment and an index drive of its own,
+`metis-<name>-replica-<i>`; with two or more a PodDisruptionBudget lets one be down.
 
 `needs_apply` decides whether a child as it is in the cluster must be applied
 again: the manifest's hash (an annotation) tells when the operator's wish
@@ -39,6 +41,11 @@ NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 """The label the API server puts on every namespace, with its name."""
 HOSTNAME = "kubernetes.io/hostname"
 """The label every node carries with its name: the topology of one machine."""
+REPLICA_LABEL = "metis.astraeus.io/replica"
+"""On the pods of replica 1 and on: which replica they are. Replica 0's pods carry
+none: they are those of a base made before replicas, whose Deployment's selector (the
+base's, immutable) picks every replica's pods; a label on its template would replace
+its pod for nothing."""
 CLOSE_SECONDS = 25
 """What a stopping indexer may take, past its drain, to end its passes and close the
 index."""
@@ -65,9 +72,23 @@ class Owner:
     def child(self) -> str:
         return child_name(self.name)
 
+    def replica(self, i: int) -> str:
+        """The name of replica `i`'s Deployment and index drive."""
+        return replica_name(self.name, i)
+
 
 def child_name(name: str) -> str:
     return f"metis-{name}"
+
+
+def replica_name(name: str, i: int) -> str:
+    return child_name(name) if i == 0 else f"{child_name(name)}-replica-{i}"
+
+
+def replica_of(pod: Mapping[str, Any]) -> int:
+    """Which replica a pod of the base is (0 where it carries no replica label)."""
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(REPLICA_LABEL, "0")
+    return int(value) if value.isdigit() else -1
 
 
 def selector(name: str) -> dict[str, str]:
@@ -75,20 +96,45 @@ def selector(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": name}
 
 
-def labels(name: str, component: str) -> dict[str, str]:
-    return {
+def replica_selector(name: str, i: int) -> dict[str, Any]:
+    """A label selector for the pods of replica `i` alone."""
+    key = {"key": REPLICA_LABEL}
+    only = [
+        {**key, "operator": "DoesNotExist"}
+        if i == 0
+        else {**key, "operator": "In", "values": [str(i)]}
+    ]
+    return {"matchLabels": selector(name), "matchExpressions": only}
+
+
+def others_selector(name: str, i: int) -> dict[str, Any]:
+    """A label selector for the pods of every replica but `i`."""
+    key = {"key": REPLICA_LABEL}
+    rest = [
+        {**key, "operator": "Exists"}
+        if i == 0
+        else {**key, "operator": "NotIn", "values": [str(i)]}
+    ]
+    return {"matchLabels": selector(name), "matchExpressions": rest}
+
+
+def labels(name: str, component: str, replica: int = 0) -> dict[str, str]:
+    out = {
         **selector(name),
         "app.kubernetes.io/component": component,
         "app.kubernetes.io/part-of": "metis",
         "app.kubernetes.io/managed-by": MANAGER,
     }
+    if replica:
+        out[REPLICA_LABEL] = str(replica)
+    return out
 
 
-def _meta(owner: Owner, component: str) -> dict[str, Any]:
+def _meta(owner: Owner, component: str, replica: int = 0) -> dict[str, Any]:
     return {
-        "name": owner.child,
+        "name": owner.replica(replica),
         "namespace": owner.namespace,
-        "labels": labels(owner.name, component),
+        "labels": labels(owner.name, component, replica),
         "ownerReferences": [
             {
                 "apiVersion": identity.API_VERSION,
@@ -114,8 +160,8 @@ def config_map(owner: Owner, config: IndexerConfig) -> dict[str, Any]:
     }
 
 
-def index_claim(owner: Owner, settings: Settings) -> dict[str, Any]:
-    """The base's own drive (one indexer writes it at a time: the indexer locks it)."""
+def index_claim(owner: Owner, settings: Settings, replica: int = 0) -> dict[str, Any]:
+    """A replica's own drive (one indexer writes it at a time: the indexer locks it)."""
     spec: dict[str, Any] = {
         "accessModes": [settings.indexer.index_access_mode],
         "resources": {"requests": {"storage": settings.indexer.index_storage}},
@@ -125,7 +171,7 @@ def index_claim(owner: Owner, settings: Settings) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _meta(owner, "index"),
+        "metadata": _meta(owner, "index", replica),
         "spec": spec,
     }
 
@@ -135,12 +181,22 @@ def volume_name(drive: str) -> str:
     return "drive-" + hashlib.sha256(drive.encode()).hexdigest()[:12]
 
 
-def _affinity(name: str, machines: list[str], settings: Settings) -> dict[str, Any]:
+SPREAD_WEIGHT = 100
+"""The weight of keeping replicas on machines of their own: the most the scheduler
+takes, so that only a machine no other can stand in for puts two replicas together."""
+
+
+def _affinity(
+    name: str, machines: list[str], settings: Settings, replica: int, replicas: int
+) -> dict[str, Any]:
     """The machines a pod may run on, and for a ReadWriteOnce index drive (mountable by
     the pods of one machine) the machine of the pod it replaces: a required affinity to
-    the base's own pods. The scheduler lets a pod that matches its own term go anywhere
-    when no other pod matches, so a first pod (or one after its machine was drained and
-    the old pod is gone) goes wherever the placement allows."""
+    the pods of its own replica. The scheduler lets a pod that matches its own term go
+    anywhere when no other pod matches, so a first pod (or one after its machine was
+    drained and the old pod is gone) goes wherever the placement allows.
+    Replicas keep away from each other's machines, preferred rather than required: a
+    cluster of fewer machines than replicas still runs them all, and the status warns
+    of two on one machine (`observe.shared_machines`)."""
     out: dict[str, Any] = {}
     if machines:
         term = {"key": HOSTNAME, "operator": "In", "values": list(machines)}
@@ -150,9 +206,20 @@ def _affinity(name: str, machines: list[str], settings: Settings) -> dict[str, A
             }
         }
     if settings.indexer.index_access_mode == "ReadWriteOnce":
+        own = replica_selector(name, replica) if replicas > 1 or replica else None
         out["podAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": [
-                {"labelSelector": {"matchLabels": selector(name)}, "topologyKey": HOSTNAME}
+                {
+                    "labelSelector": own or {"matchLabels": selector(name)},
+                    "topologyKey": HOSTNAME,
+                }
+            ]
+        }
+    if replicas > 1:
+        term = {"labelSelector": others_selector(name, replica), "topologyKey": HOSTNAME}
+        out["podAntiAffinity"] = {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": SPREAD_WEIGHT, "podAffinityTerm": term}
             ]
         }
     return out
@@ -196,7 +263,12 @@ def must_move(placement: Placement, actual: Mapping[str, Any] | None, node: str 
 
 
 def deployment(
-    owner: Owner, spec: KnowledgeBaseSpec, settings: Settings, *, moving: bool = False
+    owner: Owner,
+    spec: KnowledgeBaseSpec,
+    settings: Settings,
+    *,
+    replica: int = 0,
+    moving: bool = False,
 ) -> dict[str, Any]:
     """One indexer pod. A replacement (a new source, placement or image, a deleted or
     evicted pod) starts beside the old one, on its machine for a ReadWriteOnce drive; it
@@ -206,7 +278,8 @@ def deployment(
     pod stops first.
     The pod template holds no configuration hash: configuration changes reach the
     running indexer through the ConfigMap mount; only new mounts or placement
-    replace the pod."""
+    replace the pod. Replica `replica` has its own index drive; every replica reads the
+    one ConfigMap."""
     ix = settings.indexer
     place = spec.placement
     memory = f"{place.memory_gb}Gi"
@@ -219,7 +292,7 @@ def deployment(
         for d in spec.drives
     ]
     volumes += [
-        {"name": "index", "persistentVolumeClaim": {"claimName": owner.child}},
+        {"name": "index", "persistentVolumeClaim": {"claimName": owner.replica(replica)}},
         {"name": "config", "configMap": {"name": owner.child}},
         {"name": "tmp", "emptyDir": {}},
     ]
@@ -271,18 +344,36 @@ def deployment(
     }
     if place.labels:
         pod["nodeSelector"] = dict(sorted(place.labels.items()))
-    if affinity := _affinity(owner.name, place.machines, settings):
+    if affinity := _affinity(owner.name, place.machines, settings, replica, spec.replicas):
         pod["affinity"] = affinity
+    picks = selector(owner.name)
+    if replica:
+        picks[REPLICA_LABEL] = str(replica)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(owner, "indexer"),
+        "metadata": _meta(owner, "indexer", replica),
         "spec": {
             "replicas": 1,
             "strategy": _strategy(settings, moving),
-            "selector": {"matchLabels": selector(owner.name)},
-            "template": {"metadata": {"labels": labels(owner.name, "indexer")}, "spec": pod},
+            "selector": {"matchLabels": picks},
+            "template": {
+                "metadata": {"labels": labels(owner.name, "indexer", replica)},
+                "spec": pod,
+            },
         },
+    }
+
+
+def disruption_budget(owner: Owner) -> dict[str, Any]:
+    """With two replicas or more, a drain or any eviction takes one indexer pod at a time
+    (the others answer meanwhile); a replacement starting beside its old pod counts as
+    the one down."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(owner, "disruption-budget"),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(owner.name)}},
     }
 
 

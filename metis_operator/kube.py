@@ -91,6 +91,7 @@ _PLURALS = {
     "Deployment": "deployments",
     "Secret": "secrets",
     "NetworkPolicy": "networkpolicies",
+    "PodDisruptionBudget": "poddisruptionbudgets",
 }
 
 
@@ -256,6 +257,15 @@ class Cluster:
         if found is None:
             raise ApiError(409, f"{manifest_path(manifest)} was created and deleted meanwhile")
         return found
+
+    async def delete(self, url_path: str) -> None:
+        """Delete the object and, in the background, what it owns; one already gone is
+        no error."""
+        try:
+            await self.call("DELETE", url_path, body={"propagationPolicy": "Background"})
+        except ApiError as e:
+            if e.status != 404:
+                raise
 
     async def merge_patch(self, url_path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return await self.call(

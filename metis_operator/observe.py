@@ -7,8 +7,9 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from metis_operator import children
 from metis_operator.api import identity
-from metis_operator.state import PodView
+from metis_operator.state import PodView, ReplicaView
 
 """On a source PVC: the revision of its data source that the base must read."""
 DEPLOYMENT_REVISION = "deployment.kubernetes.io/revision"
@@ -94,6 +95,37 @@ def _view(pod: Mapping[str, Any], now: dt.datetime | None) -> PodView:
         else None,
         template=(_meta(pod).get("labels") or {}).get(TEMPLATE_HASH, ""),
     )
+
+
+def replica_view(
+    replica: int,
+    deployment: Mapping[str, Any] | None,
+    pods: Sequence[Mapping[str, Any]],
+    now: dt.datetime | None = None,
+) -> ReplicaView:
+    """Replica `replica` from its Deployment and its own pods."""
+    return ReplicaView(
+        replica=replica,
+        pod=pod_view(pods, now),
+        replacing=replacing(deployment) or len([p for p in pods if not _gone(p)]) > 1,
+        failure=pod_failure(deployment),
+    )
+
+
+def _gone(pod: Mapping[str, Any]) -> bool:
+    return bool(_meta(pod).get("deletionTimestamp"))
+
+
+def shared_machines(pods: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The machines that run pods of two replicas or more (a pod beside the one it
+    replaces is one replica): losing one of them stops several at once."""
+    on: dict[str, set[str]] = {}
+    for p in pods:
+        machine = (p.get("spec") or {}).get("nodeName")
+        if machine and not _gone(p):
+            replica = (_meta(p).get("labels") or {}).get(children.REPLICA_LABEL, "0")
+            on.setdefault(machine, set()).add(replica)
+    return tuple(sorted(m for m, replicas in on.items() if len(replicas) > 1))
 
 
 def node(pods: Sequence[Mapping[str, Any]]) -> str | None:

@@ -17,7 +17,13 @@ from typing import Any
 from metis_indexer.config import IndexerConfig
 from metis_operator import children, indexer_client, kube, observe, status_compose
 from metis_operator.api import identity
-from metis_operator.api.spec import KnowledgeBaseSpec, SpecError, parse, to_indexer_config
+from metis_operator.api.spec import (
+    REPLICAS_MAX,
+    KnowledgeBaseSpec,
+    SpecError,
+    parse,
+    to_indexer_config,
+)
 from metis_operator.api.status_types import KnowledgeBaseStatus
 from metis_operator.cache import Deps
 from metis_operator.context import Context
@@ -98,6 +104,18 @@ async def _read(ctx: Context, kind: str, manifest: Mapping[str, Any], fresh: boo
     return ctx.cache.child(kind, meta["namespace"], meta["name"])
 
 
+@dataclasses.dataclass
+class _Applied:
+    """What `_apply_children` did and found: each replica's (index claim, Deployment) as
+    they are now, what was done, and the operator's own rollout ("held", "started")."""
+
+    replicas: list[tuple[dict[str, Any] | None, dict[str, Any] | None]]
+    done: list[str]
+    rollout: str = ""
+    conflicts: list[str] = dataclasses.field(default_factory=list)
+    """Children another base owns under the names this one's would take."""
+
+
 async def _apply_children(
     ctx: Context,
     owner: children.Owner,
@@ -107,49 +125,126 @@ async def _apply_children(
     generation: int,
     fresh: bool,
     may_roll: Callable[[], bool],
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[str], str]:
-    """Create what is missing and re-apply what drifted; (index claim, Deployment) as
-    they are now, what was done, and the operator's own rollout ("held", "started")."""
-    done: list[str] = []
-    claim = children.index_claim(owner, ctx.settings)
-    actual_claim = await _read(ctx, "PersistentVolumeClaim", claim, fresh)
-    if actual_claim is None:  # its spec is immutable once bound: created, never re-applied
-        actual_claim = await ctx.cluster.create(claim)
-        done.append(f"PersistentVolumeClaim {owner.child} created")
+) -> _Applied:
+    """Create what is missing and re-apply what drifted, for every replica; remove the
+    replicas the spec no longer asks for."""
+    applied = _Applied([], [])
     token, key = children.api_secret(owner), (owner.namespace, owner.name)
     if fresh or key not in ctx.tokens:
         if await ctx.cluster.get(kube.manifest_path(token)) is None:
             await ctx.cluster.create(token)  # once: a new token would lock the operator out
-            done.append(f"Secret {owner.child} created")
+            applied.done.append(f"Secret {owner.child} created")
         ctx.tokens.add(key)
-    current = await _read(ctx, "Deployment", children.deployment(owner, spec, ctx.settings), fresh)
-    node = observe.node(ctx.cache.pods(owner.namespace, owner.name))
-    moving = children.must_move(spec.placement, current, node)
-    deployment = children.deployment(owner, spec, ctx.settings, moving=moving)
-    annotations = deployment["metadata"].setdefault("annotations", {})
-    annotations[identity.GENERATION_ANNOTATION] = str(generation)
-    desired = [
+    shared = [
         children.config_map(owner, config),
         children.service(owner, ctx.settings),
         children.network_policy(owner, ctx.settings, ctx.settings.runtime.operator_namespace),
-        deployment,
     ]
-    actual: dict[str, dict[str, Any] | None] = {}
-    rollout = ""
-    for manifest in map(children.with_hash, desired):
-        kind = manifest["kind"]
-        found = current if kind == "Deployment" else await _read(ctx, kind, manifest, fresh)
-        if children.needs_apply(manifest, found):
-            if kind == "Deployment" and operators_change(manifest, found):
-                rollout = "started" if may_roll() else "held"
-            if rollout != "held":
-                verb = "created" if found is None else "updated"
-                if found is not None and _hash(found) == _hash(manifest):
-                    verb = "repaired"  # the wish is the same: someone changed a field
-                found = await ctx.cluster.apply(manifest)
-                done.append(f"{kind} {owner.child} {verb}")
-        actual[kind] = found
-    return actual_claim, actual["Deployment"], done, rollout
+    budget = children.disruption_budget(owner)
+    if spec.replicas > 1:
+        shared.append(budget)
+    else:
+        await _remove(ctx, owner, budget, fresh, applied.done)
+    for manifest in map(children.with_hash, shared):
+        found = await _read(ctx, manifest["kind"], manifest, fresh)
+        await _apply(ctx, manifest, found, applied.done)
+    pods = ctx.cache.pods(owner.namespace, owner.name)
+    for i in range(spec.replicas):
+        mine = [p for p in pods if children.replica_of(p) == i]
+        applied.replicas.append(
+            await _apply_replica(ctx, owner, spec, i, mine, generation, fresh, may_roll, applied)
+        )
+    for i in range(spec.replicas, REPLICAS_MAX):
+        for gone in (
+            children.deployment(owner, spec, ctx.settings, replica=i),
+            children.index_claim(owner, ctx.settings, i),
+        ):
+            await _remove(ctx, owner, gone, False, applied.done)
+    return applied
+
+
+async def _apply_replica(
+    ctx: Context,
+    owner: children.Owner,
+    spec: KnowledgeBaseSpec,
+    i: int,
+    pods: list[dict[str, Any]],
+    generation: int,
+    fresh: bool,
+    may_roll: Callable[[], bool],
+    applied: _Applied,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """Replica `i`'s index drive (created once: its spec is immutable once bound) and
+    Deployment, as they are now."""
+    claim = children.index_claim(owner, ctx.settings, i)
+    actual_claim = await _read(ctx, "PersistentVolumeClaim", claim, fresh)
+    wish = children.deployment(owner, spec, ctx.settings, replica=i)
+    current = await _read(ctx, "Deployment", wish, fresh)
+    taken = [c for c in (actual_claim, current) if c is not None and not _owned(c, owner)]
+    if taken:
+        applied.conflicts += [_conflict(c, i) for c in taken]
+        return None, None
+    if actual_claim is None:
+        actual_claim = await ctx.cluster.create(claim)
+        applied.done.append(f"PersistentVolumeClaim {owner.replica(i)} created")
+    moving = children.must_move(spec.placement, current, observe.node(pods))
+    deployment = children.deployment(owner, spec, ctx.settings, replica=i, moving=moving)
+    annotations = deployment["metadata"].setdefault("annotations", {})
+    annotations[identity.GENERATION_ANNOTATION] = str(generation)
+    manifest = children.with_hash(deployment)
+    if children.needs_apply(manifest, current) and operators_change(manifest, current):
+        if not applied.rollout:  # one turn for all the base's replicas
+            applied.rollout = "started" if may_roll() else "held"
+        if applied.rollout == "held":
+            return actual_claim, current
+    return actual_claim, await _apply(ctx, manifest, current, applied.done)
+
+
+def _owned(child: Mapping[str, Any], owner: children.Owner) -> bool:
+    """Whether `child` is this base's, or no base's (made by hand: taken over, as
+    every child is)."""
+    bases = [
+        r
+        for r in (child.get("metadata") or {}).get("ownerReferences") or []
+        if r.get("controller") and r.get("kind") == identity.KIND
+    ]
+    return all(r.get("uid") == owner.uid for r in bases)
+
+
+def _conflict(child: Mapping[str, Any], replica: int) -> str:
+    meta = child.get("metadata") or {}
+    (other,) = [r.get("name") for r in meta.get("ownerReferences") or [] if r.get("controller")]
+    what = f"replica {replica}'s" if replica else "its"
+    return (
+        f"{what} {child.get('kind', 'child')} {meta.get('name')} belongs to base {other}: "
+        "two bases whose children take one name (a base named <name>-replica-<i> and the "
+        "replicas of base <name>); rename one, or ask fewer replicas"
+    )
+
+
+async def _apply(
+    ctx: Context, manifest: dict[str, Any], found: dict[str, Any] | None, done: list[str]
+) -> dict[str, Any] | None:
+    if not children.needs_apply(manifest, found):
+        return found
+    verb = "created" if found is None else "updated"
+    if found is not None and _hash(found) == _hash(manifest):
+        verb = "repaired"  # the wish is the same: someone changed a field
+    done.append(f"{manifest['kind']} {manifest['metadata']['name']} {verb}")
+    return dict(await ctx.cluster.apply(manifest))
+
+
+async def _remove(
+    ctx: Context, owner: children.Owner, manifest: dict[str, Any], fresh: bool, done: list[str]
+) -> None:
+    """Delete a child the spec no longer asks for (a replica scaled away: its drive too,
+    a new replica takes its peers' vectors), when it is there (as the cache has it,
+    unless `fresh`: a child missed now is deleted at the next look)."""
+    found = await _read(ctx, manifest["kind"], manifest, fresh)
+    if found is None or not _owned(found, owner):
+        return
+    await ctx.cluster.delete(kube.manifest_path(manifest))
+    done.append(f"{manifest['kind']} {manifest['metadata']['name']} deleted")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,11 +345,14 @@ async def run(
         embedding_url=inputs.embedding_url,
         reranker_url=inputs.reranker_url,
         revisions=inputs.revisions,
+        peers=[address] if spec.replicas > 1 else [],
     ).model_copy(update={"generation": generation})
-    claim, deployment, applied, rollout = await _apply_children(
+    applied = await _apply_children(
         ctx, owner, spec, config, generation=generation, fresh=fresh, may_roll=may_roll
     )
-    pods = ctx.cache.pods(owner.namespace, owner.name)
+    (claim, deployment), *others = applied.replicas
+    everyone = ctx.cache.pods(owner.namespace, owner.name)
+    pods = [p for p in everyone if children.replica_of(p) == 0]
     seen = dt.datetime.now(dt.UTC)
     pod = observe.pod_view(pods, seen)
     indexer, error = (None, None)
@@ -271,9 +369,18 @@ async def run(
             old=observe.old_pod_view(pods, seen),
             indexer=indexer,
             indexer_error=error,
+            replicas=spec.replicas,
+            others=tuple(
+                observe.replica_view(
+                    i, d, [p for p in everyone if children.replica_of(p) == i], seen
+                )
+                for i, (_, d) in enumerate(others, start=1)
+            ),
+            shared_machines=observe.shared_machines(everyone),
+            conflicts=tuple(applied.conflicts),
         )
     )
-    return dataclasses.replace(outcome, applied=tuple(applied), rollout=rollout)
+    return dataclasses.replace(outcome, applied=tuple(applied.done), rollout=applied.rollout)
 
 
 def _outcome(

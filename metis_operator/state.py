@@ -76,6 +76,23 @@ class PodView:
     templates are a change rolling out, two of one a pod deleted and made again."""
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplicaView:
+    """A replica past the first, as far as state goes: it answers once its pod is ready
+    (an indexer with peers is ready only from a complete index) and its Deployment's
+    change has rolled out."""
+
+    replica: int
+    pod: PodView | None = None
+    replacing: bool = False
+    failure: str | None = None
+    """Why its Deployment cannot create its pod."""
+
+    @property
+    def answers(self) -> bool:
+        return self.pod is not None and self.pod.ready and not self.pod.terminating
+
+
 ROUTING_GRACE_SECONDS = 30.0
 """How long after a pod turns ready an indexer the operator cannot reach through its
 Service still counts as starting: the kubelet reports the pod ready before kube-proxy
@@ -120,6 +137,20 @@ class Observation:
     """An indexer of this base has answered before (its status holds index totals): only
     then is a second pod, or one going away, a replacement taking over, rather than a
     first pod that never ran being replaced before it started."""
+    replicas: int = 1
+    """The replicas the spec asks for."""
+    others: tuple[ReplicaView, ...] = ()
+    """Replicas 1 and on (replica 0 is `pod`, `old` and `indexer`)."""
+    shared_machines: tuple[str, ...] = ()
+    """Machines that run two replicas or more (`observe.shared_machines`)."""
+    conflicts: tuple[str, ...] = ()
+    """Children of this base's names that another base owns."""
+
+    @property
+    def answering(self) -> int:
+        """The replicas whose indexer answers searches."""
+        first = self.pod is not None and self.pod.ready and not self.pod.terminating
+        return int(first) + sum(r.answers for r in self.others)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +167,7 @@ def _failures(o: Observation) -> list[str]:
         f"drive {d} does not exist (no PersistentVolumeClaim {d} in this namespace)"
         for d in o.missing_drives
     ]
+    out += o.conflicts
     for m in (o.embedding, o.reranker):
         if m is None:
             continue
@@ -353,6 +385,36 @@ def _but(reason: str, degraded: str) -> str:
     return f"{reason}; but {degraded}" if degraded else reason
 
 
+def _replica(r: ReplicaView, placement: Placement) -> str:
+    """Where a replica that does not answer yet stands."""
+    name = f"replica {r.replica}"
+    if r.failure:
+        return f"{name}: its pod cannot be created: {r.failure}"
+    pod = r.pod
+    if pod is None or (pod.terminating and not r.replacing):
+        return f"{name}: its pod is not created yet"
+    if pod.unschedulable is not None:
+        return f"{name} waits for a machine: {unschedulable(pod.unschedulable, placement)}"
+    if pod.node is None:
+        return f"{name} waits for a machine"
+    if pod.waiting:
+        return f"{name}: its indexer container waits on machine {pod.node}: {pod.waiting}"
+    if not pod.running:
+        return f"{name} is starting on machine {pod.node}"
+    if not pod.ready:
+        return f"{name} builds its index on machine {pod.node} (vectors from its peers first)"
+    return f"{name}: a change is rolling out"
+
+
+def _replicas_behind(o: Observation) -> str | None:
+    """Why not every replica answers from a current index, when one does not."""
+    behind = [r for r in o.others if not r.answers or r.replacing]
+    if not behind:
+        return None
+    said = "; ".join(_replica(r, o.placement) for r in behind)
+    return f"{said}; {o.answering} of {o.replicas} replicas answer searches"
+
+
 def derive(o: Observation) -> Verdict:
     """The state and its reason; the table's rows in order, the first that holds wins."""
     if failures := _failures(o):
@@ -384,6 +446,8 @@ def derive(o: Observation) -> Verdict:
     # A rescan after a finished pass scans without reading anything: still Ready.
     if ix.phase == "indexing" or (ix.phase == "scanning" and not ix.passes):
         return Verdict(State.INDEXING, reading)
+    if lagging := _replicas_behind(o):
+        return Verdict(State.STARTING, lagging)
     if degraded:
         return Verdict(State.READY, _but("everything is indexed", degraded))
     return Verdict(State.READY, "everything is indexed; watching its sources")

@@ -22,6 +22,7 @@ from metis_operator.api.status_types import (
     IndexTotals,
     KnowledgeBaseStatus,
     Observed,
+    Replicas,
 )
 from metis_operator.state import (
     Model,
@@ -126,6 +127,12 @@ def warnings(o: Observation) -> list[str]:
         )
     if o.indexer is not None and (degraded := degraded_searches(o.indexer.searches)):
         out.append(degraded)
+    if o.replicas > 1 and o.shared_machines:
+        out.append(
+            f"{o.replicas} replicas but machine(s) {', '.join(o.shared_machines)} run several "
+            "of them: the cluster has too few machines the placement allows to keep each on "
+            "its own, and losing one stops those it runs"
+        )
     unlisted: dict[str, int] = {}
     for w in o.indexer.warnings if o.indexer else []:
         m = _UNLISTED.match(w)
@@ -188,6 +195,7 @@ def compose(
         revisions=dict(sorted(revisions.items())) or None,
         indexed_revisions=dict(sorted(indexed.items())) if indexed else None,
         warnings=warnings(o) or None,
+        replicas=Replicas(wanted=o.replicas, answering=o.answering),
     )
     progress = None
     if ix is not None and ix.embedding is not None and ix.embedding.next is not None:
@@ -205,6 +213,7 @@ def compose(
             now,
         ),
         progress=progress,
+        replicas=f"{o.answering}/{o.replicas}",
         evaluation=before.evaluation,
     )
 

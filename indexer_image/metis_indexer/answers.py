@@ -12,6 +12,7 @@ import time
 import numpy as np
 import numpy.typing as npt
 
+from metis_indexer import peers
 from metis_indexer.config import IndexerConfig
 from metis_indexer.configured import Configured
 from metis_indexer.errors import BadRequest, Refusal, Unavailable
@@ -21,7 +22,14 @@ from metis_indexer.metrics import Metrics
 from metis_indexer.models.clients import ModelUnavailable
 from metis_indexer.passes import Passes
 from metis_indexer.progress import Progress
-from metis_indexer.schema import DocumentsPage, SearchAnswer, SearchRequest, StatusAnswer
+from metis_indexer.schema import (
+    DocumentsPage,
+    SearchAnswer,
+    SearchRequest,
+    StatusAnswer,
+    VectorsAnswer,
+    VectorsRequest,
+)
 from metis_indexer.search import evaluation, hybrid
 from metis_indexer.search_health import Fallback, RecentSearches, outcome
 
@@ -57,6 +65,33 @@ class Answers:
     @property
     def phase(self) -> str:
         return self._progress.state.phase
+
+    def not_ready(self) -> str | None:
+        """Why a loaded index is not ready (`peers.not_ready`); None when it is."""
+        return peers.not_ready(self._configured.config.peers, self._passes.passed)
+
+    async def vectors(self, req: VectorsRequest) -> VectorsAnswer:
+        """`POST /v1/vectors`: the vectors of the asked passages this index holds, of the
+        asked model only; none, saying why, where its vectors are not that model's."""
+        index = self._passes.index
+        embedder = self._configured.embedder
+        configured = None if embedder is None else embedder.model
+        settings = await asyncio.to_thread(index.settings) if self.loaded else None
+        held = None if settings is None else settings.model
+        changing = self._passes.answering_now() is not None
+        why = peers.serving_problem(req.model, self.loaded, configured, held, changing)
+        if why is not None or embedder is None or settings is None:
+            return VectorsAnswer(model=None, dimensions=0, found=[], vectors="", reason=why)
+        found, rows = await asyncio.to_thread(
+            self._passes.held.find,
+            index.store,
+            embedder.document_prefix,
+            req.hashes,
+            settings.dimensions,
+        )
+        return VectorsAnswer(
+            model=held, dimensions=settings.dimensions, found=found, vectors=peers.encode_rows(rows)
+        )
 
     def request_pass(self, full: bool = False) -> None:
         """`POST /v1/reindex`; refused (409 STANDBY) while a replacement takes over."""
@@ -105,6 +140,8 @@ class Answers:
                 "last_pass": {"read": s.read, "unchanged": s.unchanged, "dropped": s.dropped},
                 "warnings": [*s.problems, *self._passes.notes, *([damage] if damage else [])],
                 "searches": self.recent.account(time.monotonic()),
+                "vectors_from_peers": self._passes.vectors_from_peers,
+                "vectors_from_model": self._passes.vectors_from_model,
             }
         )
 

@@ -3,8 +3,9 @@
 Bodies are parsed into pydantic models, and the service answers in them too
 (schema.py), so the OpenAPI document (built from the same models) is what the
 API answers. Every domain error becomes `{"error": {"code", "message"}}` in one
-middleware. The routes that cost model time (reindex, evaluate) take the
-operator's token when one is set; one evaluation runs at a time.
+middleware. The routes that cost model time (reindex, evaluate) and the one that
+hands out the index's vectors to its peers take the operator's token when one is
+set; one evaluation runs at a time.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from metis_indexer.schema import (
     SearchAnswer,
     SearchRequest,
     StatusAnswer,
+    VectorsAnswer,
+    VectorsRequest,
     check_k,
     check_search,
     parse_body,
@@ -277,6 +280,13 @@ async def evaluate(request: web.Request) -> web.Response:
         raise
 
 
+async def vectors(request: web.Request) -> web.Response:
+    """The vectors a peer asks for: no model time, but the index's data, so the token's."""
+    request.app[costly_key].authorize(request)
+    req = parse_body(VectorsRequest, await read_body(request))
+    return answer(await request.app[answers_key].vectors(req))
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[answers_key].metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -290,6 +300,9 @@ async def readyz(request: web.Request) -> web.Response:
     answers = request.app[answers_key]
     if not answers.loaded:
         return error(503, "KNOWLEDGE_BASE_NOT_READY", f"the index is {answers.phase}")
+    why = answers.not_ready()
+    if why is not None:
+        return error(503, "KNOWLEDGE_BASE_NOT_READY", why)
     return answer(Readiness(ok=True, phase=answers.phase))
 
 
@@ -393,6 +406,8 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
         Evaluation,
         StatusAnswer,
         DocumentsPage,
+        VectorsRequest,
+        VectorsAnswer,
         Health,
         Readiness,
         ErrorAnswer,
@@ -485,6 +500,26 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/vectors": {
+                "post": {
+                    "summary": "The vectors this index holds of passages, by hash (for peers)",
+                    "description": "What another replica of the base asks before it sends "
+                    "passages to the model. Each hash is BLAKE2b-128, hex, of a passage exactly "
+                    "as the model is sent it (the document prefix, title and headings, text). "
+                    "The answer gives the positions found and their vectors as base64 of "
+                    "float32 little-endian, `dimensions` values each, in that order; only of "
+                    "the model asked for, and none (with a reason) while the index's vectors "
+                    "are another model's or its model changes.",
+                    "requestBody": body("VectorsRequest"),
+                    **security,
+                    "responses": {
+                        "200": ok("VectorsAnswer", "The vectors found"),
+                        "400": err("The body is refused", "INVALID_BODY"),
+                        **unauthorized,
+                        "413": too_large,
+                    },
+                }
+            },
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics",
@@ -499,10 +534,14 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": ok("Health", "Up")}}},
             "/readyz": {
                 "get": {
-                    "summary": "Readiness: the index is loaded",
+                    "summary": "Readiness: the index is loaded (with peers: and has had one "
+                    "whole pass)",
                     "responses": {
                         "200": ok("Readiness", "Ready"),
-                        "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY"),
+                        "503": err(
+                            "The index is not loaded, or (with peers) its first pass has not ended",
+                            "KNOWLEDGE_BASE_NOT_READY",
+                        ),
                     },
                 }
             },
@@ -548,6 +587,7 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/v1/documents", documents, name="documents")
     app.router.add_post("/v1/reindex", reindex, name="reindex")
     app.router.add_post("/v1/evaluate", evaluate, name="evaluate")
+    app.router.add_post("/v1/vectors", vectors, name="vectors")
     app.router.add_get("/metrics", metrics, name="metrics")
     app.router.add_get("/healthz", healthz, name="healthz")
     app.router.add_get("/readyz", readyz, name="readyz")

@@ -103,6 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
         "says 15)",
     )
 
+    serve.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="another indexer of the same sources and model, asked for the vectors it holds "
+        "before passages go to the model (repeatable)",
+    )
+
     def client(name: str, help_: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help_)
         c.add_argument("--url", default=DEFAULT_URL, help=f"the indexer (default {DEFAULT_URL})")
@@ -151,6 +160,7 @@ def serve_config(args: argparse.Namespace) -> IndexerConfig:
         "vectors": args.vectors,
         "check_seconds": args.check_seconds,
         "drain_seconds": args.drain_seconds,
+        "peers": args.peer,
     }
     if args.embedding:
         raw["embedding"] = {"url": args.embedding, "name": args.embedding}
@@ -167,8 +177,8 @@ async def _serve(cfg: IndexerConfig, config_path: Path | None) -> None:
     from metis_indexer.service import Indexer
 
     signals = _signals()
-    indexer = Indexer(cfg, on_progress=_progress_bar if sys.stderr.isatty() else None)
     token = os.environ.get(TOKEN_ENV) or None
+    indexer = Indexer(cfg, on_progress=_progress_bar if sys.stderr.isatty() else None, token=token)
     running = runner(create_app(indexer, token=token, config_path=config_path))
     await running.setup()
     site = web.TCPSite(running, cfg.host, cfg.port)

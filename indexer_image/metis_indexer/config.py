@@ -5,10 +5,32 @@ from __future__ import annotations
 
 import json
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from metis_indexer import limits
+
+PEERS_MAX = 16
+"""Peers one indexer asks at most, each in turn: the operator names one (the base's
+Service)."""
+
+
+def peer_url_problem(url: str) -> str | None:
+    """What keeps `url` from being a peer's base URL (http or https, a host, no query);
+    None when it is one."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port out of range raises here
+    except ValueError as e:
+        return f"is not a URL: {e}"
+    if parts.scheme not in ("http", "https"):
+        return "is not an http:// or https:// URL"
+    if not parts.hostname:
+        return "names no host"
+    if parts.query or parts.fragment:
+        return "must be a base URL, without a query or fragment"
+    return None
 
 
 class _Model(BaseModel):
@@ -102,6 +124,20 @@ class IndexerConfig(_Model):
     generation: int | None = None
     """The base's metadata.generation this configuration was written for (by the operator):
     reported back so the operator knows when the indexer runs the current spec."""
+    peers: list[str] = Field(default_factory=list, max_length=PEERS_MAX)
+    """Base URLs of other indexers of the same base (the base's Service): asked for the
+    vectors they hold before passages go to the model, so a replica that starts empty
+    costs the model little. Non-empty: the indexer is ready only once its index has had
+    one whole pass (the others answer meanwhile)."""
+
+    @field_validator("peers")
+    @classmethod
+    def _peer_urls(cls, v: list[str]) -> list[str]:
+        for url in v:
+            problem = peer_url_problem(url)
+            if problem is not None:
+                raise ValueError(f"peers: {url!r} {problem}")
+        return [url.rstrip("/") for url in v]
 
     @field_validator("rescan_seconds")
     @classmethod

@@ -29,6 +29,8 @@ class Metrics:
     index_damage: Counter
     requests: Counter
     staged_chunks: Counter
+    vectors_from_peers: Counter
+    vectors_from_model: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -103,6 +105,16 @@ class Metrics:
                 "metis_embedding_staged_chunks_total",
                 "Chunks given a new embedding model's vectors beside the ones that answer "
                 "(the model changed: they take the old ones' place once every chunk has one).",
+                registry=r,
+            ),
+            vectors_from_peers=Counter(
+                "metis_vectors_from_peers_total",
+                "Passages whose vectors the base's other replicas gave (not sent to the model).",
+                registry=r,
+            ),
+            vectors_from_model=Counter(
+                "metis_vectors_from_model_total",
+                "Passages the passes sent to the embedding model.",
                 registry=r,
             ),
         )

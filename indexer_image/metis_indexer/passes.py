@@ -23,7 +23,7 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import restage
+from metis_indexer import peers, restage
 from metis_indexer.config import EmbeddingConfig
 from metis_indexer.configured import Configured, embedding_client
 from metis_indexer.errors import Conflict
@@ -39,6 +39,9 @@ from metis_indexer.progress import Progress
 
 log = logging.getLogger("metis.indexer")
 
+PASSED = "first_pass_ended_at"
+"""The index's meta key that says it has had one whole pass (when the first ended)."""
+
 LISTING_SECONDS = 900.0
 """How long a pass waits for the listing of its sources before it stops and is tried
 again. Listing the 19,546 files of a documentation corpus takes 0.75 s here: a quarter of
@@ -52,7 +55,12 @@ class Passes:
     lock runs `loop` or `rebuild` (`service.Indexer`)."""
 
     def __init__(
-        self, configured: Configured, progress: Progress, watch: ModelWatch, metrics: Metrics
+        self,
+        configured: Configured,
+        progress: Progress,
+        watch: ModelWatch,
+        metrics: Metrics,
+        token: str | None = None,
     ) -> None:
         self._configured = configured
         self._progress = progress
@@ -77,6 +85,14 @@ class Passes:
         self.answering: restage.Answering | None = None
         """The model whose vectors answer while a new one's are made (questions are embedded
         by it); None while the configured model's do."""
+        self.passed = False
+        """Whether the index has had one whole pass (recorded in it: a restart keeps it)."""
+        self.held = peers.HeldVectors()
+        """The vectors this index gives its peers."""
+        self._peers = peers.PeerVectors(token)
+        """Asks the peers (with the base's token) before passages go to the model."""
+        self.vectors_from_peers = 0
+        self.vectors_from_model = 0
 
     def answering_now(self) -> restage.Answering | None:
         """The model whose vectors answer while a new one's are made; None from the moment
@@ -120,6 +136,12 @@ class Passes:
         self.index.store.check()
         self.index.load()
         self.index.settle()
+        meta = self.index.store.meta()
+        # An index made before `PASSED` was kept has had its passes where it holds chunks:
+        # a base going from one replica to two must not take its only answering pod out
+        # of its Service until a pass ends.
+        made_before = store.PASSES_TRACKED not in meta and self.index.chunk_count > 0
+        self.passed = PASSED in meta or made_before
 
     async def rebuild(self, error: Exception) -> None:
         """Move a damaged index aside and start an empty one; the next pass reads every
@@ -130,6 +152,7 @@ class Passes:
         config = self._configured.config
         self.index = Index(config.index_dir, config.vectors)
         await asyncio.to_thread(self.index.load)
+        self.passed = False
         self._metrics.index_rebuilds.inc()
         self._progress.rebuilding = (
             f"rebuilding the index from the sources: it was damaged ({error}); "
@@ -254,6 +277,12 @@ class Passes:
         planned = await self._read(settings, full, pool, self._embed)
         await asyncio.to_thread(self.index.settle)
         state.last_indexed_at = now()
+        if not self.passed:
+            await asyncio.to_thread(self.index.store.set_meta, {PASSED: state.last_indexed_at})
+            self.passed = True
+        embedder = self._configured.embedder
+        if config.peers and embedder is not None and embedder.model is not None:
+            await asyncio.to_thread(self.held.refresh, self.index.store, embedder.document_prefix)
         state.completed += 1
         state.indexed_revisions = revisions
         state.indexed_generation = generation
@@ -368,8 +397,10 @@ class Passes:
         return answering
 
     async def close(self) -> None:
-        """Let go of the client of the model that answers while a new one's are made."""
+        """Let go of the client of the model that answers while a new one's are made, and
+        of the peers' client."""
         await self._drop_answering()
+        await self._peers.close()
 
     async def _drop_answering(self) -> None:
         answering, self.answering = self.answering, None
@@ -525,10 +556,37 @@ class Passes:
                 await self._watch.wait_for(e)
 
     async def _embed(self, passages: list[str]) -> npt.NDArray[np.float32] | None:
-        """Vectors of a document's passages; waits (phase `waiting`) while the model is
-        away."""
-        if self._configured.embedder is None:
+        """Vectors of a document's passages: those the peers give, and the model's of the
+        rest; waits (phase `waiting`) while the model is away."""
+        embedder = self._configured.embedder
+        if embedder is None:
             return None
+        found = await self._from_peers(embedder, passages)
+        if not found:
+            return await self._embedded(passages)
+        rest = peers.left_to_embed(len(passages), found)
+        embedded = await self._embedded([passages[i] for i in rest]) if rest else None
+        assert embedder.dimensions is not None
+        return peers.merged(len(passages), embedder.dimensions, found, rest, embedded)
+
+    async def _from_peers(
+        self, embedder: EmbeddingClient, passages: list[str]
+    ) -> dict[int, npt.NDArray[np.float32]]:
+        """The vectors the peers give of passages, by position; none without peers, or
+        before the model has said what it is (its id chooses its prefix)."""
+        asked = self._configured.config.peers
+        model, dimensions = embedder.model, embedder.dimensions
+        if not asked or model is None or dimensions is None or not passages:
+            return {}
+        prefix = embedder.document_prefix
+        hashes = [peers.passage_hash(prefix + p) for p in passages]
+        found = await self._peers.vectors(asked, model, dimensions, hashes)
+        self.vectors_from_peers += len(found)
+        self._metrics.vectors_from_peers.inc(len(found))
+        return found
+
+    async def _embedded(self, passages: list[str]) -> npt.NDArray[np.float32] | None:
+        """The model's vectors of passages; waits (phase `waiting`) while it is away."""
         while True:
             embedder = self._configured.embedder  # a changed configuration makes another
             assert embedder is not None
@@ -536,6 +594,8 @@ class Passes:
             try:
                 vectors = await embedder.embed_documents(passages)
                 self._metrics.embed_seconds.observe(time.monotonic() - started)
+                self.vectors_from_model += len(passages)
+                self._metrics.vectors_from_model.inc(len(passages))
                 return vectors
             except ModelRefused:
                 raise

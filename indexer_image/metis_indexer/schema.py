@@ -9,7 +9,7 @@ in the OpenAPI document) through `json_schema_extra`, from the same constants.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -24,6 +24,10 @@ TOP_K_MAX = 50
 PAGE_SIZE_MAX = 1000
 Phase = Literal["loading", "scanning", "indexing", "ready", "waiting", "standby"]
 DocumentState = Literal["indexed", "failed"]
+HASHES_MAX = 1024
+"""Passage hashes one `POST /v1/vectors` asks for at most: 1,024 of them are 36 KB, within
+the 64 KiB a body may have, and their vectors a few MB at most (1,024 dimensions)."""
+PassageHash = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
 
 _QUERY_SCHEMA: dict[str, Any] = {
     "minLength": 1,
@@ -121,6 +125,34 @@ class ReindexAnswer(BaseModel):
     full: bool
 
 
+class VectorsRequest(_Body):
+    """`POST /v1/vectors`: the vectors this index holds of passages, by their hashes; what
+    another replica of the base asks before it sends passages to the model."""
+
+    model: str = Field(min_length=1, max_length=512)
+    """The embedding model the vectors must be of (its id, as the model server names it)."""
+    hashes: list[PassageHash] = Field(min_length=1, max_length=HASHES_MAX)
+    """BLAKE2b-128 (hex) of each passage exactly as the model is sent it: the document
+    prefix, the title and headings, then the text."""
+
+
+class VectorsAnswer(BaseModel):
+    """The vectors of the asked hashes this index holds, of the asked model only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None
+    """The model whose vectors this index gives; null when it gives none now."""
+    dimensions: int = Field(ge=0)
+    found: list[int]
+    """Positions in `hashes` of the vectors given, ascending."""
+    vectors: str
+    """The vectors of `found`, in that order: base64 of float32 little-endian, `dimensions`
+    values each."""
+    reason: str | None = None
+    """Why none are given (another model, a model change, the index not loaded)."""
+
+
 class LastPass(BaseModel):
     read: int
     unchanged: int
@@ -201,6 +233,10 @@ class StatusAnswer(BaseModel):
     searches: Searches | None = None
     """How the searches of the last minute were answered; null from an indexer that
     does not count them."""
+    vectors_from_peers: int = 0
+    """Passages whose vectors the base's other replicas gave, since the indexer started."""
+    vectors_from_model: int = 0
+    """Passages the embedding model was sent by the passes, since the indexer started."""
 
     @classmethod
     def read(cls, answer: object) -> StatusAnswer:

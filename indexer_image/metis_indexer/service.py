@@ -44,19 +44,20 @@ STANDBY_LOOK = 1.0
 
 class Indexer:
     """One knowledge base's indexer. `on_progress` is told of each change of the passes'
-    state (`metis serve`'s progress bar)."""
+    state (`metis serve`'s progress bar); `token`: the base's, sent to its peers."""
 
     def __init__(
         self,
         config: IndexerConfig,
         metrics: Metrics | None = None,
         on_progress: OnProgress | None = None,
+        token: str | None = None,
     ) -> None:
         self.metrics = metrics or Metrics.create()
         self.configured = Configured(config)
         self.progress = Progress(self.metrics, self._totals, on_progress)
         watch = ModelWatch(self.configured, self.progress)
-        self.passes = Passes(self.configured, self.progress, watch, self.metrics)
+        self.passes = Passes(self.configured, self.progress, watch, self.metrics, token)
         self.answers = Answers(self.configured, self.progress, self.passes, self.metrics)
         self._pool: ReaderPool | None = None
         self._tasks: list[asyncio.Task[None]] = []

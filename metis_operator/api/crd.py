@@ -96,6 +96,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "date",
         "jsonPath": ".status.observed.index.last_indexed_at",
     },
+    {"name": "Replicas", "type": "string", "jsonPath": ".status.replicas"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Reason", "type": "string", "priority": 1, "jsonPath": ".status.reason"},
 ]

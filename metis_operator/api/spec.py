@@ -16,7 +16,7 @@ CEL rules, a bound pydantic checks in a validator instead) sits beside the field
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -28,7 +28,8 @@ from metis_indexer.config import IndexerConfig
 NAME_MAX = 40
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 """A base's name: lowercase letters, digits and -, not at either end (it names the
-base's children, `metis-<name>`, with room to spare)."""
+base's children, `metis-<name>` and `metis-<name>-replica-<i>`, with room to spare)."""
+REPLICAS_MIN, REPLICAS_DEFAULT, REPLICAS_MAX = 1, 1, 10
 DRIVE_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 """A PersistentVolumeClaim's name (a DNS-1123 subdomain)."""
 DRIVE_MAX = 253
@@ -316,6 +317,16 @@ class KnowledgeBaseSpec(_Model):
         default=Placement(),
         description="Where its indexer pod runs, and the cores and memory it is given.",
     )
+    replicas: int = Field(
+        default=REPLICAS_DEFAULT,
+        ge=REPLICAS_MIN,
+        le=REPLICAS_MAX,
+        description=f"Indexer pods answering its searches: {REPLICAS_MIN} to {REPLICAS_MAX}. "
+        "Each has an index drive of its own and is kept on a machine of its own where the "
+        "cluster has enough; a new one takes the vectors its peers hold rather than asking "
+        "the embedding model again. With two or more, a drain or an eviction takes one at a "
+        f"time. Not set, {REPLICAS_DEFAULT}.",
+    )
     rescan_seconds: int = Field(
         default=limits.RESCAN_DEFAULT,
         description="Seconds between two looks for changed documents: 0 (only when asked, or "
@@ -406,9 +417,12 @@ def to_indexer_config(
     embedding_url: str,
     reranker_url: str | None,
     revisions: Mapping[str, str],
+    peers: Sequence[str] = (),
 ) -> IndexerConfig:
     """The indexer's configuration for the pod: source drives mounted at
-    /drives/<drive>, the index drive at /index, the models at their Services' URLs.
+    /drives/<drive>, the index drive at /index, the models at their Services' URLs;
+    with replicas, `peers` (the base's Service): where a replica's first pass takes
+    vectors already made.
 
     Built with the indexer's own model, so a configuration it would refuse is
     never written; prefixes left unset are chosen by the indexer from the model.
@@ -435,6 +449,8 @@ def to_indexer_config(
         "workers": min(64, max(2, spec.placement.cpu_cores)),
         "revisions": {d: rev for d, rev in sorted(revisions.items()) if d in spec.drives},
     }
+    if peers:
+        raw["peers"] = list(peers)
     if r is not None and reranker_url is not None:
         raw["reranker"] = {
             "url": reranker_url,

@@ -70,6 +70,14 @@ class IndexTotals(_Status):
     )
 
 
+class Replicas(_Status):
+    wanted: int = Field(description="The replicas its spec asks for.")
+    answering: int = Field(
+        description="The replicas whose indexer answers searches (its pod ready: a replica "
+        "with peers is ready only once its index is complete)."
+    )
+
+
 class Observed(_Status):
     index: IndexTotals | None = Field(
         default=None, description="Its index, as the indexer reports it (GET /v1/status)."
@@ -94,6 +102,9 @@ class Observed(_Status):
         default=None,
         description="What you should know, such as a model Service whose workload scales to "
         "zero (a search would wait for it to wake).",
+    )
+    replicas: Replicas | None = Field(
+        default=None, description="Its replicas: those asked for, and those answering."
     )
 
 
@@ -186,6 +197,11 @@ class KnowledgeBaseStatus(_Status):
     progress: str | None = Field(
         default=None,
         description="The current pass's documents read so far, as read/total, while a pass reads.",
+    )
+    replicas: str | None = Field(
+        default=None,
+        description="Replicas answering searches out of those asked for, as answering/wanted "
+        "(kubectl get kb shows it). Ready needs every one answering from a current index.",
     )
     evaluation: Evaluation | None = Field(
         default=None,

@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from metis_dev import images, node
+from metis_operator import children
 from tests.kube.conftest import ControlPlane, fresh_namespace
 from tests.kube.operator_support import ROOT, get_kb, make_drive, wait_state
 from tests.node.test_real_node import (
@@ -79,6 +80,14 @@ def indexer_pods(kube: ControlPlane, ns: str) -> list[dict[str, Any]]:
     return list(kube.rest().get(path)["items"])
 
 
+def replica_pods(kube: ControlPlane, ns: str) -> dict[str, dict[str, Any]]:
+    """The base's pods by replica ("0" for replica 0's, which carry no label)."""
+    return {
+        (p["metadata"].get("labels") or {}).get(children.REPLICA_LABEL, "0"): p
+        for p in indexer_pods(kube, ns)
+    }
+
+
 def current_pod(kube: ControlPlane, ns: str) -> dict[str, Any]:
     """The one pod of the base once a change is over (none going away, none beside it)."""
     pods = indexer_pods(kube, ns)
@@ -86,9 +95,11 @@ def current_pod(kube: ControlPlane, ns: str) -> dict[str, Any]:
     return pods[0]
 
 
-def through(kube: ControlPlane, ns: str, operator: Operator, change: Any, done: Any) -> Report:
+def through(
+    kube: ControlPlane, ns: str, operator: Operator, change: Any, done: Any, pods: int = 1
+) -> Report:
     """The report of a steady load run from before `change()` until `done()` holds, the
-    base is Ready with one pod, and SETTLE_SECONDS more."""
+    base is Ready with `pods` pods (one a replica), and SETTLE_SECONDS more."""
     with SteadyLoad(service_url(kube, ns), QUESTIONS) as load:
         time.sleep(SETTLE_SECONDS)  # the load is steady before the change
         change()
@@ -96,7 +107,9 @@ def through(kube: ControlPlane, ns: str, operator: Operator, change: Any, done: 
         def over() -> bool:
             status = get_kb(kube, ns, BASE).get("status") or {}
             return bool(
-                status.get("state") == "Ready" and len(indexer_pods(kube, ns)) == 1 and done(status)
+                status.get("state") == "Ready"
+                and len(indexer_pods(kube, ns)) == pods
+                and done(status)
             )
 
         node.wait_for(
@@ -244,3 +257,66 @@ def test_a_deleted_pod_with_no_failed_search(
         lambda s: current_pod(kube, ns)["metadata"]["uid"] != pod["uid"],
     )
     answered_throughout(report)
+
+
+def test_a_second_replica_with_no_failed_search_and_its_vectors_from_its_peer(
+    kube: ControlPlane, ns: str, base: str, operator: Operator
+) -> None:
+    chunks = get_kb(kube, ns, BASE)["status"]["observed"]["index"]["chunks"]
+
+    def change() -> None:
+        patch = json.dumps({"spec": {"replicas": 2}})
+        kube.kubectl("patch", "kb", BASE, "-n", ns, "--type=merge", "-p", patch)
+
+    report = through(kube, ns, operator, change, lambda s: s.get("replicas") == "2/2", pods=2)
+    answered_throughout(report)
+    second = replica_pods(kube, ns)["1"]
+    status = httpx.get(f"http://{second['status']['podIP']}:7700/v1/status", timeout=10).json()
+    print(
+        f"replica 1: {status['vectors_from_peers']} vectors from its peer, "
+        f"{status['vectors_from_model']} from the model, of {chunks} chunks"
+    )
+    assert status["chunks"] == chunks
+    assert status["vectors_from_model"] <= 0.05 * chunks
+    assert status["vectors_from_peers"] + status["vectors_from_model"] == chunks
+
+
+def test_a_drain_with_two_replicas_with_no_failed_search(
+    kube: ControlPlane, ns: str, base: str, operator: Operator
+) -> None:
+    """The one machine drained: the budget lets one replica be evicted, and holds the
+    other, which answers every search until the machine is back and the evicted one's
+    replacement is ready."""
+    before = {r: p["metadata"]["uid"] for r, p in replica_pods(kube, ns).items()}
+    assert len(before) == 2
+    drained: list[str] = []
+
+    def change() -> None:
+        out = kube.kubectl(
+            "drain",
+            node.NODE_NAME,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--pod-selector=app.kubernetes.io/name=metis-indexer",
+            "--timeout=30s",
+            check=False,
+        )
+        drained.append(out.stdout + out.stderr)
+        kube.kubectl("uncordon", node.NODE_NAME)
+
+    def back(status: dict[str, Any]) -> bool:
+        pods = replica_pods(kube, ns)
+        now = {r: p["metadata"]["uid"] for r, p in pods.items()}
+        ready = all(
+            c["type"] != "Ready" or c["status"] == "True"
+            for p in pods.values()
+            for c in p["status"].get("conditions", [{"type": "Ready", "status": "False"}])
+        )
+        return status.get("replicas") == "2/2" and len(now) == 2 and now != before and ready
+
+    report = through(kube, ns, operator, change, back, pods=2)
+    answered_throughout(report)
+    (said,) = drained
+    assert "disruption budget" in said, said
+    after = {r: p["metadata"]["uid"] for r, p in replica_pods(kube, ns).items()}
+    assert sum(after[r] == before[r] for r in before) == 1, (before, after)

@@ -116,7 +116,9 @@ def test_the_printer_columns_are_designs() -> None:
     crd = yaml.safe_load(CRD.read_text())
     (version,) = crd["spec"]["versions"]
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["State", "Documents", "Chunks", "Progress", "Last Indexed", "Age"]
+    # The design's columns, and Replicas (answering/wanted) before Age.
+    design = ["State", "Documents", "Chunks", "Progress", "Last Indexed", "Replicas", "Age"]
+    assert columns == design
     assert crd["spec"]["names"]["shortNames"] == ["kb"]
 
 

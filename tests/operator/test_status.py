@@ -82,7 +82,9 @@ def test_a_ready_base() -> None:
         "address": "http://metis-hb.ns.svc:7700",
         "revisions": {"docs": "r1"},
         "indexed_revisions": {"docs": "r1"},
+        "replicas": {"wanted": 1, "answering": 1},
     }
+    assert s["replicas"] == "1/1"
     assert [(c["type"], c["status"], c["reason"]) for c in s["conditions"]] == [
         ("Ready", "True", "Ready"),
         ("Reconciling", "False", "Ready"),

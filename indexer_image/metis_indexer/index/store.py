@@ -49,7 +49,12 @@ DAMAGED_SUFFIX = ".damaged"
 """A damaged index is moved aside under this suffix (one copy, the latest), for a
 person to look at; the index is derived data, rebuilt from the sources."""
 
-SCHEMA = """
+PASSES_TRACKED = "first_pass_tracked"
+"""The meta key an index made empty by this version gets at once: from it on, whether it
+has had one whole pass is kept in it (the passes' `PASSED`); one without it was made
+before that was kept."""
+
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS files (
     id INTEGER PRIMARY KEY,
@@ -88,6 +93,8 @@ CREATE TABLE IF NOT EXISTS terms (id INTEGER PRIMARY KEY, word TEXT NOT NULL UNI
 CREATE TABLE IF NOT EXISTS generation (id TEXT NOT NULL, n INTEGER NOT NULL);
 INSERT INTO generation SELECT lower(hex(randomblob(16))), 0
     WHERE NOT EXISTS (SELECT 1 FROM generation);
+INSERT OR IGNORE INTO meta SELECT '{PASSES_TRACKED}', '1'
+    WHERE NOT EXISTS (SELECT 1 FROM chunks);
 CREATE TRIGGER IF NOT EXISTS chunk_added AFTER INSERT ON chunks
     BEGIN UPDATE generation SET n = n + 1; END;
 CREATE TRIGGER IF NOT EXISTS chunk_changed AFTER UPDATE ON chunks
@@ -904,12 +911,11 @@ class Store:
             )
 
     def chunk_texts(
-        self, batch: int = 8192
+        self, batch: int = 8192, after: int = 0
     ) -> Iterator[list[tuple[int, str | None, tuple[str, ...], str]]]:
-        """Every chunk's id, its file's title, its headings and text (what its words are
-        counted from), in id order, a batch at a time; each batch a query of its own, so
-        words may be written between batches."""
-        after = 0
+        """Every chunk's id (past `after`), its file's title, its headings and text (what
+        its words are counted from), in id order, a batch at a time; each batch a query of
+        its own, so words may be written between batches."""
         while rows := self._reader.execute(
             "SELECT chunks.id, files.title, chunks.headings, chunks.text FROM chunks"
             " JOIN files ON files.id = chunks.file_id WHERE chunks.id > ?"
@@ -950,6 +956,25 @@ class Store:
             raise
         if added:
             self._words_generation += 1
+
+    def last_chunk_id(self) -> int:
+        return int(self._reader.execute("SELECT COALESCE(MAX(id), 0) FROM chunks").fetchone()[0])
+
+    def passages(
+        self, chunk_ids: Sequence[int]
+    ) -> dict[int, tuple[str | None, tuple[str, ...], str, bytes | None]]:
+        """Chunks (by id) with what their passage is made of (their file's title, their
+        headings and text) and their vector's bytes (None: they have none)."""
+        if not chunk_ids:
+            return {}
+        marks = ",".join("?" * len(chunk_ids))
+        rows = self._reader.execute(
+            "SELECT chunks.id, files.title, chunks.headings, chunks.text, chunks.vector"
+            " FROM chunks JOIN files ON files.id = chunks.file_id"
+            f" WHERE chunks.id IN ({marks})",
+            list(chunk_ids),
+        ).fetchall()
+        return {i: (title, tuple(json.loads(h)), text, v) for i, title, h, text, v in rows}
 
     def texts(self, chunk_ids: Sequence[int]) -> dict[int, str]:
         if not chunk_ids:

@@ -243,6 +243,8 @@ _QUICK = web.AppKey("quick", Encoder)
 _SCHEDULER = web.AppKey("scheduler", Scheduler)
 _MAX_INPUTS = web.AppKey("max_inputs", int)
 _CREATED = web.AppKey("created", int)
+_EMBEDDED = web.AppKey("embedded", collections.Counter[str])
+"""Texts embedded (`/v1/embeddings`' inputs answered): what a client cost the model."""
 
 
 def _is_tei(request: web.Request) -> bool:
@@ -316,10 +318,15 @@ async def _encode(
 
 async def health(request: web.Request) -> web.Response:
     """`work`: the requests of each kind waiting, started and answered (the order the
-    model took them in, for whoever watches it)."""
+    model took them in, for whoever watches it); `embedded`: the texts embedded."""
     app = request.app
     return web.json_response(
-        {"status": "ok", "model": app[_ENCODER].model_id, "work": app[_SCHEDULER].work()}
+        {
+            "status": "ok",
+            "model": app[_ENCODER].model_id,
+            "work": app[_SCHEDULER].work(),
+            "embedded": app[_EMBEDDED]["texts"],
+        }
     )
 
 
@@ -369,6 +376,7 @@ async def embeddings(request: web.Request) -> web.Response:
             "dimensions",
         )
     encoded = await _encode(request, texts, "embeddings")
+    request.app[_EMBEDDED]["texts"] += len(texts)
     if body.encoding_format == "base64":
         rows: list[Any] = [
             base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in encoded.vectors
@@ -436,6 +444,7 @@ def create_app(
     app[_QUICK] = quick
     app[_MAX_INPUTS] = max_inputs
     app[_CREATED] = int(time.time())
+    app[_EMBEDDED] = collections.Counter()
 
     async def scheduler(app: web.Application) -> AsyncIterator[None]:
         work = Scheduler(app[_ENCODER], app[_QUICK])
