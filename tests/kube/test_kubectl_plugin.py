@@ -48,8 +48,8 @@ class AnyAddressKubelet(Kubelet):
     """The test kubelet, its indexers listening on every address (see the module's doc)."""
 
     @staticmethod
-    def _localised(text: str, mounts: dict[str, Path]) -> str:
-        config = json.loads(Kubelet._localised(text, mounts))
+    def _localised(text: str, mounts: dict[str, Path], port: int | None = None) -> str:
+        config = json.loads(Kubelet._localised(text, mounts, port))
         config["host"] = "0.0.0.0"
         return json.dumps(config, indent=2)
 

@@ -59,7 +59,10 @@ def test_a_valid_base_is_accepted_with_the_spec_defaults(
     assert stored["placement"] == {"cpu_cores": 1, "memory_gb": 2}
     assert stored["rescan_seconds"] == 60
     headers = kube.kubectl("get", "kb", "-n", namespace).stdout.splitlines()[0].split()
-    assert headers == ["NAME", "STATE", "DOCUMENTS", "CHUNKS", "PROGRESS", "LAST", "INDEXED", "AGE"]
+    assert headers == [
+        *("NAME", "STATE", "DOCUMENTS", "CHUNKS", "PROGRESS", "LAST", "INDEXED"),
+        *("REPLICAS", "AGE"),
+    ]
     wide = kube.kubectl("get", "knowledgebases", "-n", namespace, "-o", "wide").stdout
     assert "REASON" in wide.splitlines()[0]
 
@@ -99,7 +102,13 @@ def test_the_manifests_install_an_admitted_least_privilege_operator(
     assert not can("create", "leases.coordination.k8s.io", "-n", "team-a")
     assert not can("delete", "leases.coordination.k8s.io", "-n", "metis-system")
     assert not can("create", "knowledgebases.metis.astraeus.io", "-n", "team-a")
-    assert not can("delete", "deployments.apps", "-n", "team-a")
+    # It deletes only what a replica scaled away leaves: its Deployment and index drive,
+    # and the disruption budget once one replica is left.
+    assert can("delete", "deployments.apps", "-n", "team-a")
+    assert can("delete", "persistentvolumeclaims", "-n", "team-a")
+    assert can("delete", "poddisruptionbudgets.policy", "-n", "team-a")
+    assert not can("delete", "services", "-n", "team-a")
+    assert not can("delete", "configmaps", "-n", "team-a")
     assert not can("delete", "secrets", "-n", "team-a")
     assert not can("list", "secrets", "-n", "team-a"), "a base's token is read by name"
     assert not can("delete", "networkpolicies.networking.k8s.io", "-n", "team-a")
