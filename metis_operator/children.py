@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from metis_indexer.config import IndexerConfig
@@ -89,6 +89,14 @@ def replica_of(pod: Mapping[str, Any]) -> int:
     """Which replica a pod of the base is (0 where it carries no replica label)."""
     value = ((pod.get("metadata") or {}).get("labels") or {}).get(REPLICA_LABEL, "0")
     return int(value) if value.isdigit() else -1
+
+
+def by_replica(pods: Sequence[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:
+    """A base's pods by the replica they are (`replica_of`)."""
+    out: dict[int, list[Mapping[str, Any]]] = {}
+    for p in pods:
+        out.setdefault(replica_of(p), []).append(p)
+    return out
 
 
 def selector(name: str) -> dict[str, str]:

@@ -52,10 +52,15 @@ TEMPLATE_HASH = "pod-template-hash"
 """The label a ReplicaSet gives its pods: the hash of their template."""
 
 
+def _gone(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod is going away (deleted, its containers stopping)."""
+    return bool(_meta(pod).get("deletionTimestamp"))
+
+
 def _ordered(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """Pods not going away, newest first, then those going away, newest first."""
     newest = sorted(pods, key=lambda p: _meta(p).get("creationTimestamp", ""), reverse=True)
-    return sorted(newest, key=lambda p: bool(_meta(p).get("deletionTimestamp")))
+    return sorted(newest, key=_gone)
 
 
 def pod_view(pods: Sequence[Mapping[str, Any]], now: dt.datetime | None = None) -> PodView | None:
@@ -89,7 +94,7 @@ def _view(pod: Mapping[str, Any], now: dt.datetime | None) -> PodView:
         running=status.get("phase") == "Running",
         ready=ready.get("status") == "True",
         waiting=_waiting(status),
-        terminating=bool(_meta(pod).get("deletionTimestamp")),
+        terminating=_gone(pod),
         ready_seconds=_since(ready.get("lastTransitionTime"), now)
         if ready.get("status") == "True"
         else None,
@@ -112,19 +117,14 @@ def replica_view(
     )
 
 
-def _gone(pod: Mapping[str, Any]) -> bool:
-    return bool(_meta(pod).get("deletionTimestamp"))
-
-
 def shared_machines(pods: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
     """The machines that run pods of two replicas or more (a pod beside the one it
     replaces is one replica): losing one of them stops several at once."""
-    on: dict[str, set[str]] = {}
+    on: dict[str, set[int]] = {}
     for p in pods:
         machine = (p.get("spec") or {}).get("nodeName")
         if machine and not _gone(p):
-            replica = (_meta(p).get("labels") or {}).get(children.REPLICA_LABEL, "0")
-            on.setdefault(machine, set()).add(replica)
+            on.setdefault(machine, set()).add(children.replica_of(p))
     return tuple(sorted(m for m, replicas in on.items() if len(replicas) > 1))
 
 

@@ -148,9 +148,9 @@ async def _apply_children(
     for manifest in map(children.with_hash, shared):
         found = await _read(ctx, manifest["kind"], manifest, fresh)
         await _apply(ctx, manifest, found, applied.done)
-    pods = ctx.cache.pods(owner.namespace, owner.name)
+    pods = children.by_replica(ctx.cache.pods(owner.namespace, owner.name))
     for i in range(spec.replicas):
-        mine = [p for p in pods if children.replica_of(p) == i]
+        mine = pods.get(i, [])
         applied.replicas.append(
             await _apply_replica(ctx, owner, spec, i, mine, generation, fresh, may_roll, applied)
         )
@@ -352,7 +352,8 @@ async def run(
     )
     (claim, deployment), *others = applied.replicas
     everyone = ctx.cache.pods(owner.namespace, owner.name)
-    pods = [p for p in everyone if children.replica_of(p) == 0]
+    replicas = children.by_replica(everyone)
+    pods = replicas.get(0, [])
     seen = dt.datetime.now(dt.UTC)
     pod = observe.pod_view(pods, seen)
     indexer, error = (None, None)
@@ -371,9 +372,7 @@ async def run(
             indexer_error=error,
             replicas=spec.replicas,
             others=tuple(
-                observe.replica_view(
-                    i, d, [p for p in everyone if children.replica_of(p) == i], seen
-                )
+                observe.replica_view(i, d, replicas.get(i, []), seen)
                 for i, (_, d) in enumerate(others, start=1)
             ),
             shared_machines=observe.shared_machines(everyone),

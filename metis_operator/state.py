@@ -75,6 +75,11 @@ class PodView:
     """Its pod template's hash (the ReplicaSet's pod-template-hash label): two pods of two
     templates are a change rolling out, two of one a pod deleted and made again."""
 
+    @property
+    def answers(self) -> bool:
+        """Whether the Service sends it searches: ready and not going away."""
+        return self.ready and not self.terminating
+
 
 @dataclasses.dataclass(frozen=True)
 class ReplicaView:
@@ -90,7 +95,7 @@ class ReplicaView:
 
     @property
     def answers(self) -> bool:
-        return self.pod is not None and self.pod.ready and not self.pod.terminating
+        return self.pod is not None and self.pod.answers
 
 
 ROUTING_GRACE_SECONDS = 30.0
@@ -149,7 +154,7 @@ class Observation:
     @property
     def answering(self) -> int:
         """The replicas whose indexer answers searches."""
-        first = self.pod is not None and self.pod.ready and not self.pod.terminating
+        first = self.pod is not None and self.pod.answers
         return int(first) + sum(r.answers for r in self.others)
 
 
