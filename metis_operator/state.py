@@ -442,6 +442,17 @@ def derive(o: Observation) -> Verdict:
                 degraded,
             ),
         )
+    if (c := ix.chunking) is not None and c.next is not None:
+        return Verdict(
+            State.INDEXING,
+            _but(
+                f"building the index of chunks of {c.next.size} characters (overlap "
+                f"{c.next.overlap}) beside the one of chunks of {c.answering.size} (overlap "
+                f"{c.answering.overlap}), which answers searches meanwhile ({c.done} of "
+                f"{c.total} documents)",
+                degraded,
+            ),
+        )
     reading = _but("reading documents", degraded) if degraded else READING
     if o.generation and ix.indexed_generation != o.generation:
         return Verdict(State.INDEXING, f"indexing for generation {o.generation}: {reading}")

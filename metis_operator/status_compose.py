@@ -16,6 +16,8 @@ from typing import Any
 from metis_indexer.schema import StatusAnswer
 from metis_operator import quality
 from metis_operator.api.status_types import (
+    Chunking,
+    Chunks,
     Condition,
     Embedding,
     Evaluation,
@@ -159,6 +161,7 @@ def _index(ix: StatusAnswer | None, previous: IndexTotals | None) -> IndexTotals
         dimensions=ix.dimensions,
         vectors=ix.vectors,
         embedding=_embedding(ix),
+        chunking=_chunking(ix),
     )
 
 
@@ -169,6 +172,17 @@ def _embedding(ix: StatusAnswer) -> Embedding | None:
     if e.next is None:
         return Embedding(answering=e.answering)
     return Embedding(answering=e.answering, next=e.next, done=e.done, total=e.total)
+
+
+def _chunking(ix: StatusAnswer) -> Chunking | None:
+    c = ix.chunking
+    if c is None:
+        return None
+    answering = Chunks(size=c.answering.size, overlap=c.answering.overlap)
+    if c.next is None:
+        return Chunking(answering=answering)
+    following = Chunks(size=c.next.size, overlap=c.next.overlap)
+    return Chunking(answering=answering, next=following, done=c.done, total=c.total)
 
 
 def compose(
@@ -200,6 +214,8 @@ def compose(
     progress = None
     if ix is not None and ix.embedding is not None and ix.embedding.next is not None:
         progress = f"{ix.embedding.done}/{ix.embedding.total} chunks"
+    elif ix is not None and ix.chunking is not None and ix.chunking.next is not None:
+        progress = f"{ix.chunking.done}/{ix.chunking.total} documents"
     elif ix is not None and ix.phase == "indexing" and ix.pass_total:
         progress = f"{ix.pass_done}/{ix.pass_total}"
     return KnowledgeBaseStatus(

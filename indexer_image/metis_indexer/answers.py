@@ -12,11 +12,12 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import peers
+from metis_indexer import peers, rechunk
 from metis_indexer.config import IndexerConfig
 from metis_indexer.configured import Configured
 from metis_indexer.errors import BadRequest, Refusal, Unavailable
 from metis_indexer.index import store
+from metis_indexer.index.memory import Index
 from metis_indexer.ingest.runner import now
 from metis_indexer.metrics import Metrics
 from metis_indexer.models.clients import ModelUnavailable
@@ -74,6 +75,10 @@ class Answers:
         """`POST /v1/vectors`: the vectors of the asked passages this index holds, of the
         asked model only; none, saying why, where its vectors are not that model's."""
         index = self._passes.index
+        with index.serve():
+            return await self._vectors(index, req)
+
+    async def _vectors(self, index: Index, req: VectorsRequest) -> VectorsAnswer:
         embedder = self._configured.embedder
         configured = None if embedder is None else embedder.model
         settings = await asyncio.to_thread(index.settings) if self.loaded else None
@@ -115,6 +120,17 @@ class Answers:
             }
         elif embedder is not None and embedder.model is not None:
             embedding = {"answering": embedder.model, "next": None, "done": 0, "total": 0}
+        chunking: dict[str, object] | None = None
+        if (building := self._passes.building) is not None:
+            done, total = self._passes.building_progress()
+            chunking = {
+                "answering": _chunks(rechunk.chunking(building.old)),
+                "next": _chunks(rechunk.chunking(building.new)),
+                "done": done,
+                "total": total,
+            }
+        elif (chunks_of := self._passes.chunks_of) is not None:
+            chunking = {"answering": _chunks(chunks_of), "next": None, "done": 0, "total": 0}
         return StatusAnswer.model_validate(
             {
                 "name": config.name,
@@ -131,6 +147,7 @@ class Answers:
                 "vectors": index.vector_kind,
                 "embedding_model": None if embedder is None else embedder.model,
                 "embedding": embedding,
+                "chunking": chunking,
                 "reranker": None if reranker is None else reranker.name,
                 "skipped": dict(sorted(s.skipped.items())),
                 "revisions": dict(config.revisions),
@@ -142,6 +159,7 @@ class Answers:
                 "searches": self.recent.account(time.monotonic()),
                 "vectors_from_peers": self._passes.vectors_from_peers,
                 "vectors_from_model": self._passes.vectors_from_model,
+                "vectors_kept": self._passes.vectors_kept,
             }
         )
 
@@ -216,8 +234,10 @@ class Answers:
 
     async def _searched(self, req: SearchRequest, models: hybrid.Models) -> SearchAnswer:
         """A search of the index; damage it meets is a 503 and schedules the rebuild."""
+        index = self._passes.index
         try:
-            return await hybrid.search(self._passes.index, req, models, self.empty_warning())
+            with index.serve():
+                return await hybrid.search(index, req, models, self.empty_warning())
         except sqlite3.DatabaseError as e:
             if store.trouble(e) != "damaged":
                 raise
@@ -286,3 +306,8 @@ class Answers:
 
         ways = evaluation.ways(has_embedder, self._configured.reranker is not None)
         return await evaluation.evaluate(cases, k, ask, ways, now)
+
+
+def _chunks(chunking: tuple[int, int]) -> dict[str, int]:
+    size, overlap = chunking
+    return {"size": size, "overlap": overlap}

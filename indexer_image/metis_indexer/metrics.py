@@ -31,6 +31,7 @@ class Metrics:
     staged_chunks: Counter
     vectors_from_peers: Counter
     vectors_from_model: Counter
+    vectors_kept: Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -115,6 +116,12 @@ class Metrics:
             vectors_from_model=Counter(
                 "metis_vectors_from_model_total",
                 "Passages the passes sent to the embedding model.",
+                registry=r,
+            ),
+            vectors_kept=Counter(
+                "metis_vectors_kept_total",
+                "Passages of a new chunking's index whose vectors the index it replaces held "
+                "(cut the same: not sent to the model).",
                 registry=r,
             ),
         )

@@ -6,8 +6,10 @@ embedding, writing). When the embedding model does not answer, the pass waits
 damaged index is moved aside and rebuilt from the sources (it is derived data), whether the
 damage was met by a pass, a search or the integrity check. A new embedding model's vectors
 are made from the stored chunks beside the ones that answer, and switched to at once
-(`restage`). A source whose listing does not finish (a hung drive) stops the pass, which
-waits and is tried again, its files kept, with one listing of it in flight at most.
+(`restage`); a new chunking's index is built beside the one that answers, and answers in
+its place once complete (`rechunk`). A source whose listing does not finish (a hung drive)
+stops the pass, which waits and is tried again, its files kept, with one listing of it in
+flight at most.
 """
 
 from __future__ import annotations
@@ -19,15 +21,16 @@ import functools
 import logging
 import sqlite3
 import time
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import peers, restage
+from metis_indexer import peers, rechunk, restage
 from metis_indexer.config import EmbeddingConfig
 from metis_indexer.configured import Configured, embedding_client
 from metis_indexer.errors import Conflict
-from metis_indexer.index import store, texts
+from metis_indexer.index import folders, store, texts
 from metis_indexer.index.memory import Index, IndexSettings
 from metis_indexer.ingest import plan
 from metis_indexer.ingest.readers.pool import FileThreads, ReaderPool
@@ -42,6 +45,11 @@ log = logging.getLogger("metis.indexer")
 PASSED = "first_pass_ended_at"
 """The index's meta key that says it has had one whole pass (when the first ended)."""
 
+RETIRE_SECONDS = 60.0
+"""How long an index another took the place of stays open for the searches still answering
+from it (a search waits for its models a few seconds at most); then it is closed anyway."""
+RETIRE_LOOK = 0.05
+"""Seconds between looks at whether those searches have ended."""
 LISTING_SECONDS = 900.0
 """How long a pass waits for the listing of its sources before it stops and is tried
 again. Listing the 19,546 files of a documentation corpus takes 0.75 s here: a quarter of
@@ -67,8 +75,12 @@ class Passes:
         self._watch = watch
         self._metrics = metrics
         config = configured.config
-        self.index = Index(config.index_dir, config.vectors)
-        """The index searches read; a rebuild replaces it."""
+        self.index = Index(folders.live(config.index_dir), config.vectors)
+        """The index searches read; a rebuild, or a new chunking's built beside, replaces it."""
+        self.building: rechunk.Building | None = None
+        """A new chunking's index being built beside the one that answers."""
+        self.chunks_of: tuple[int, int] | None = None
+        """The chunk size and overlap the answering index was built with (None: not yet)."""
         self.loaded = False
         """Whether the index is loaded: searches are answered from then on."""
         self.notes: list[str] = []
@@ -91,8 +103,12 @@ class Passes:
         """The vectors this index gives its peers."""
         self._peers = peers.PeerVectors(token)
         """Asks the peers (with the base's token) before passages go to the model."""
+        self._kept = peers.HeldVectors()
+        """The vectors of the index that answers, found by passage hash, while a new
+        chunking's is built: a passage cut the same keeps its vector."""
         self.vectors_from_peers = 0
         self.vectors_from_model = 0
+        self.vectors_kept = 0
 
     def answering_now(self) -> restage.Answering | None:
         """The model whose vectors answer while a new one's are made; None from the moment
@@ -134,9 +150,14 @@ class Passes:
 
     def _check_and_load(self) -> None:
         self.index.store.check()
+        self._loaded()
+
+    def _loaded(self) -> None:
         self.index.load()
         self.index.settle()
         meta = self.index.store.meta()
+        settings = IndexSettings.from_meta(meta)
+        self.chunks_of = None if settings is None else rechunk.chunking(settings)
         # An index made before `PASSED` was kept has had its passes where it holds chunks:
         # a base going from one replica to two must not take its only answering pod out
         # of its Service until a pass ends.
@@ -150,9 +171,10 @@ class Passes:
         aside = await asyncio.to_thread(self.index.store.move_aside)
         await self._drop_answering()
         config = self._configured.config
-        self.index = Index(config.index_dir, config.vectors)
+        self.index = Index(self.index.folder, config.vectors)
         await asyncio.to_thread(self.index.load)
         self.passed = False
+        self.chunks_of = None
         self._metrics.index_rebuilds.inc()
         self._progress.rebuilding = (
             f"rebuilding the index from the sources: it was damaged ({error}); "
@@ -164,6 +186,37 @@ class Passes:
         )
         self.damage = self._damage_error = None
         self._progress.set_phase("loading", "")
+
+    async def reopen(self) -> None:
+        """The index that answers loaded again, from the folder the pointer names now: the
+        indexer that wrote it while this one stood by may have built another since."""
+        folder = await asyncio.to_thread(folders.live, self._configured.config.index_dir)
+        if folder == self.index.folder:
+            await asyncio.to_thread(self._loaded)
+            return
+        old = self.index
+        self.index = Index(folder, self._configured.config.vectors)
+        await asyncio.to_thread(self._loaded)
+        await self._retire(old, remove=False)  # its files are the writer's to remove
+
+    async def _retire(self, old: Index, remove: bool) -> None:
+        """Close an index another took the place of, once no search answers from it (at
+        most `RETIRE_SECONDS`); `remove`: its files too (the writer's to do)."""
+        deadline = time.monotonic() + RETIRE_SECONDS
+        while old.serving and time.monotonic() < deadline:
+            await asyncio.sleep(RETIRE_LOOK)
+        await asyncio.to_thread(old.writes_done)
+        await asyncio.to_thread(old.store.retire)
+        if remove:
+            await asyncio.to_thread(folders.remove, self._configured.config.index_dir, old.folder)
+
+    def _remove_left_over(self, building: Path | None = None) -> None:
+        """What a kill or a switch left on the index drive besides the index that answers
+        (and the one being built): the writer's to do, before a pass."""
+        index_dir = self._configured.config.index_dir
+        for folder in folders.left_over(index_dir, self.index.folder, building):
+            log.info("removing %s: an index no longer answering or built", folder)
+            folders.remove(index_dir, folder)
 
     def damaged(self, error: sqlite3.DatabaseError, found_by: str) -> None:
         """Damage met outside the pass loop: counted each time, said in the status, and the
@@ -240,7 +293,7 @@ class Passes:
 
     def _stopped_because(self, e: Exception) -> str:
         """The reason a pass that broke shows; it is tried again after a while."""
-        if isinstance(e, (restage.NoRoom, plan.ListingHung)):
+        if isinstance(e, (restage.NoRoom, rechunk.NoRoom, plan.ListingHung)):
             log.warning("%s", e)
             return str(e)
         if store.trouble(e) == "full":
@@ -264,6 +317,14 @@ class Passes:
             if not await self._restage(current, settings, pool):
                 return  # the configuration changed meanwhile: the pass it asked for runs next
             current = self.index.settings()
+        built_beside = rechunk.needs_building(current, settings, self.index.chunk_count)
+        if built_beside:
+            assert current is not None
+            if not await self._build_beside(current, settings, pool):
+                return  # the configuration changed meanwhile: the pass it asked for runs next
+            current = self.index.settings()
+        else:
+            await asyncio.to_thread(self._remove_left_over)
         if current != settings:
             if current is not None and self.index.chunk_count:
                 again = (
@@ -273,8 +334,10 @@ class Passes:
                 )
                 log.info("index built with %s; now %s: %s", current, settings, again)
             await asyncio.to_thread(self.index.adopt, settings)
+        self.chunks_of = rechunk.chunking(settings)
         await self._answered_by_configured()
-        planned = await self._read(settings, full, pool, self._embed)
+        if not built_beside:  # else its last round was this pass's reading
+            await self._read(settings, full, pool, self._embed)
         await asyncio.to_thread(self.index.settle)
         state.last_indexed_at = now()
         if not self.passed:
@@ -294,26 +357,33 @@ class Passes:
             time.monotonic() - started,
             state.read,
             state.unchanged,
-            len(planned.to_drop),
+            state.dropped,
         )
 
     async def _read(
-        self, settings: IndexSettings, full: bool, pool: ReaderPool, embed: Embed
+        self,
+        settings: IndexSettings,
+        full: bool,
+        pool: ReaderPool,
+        embed: Embed,
+        index: Index | None = None,
     ) -> plan.Plan:
-        """What changed in the sources read (the files built otherwise than `settings` say
-        too; `full`: every file), its chunks embedded by `embed`, and what is gone dropped."""
+        """What changed in the sources read into `index` (the one that answers unless
+        said: the files built otherwise than `settings` say too; `full`: every file), its
+        chunks embedded by `embed`, and what is gone dropped."""
+        index = index or self.index
         state = self._progress.state
         listing = await self._scan(pool.files)
         state.skipped = dict(listing.skipped)
         state.problems = list(listing.problems)
-        known = {(f.record.source, f.record.path): f.record for f in self.index.files.values()}
+        known = {(f.record.source, f.record.path): f.record for f in index.files.values()}
         planned = plan.plan(listing, known, settings, full)
-        await asyncio.to_thread(self.index.drop_files, planned.to_drop)
+        await asyncio.to_thread(index.drop_files, planned.to_drop)
         state.total, state.done = len(planned.to_read), 0
         state.read = state.unchanged = 0
         state.dropped = len(planned.to_drop)
         self._progress.set_phase("indexing" if planned.to_read else "scanning", "")
-        runner = Runner(self.index, pool, embed, state, self._progress.publish)
+        runner = Runner(index, pool, embed, state, self._progress.publish)
         await runner.run(planned.to_read, known, full, settings)
         return planned
 
@@ -538,6 +608,121 @@ class Passes:
             return [v for part in parts for v in part]
         return [None] * len(passages) if vectors is None else list(vectors)
 
+    # -- a new chunking -------------------------------------------------------------------
+
+    def building_progress(self) -> tuple[int, int]:
+        """Documents the new chunking's index holds, and of how many it is built (those it
+        holds and those the pass has still to read)."""
+        building, state = self.building, self._progress.state
+        if building is None:
+            return 0, 0
+        held = len(building.index.files)
+        return held, held + max(0, state.total - state.done)
+
+    async def _build_beside(
+        self, current: IndexSettings, settings: IndexSettings, pool: ReaderPool
+    ) -> bool:
+        """The new chunking's index built in a folder of its own (resumed where a stop left
+        it) while the one that answers goes on answering, then answering in its place: the
+        answering index is brought up to date first, and the new one read again until a
+        round finds nothing changed, up to `rechunk.ROUNDS` times. False where the
+        configuration changed meanwhile (nothing switched; what is built is kept)."""
+        index_dir = self._configured.config.index_dir
+        answering = self.index
+        folder = await asyncio.to_thread(folders.beside, index_dir, answering.folder)
+        await asyncio.to_thread(self._remove_left_over, folder)
+        new = await self._opened_beside(folder, settings)
+        self.building = rechunk.Building(current, settings, new)
+        self._progress.changing = rechunk.reason(current, settings)
+        started, kept, asked = time.monotonic(), self.vectors_kept, self.vectors_from_model
+        log.info(
+            "%s now; the index holds %s: building it beside the one that answers, in %s "
+            "(%d documents built)",
+            rechunk.described(settings),
+            rechunk.described(current),
+            folder,
+            len(new.files),
+        )
+        switched, read, dropped = False, 0, 0
+        state = self._progress.state
+        try:
+            await self._read(current, False, pool, self._embed)
+            embed = functools.partial(self._embed, reuse=answering.store)
+            for _ in range(rechunk.ROUNDS):
+                await self._check_room_beside(self.building)
+                planned = await self._read(settings, False, pool, embed, new)
+                read, dropped = read + state.read, dropped + state.dropped
+                chunking = self._configured.config.chunking
+                if (chunking.size, chunking.overlap) != rechunk.chunking(settings):
+                    return False
+                if not planned.to_read and not planned.to_drop:
+                    break
+            await asyncio.to_thread(new.settle)
+            await asyncio.to_thread(new.store.set_meta, self._answering_meta())
+            await asyncio.to_thread(folders.publish, index_dir, folder)
+            self.index, switched = new, True
+            state.read, state.dropped = read, dropped
+        finally:
+            self.building = None
+            self._progress.changing = ""
+            self._kept = peers.HeldVectors()
+            if not switched:  # a write cancelled mid-way may still run in its thread
+                await asyncio.to_thread(new.writes_done)
+                await asyncio.to_thread(new.store.close)
+        self.chunks_of = rechunk.chunking(settings)
+        log.info(
+            "switched to the index of %s: %d documents in %.1f s; %d passages kept their "
+            "vectors, %d were sent to the model",
+            rechunk.described(settings),
+            len(new.files),
+            time.monotonic() - started,
+            self.vectors_kept - kept,
+            self.vectors_from_model - asked,
+        )
+        await self._retire(answering, remove=True)
+        return True
+
+    async def _opened_beside(self, folder: Path, settings: IndexSettings) -> Index:
+        """The index a build resumes in `folder` (one a stop left, if built with these
+        settings; else an empty one)."""
+        config = self._configured.config
+        new = Index(folder, config.vectors)
+        await asyncio.to_thread(new.load)
+        built = await asyncio.to_thread(new.settings)
+        if built is not None and built != settings:
+            log.info("%s holds an index of other settings (%s): building anew", folder, built)
+            await asyncio.to_thread(new.store.close)
+            await asyncio.to_thread(folders.remove, config.index_dir, folder)
+            new = Index(folder, config.vectors)
+            await asyncio.to_thread(new.load)
+            built = None
+        if built is None:
+            await asyncio.to_thread(new.adopt, settings)
+        return new
+
+    def _answering_meta(self) -> dict[str, str]:
+        """What an index built beside records once it answers: it has had a whole pass, and
+        the endpoint its vectors are of."""
+        endpoint = self._configured.config.embedding
+        meta = {PASSED: now()}
+        if endpoint is not None:
+            meta.update(restage.endpoint_meta(endpoint))
+        return meta
+
+    async def _check_room_beside(self, building: rechunk.Building) -> None:
+        """rechunk.NoRoom (the pass waits, and is tried again) where the rest of the new
+        index does not fit on the index drive."""
+        index_dir = self._configured.config.index_dir
+        answering, built = await asyncio.gather(
+            asyncio.to_thread(folders.size, index_dir, self.index.folder),
+            asyncio.to_thread(folders.size, index_dir, building.index.folder),
+        )
+        needed = rechunk.megabytes(answering, built, building.old, building.new)
+        free = store.free_megabytes(index_dir)
+        why = rechunk.no_room(needed, free, building.old, building.new)
+        if why is not None:
+            raise rechunk.NoRoom(why)
+
     async def _settings(self) -> IndexSettings:
         """What the index must be built with now: waits for the embedding model."""
         chunking = self._configured.config.chunking
@@ -555,19 +740,40 @@ class Passes:
             except ModelUnavailable as e:
                 await self._watch.wait_for(e)
 
-    async def _embed(self, passages: list[str]) -> npt.NDArray[np.float32] | None:
-        """Vectors of a document's passages: those the peers give, and the model's of the
-        rest; waits (phase `waiting`) while the model is away."""
+    async def _embed(
+        self, passages: list[str], reuse: store.Store | None = None
+    ) -> npt.NDArray[np.float32] | None:
+        """Vectors of a document's passages: those the index `reuse` holds (the one a new
+        chunking's replaces), then those the peers give, and the model's of the rest;
+        waits (phase `waiting`) while the model is away."""
         embedder = self._configured.embedder
         if embedder is None:
             return None
-        found = await self._from_peers(embedder, passages)
+        found = {} if reuse is None else await self._kept_vectors(embedder, reuse, passages)
+        rest = peers.left_to_embed(len(passages), found)
+        given = await self._from_peers(embedder, [passages[i] for i in rest])
+        found.update((rest[at], row) for at, row in given.items())
         if not found:
             return await self._embedded(passages)
         rest = peers.left_to_embed(len(passages), found)
         embedded = await self._embedded([passages[i] for i in rest]) if rest else None
         assert embedder.dimensions is not None
         return peers.merged(len(passages), embedder.dimensions, found, rest, embedded)
+
+    async def _kept_vectors(
+        self, embedder: EmbeddingClient, reuse: store.Store, passages: list[str]
+    ) -> dict[int, npt.NDArray[np.float32]]:
+        """The vectors `reuse` holds of passages, by position (its vectors are this model's:
+        a new chunking is built only once they are)."""
+        model, dimensions = embedder.model, embedder.dimensions
+        if model is None or dimensions is None or not passages:
+            return {}
+        prefix = embedder.document_prefix
+        hashes = [peers.passage_hash(prefix + p) for p in passages]
+        at, rows = await asyncio.to_thread(self._kept.find, reuse, prefix, hashes, dimensions)
+        self.vectors_kept += len(at)
+        self._metrics.vectors_kept.inc(len(at))
+        return {position: rows[i] for i, position in enumerate(at)}
 
     async def _from_peers(
         self, embedder: EmbeddingClient, passages: list[str]

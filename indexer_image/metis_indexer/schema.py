@@ -175,6 +175,33 @@ class EmbeddingState(BaseModel):
     """Chunks of the index (0 when no model's vectors are being made)."""
 
 
+class Chunks(BaseModel):
+    """How documents are cut: chunks of `size` characters, each repeating the last
+    `overlap` of the one before."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: int
+    overlap: int
+
+
+class ChunkingState(BaseModel):
+    """Which chunking's index answers, and how far an index of a new chunking is built
+    (beside the one that answers, which it takes the place of at once when complete)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    answering: Chunks
+    """The chunking of the index that answers searches now."""
+    next: Chunks | None
+    """The chunking of the index being built; null when none is."""
+    done: int
+    """Documents the new index holds."""
+    total: int
+    """Documents it is built of: those it holds and those still to read (0 when none is
+    built)."""
+
+
 class Searches(BaseModel):
     """How the searches of the last `seconds` were answered. Each search counts once, by
     the worst that befell it; a refused one (4xx) is no search and is not counted."""
@@ -222,6 +249,9 @@ class StatusAnswer(BaseModel):
     embedding_model: str | None
     embedding: EmbeddingState | None = None
     """Which model answers, and how far a new one is; null without an embedding model."""
+    chunking: ChunkingState | None = None
+    """Which chunking's index answers, and how far a new one is; null before the index
+    records one."""
     reranker: str | None
     skipped: dict[str, int]
     revisions: dict[str, str]
@@ -237,6 +267,9 @@ class StatusAnswer(BaseModel):
     """Passages whose vectors the base's other replicas gave, since the indexer started."""
     vectors_from_model: int = 0
     """Passages the embedding model was sent by the passes, since the indexer started."""
+    vectors_kept: int = 0
+    """Passages of a new chunking's index whose vectors the index it replaces held (cut
+    the same), since the indexer started."""
 
     @classmethod
     def read(cls, answer: object) -> StatusAnswer:

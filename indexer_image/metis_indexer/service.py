@@ -148,5 +148,5 @@ class Indexer:
         while not self._take_index():
             await asyncio.sleep(STANDBY_LOOK)
         log.info("the other indexer stopped: taking over the index")
-        await asyncio.to_thread(self.passes.index.load)
+        await self.passes.reopen()
         self.progress.set_phase("loading", "")

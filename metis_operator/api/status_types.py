@@ -39,6 +39,27 @@ class Embedding(_Status):
     )
 
 
+class Chunks(_Status):
+    size: int = Field(description="Characters a chunk holds at most.")
+    overlap: int = Field(description="Characters each chunk repeats of the one before.")
+
+
+class Chunking(_Status):
+    answering: Chunks | None = Field(
+        default=None, description="The chunking of the index that answers searches now."
+    )
+    next: Chunks | None = Field(
+        default=None,
+        description="A new chunking whose index is built beside the one that answers (it "
+        "takes its place at once when complete); absent when none is.",
+    )
+    done: int | None = Field(default=None, description="Documents the new index holds.")
+    total: int | None = Field(
+        default=None,
+        description="Documents the new index is built of (those it holds and those still to read).",
+    )
+
+
 class IndexTotals(_Status):
     phase: str | None = Field(
         default=None,
@@ -67,6 +88,10 @@ class IndexTotals(_Status):
     embedding: Embedding | None = Field(
         default=None,
         description="Which embedding model answers, and how far a new one's vectors are made.",
+    )
+    chunking: Chunking | None = Field(
+        default=None,
+        description="Which chunking's index answers, and how far the index of a new one is built.",
     )
 
 

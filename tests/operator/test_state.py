@@ -404,6 +404,28 @@ CASES = [
         "searches meanwhile (40 of 120 chunks)",
     ),
     (
+        "new-chunking-built-beside",
+        given(
+            generation=3,
+            indexer=ix(
+                "indexing",
+                generation=3,
+                indexed_generation=2,
+                chunking={
+                    "answering": {"size": 1200, "overlap": 200},
+                    "next": {"size": 800, "overlap": 100},
+                    "done": 7,
+                    "total": 18,
+                },
+                searches=searches(28, 12, reason=SLOW),
+            ),
+        ),
+        State.INDEXING,
+        "building the index of chunks of 800 characters (overlap 100) beside the one of "
+        "chunks of 1200 (overlap 200), which answers searches meanwhile (7 of 18 documents); "
+        f"{BUT}",
+    ),
+    (
         "new-generation-not-indexed-yet",
         given(generation=3, indexer=ix("ready", generation=3, indexed_generation=2, passes=4)),
         State.INDEXING,

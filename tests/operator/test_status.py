@@ -174,6 +174,20 @@ def test_a_new_models_vectors_made_beside_show_which_answers_and_how_far() -> No
     assert "progress" not in s
 
 
+def test_a_new_chunkings_index_built_beside_shows_which_answers_and_how_far() -> None:
+    old, new = {"size": 1200, "overlap": 200}, {"size": 1600, "overlap": 200}
+    chunking = {"answering": old, "next": new, "done": 12, "total": 300}
+    o = Observation(indexer=indexer_status(phase="indexing", pass_total=288, chunking=chunking))
+    s = compose({}, verdict=Verdict(State.INDEXING, "building"), o=o)
+    assert s["observed"]["index"]["chunking"] == chunking
+    assert s["progress"] == "12/300 documents", "the whole build, not the pass's part of it"
+    switched = {"answering": new, "next": None, "done": 0, "total": 0}
+    o = Observation(indexer=indexer_status(phase="ready", chunking=switched))
+    s = compose({}, o=o)
+    assert s["observed"]["index"]["chunking"] == {"answering": new}
+    assert "progress" not in s
+
+
 def test_totals_survive_a_moment_without_the_indexer_but_its_phase_does_not() -> None:
     before = compose({})
     s = compose(before, verdict=Verdict(State.STARTING, "a replacement"), o=Observation())

@@ -208,6 +208,9 @@ class Index:
         under the lock: a question embedded before is not ranked against them."""
         self._vectors_of: tuple[str, int] | None = None
         """The model and dimensions the vectors held are of."""
+        self.serving = 0
+        """Searches (and peers' questions) answering from it now, on the event loop: an
+        index another takes the place of is closed once none is (`serve`)."""
         self._clear_memory()
 
     def _clear_memory(self) -> None:
@@ -228,6 +231,15 @@ class Index:
         self.dead = 0
         self.failed_files = 0
         """Files recorded as failed: kept as files come and go, as status reads it often."""
+
+    @contextlib.contextmanager
+    def serve(self) -> Iterator[None]:
+        """Around whatever answers from it, on the event loop (`serving`)."""
+        self.serving += 1
+        try:
+            yield
+        finally:
+            self.serving -= 1
 
     # -- loading ---------------------------------------------------------------------------
 

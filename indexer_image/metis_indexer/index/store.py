@@ -425,6 +425,9 @@ class Store:
         self._checkpointer = Checkpointer(self._connect)
         self._swept: dict[str, tuple[object, ...]] = {}
         """Where the integrity check's last look stopped, by what it walks (`SWEEPS`)."""
+        self._retired = False
+        """Whether another index answers in its place: its files are removed, and opening
+        it again would make an empty one there."""
 
     @property
     def _writer(self) -> sqlite3.Connection:
@@ -436,6 +439,8 @@ class Store:
         with self._open_lock:
             if self._conn is not None:
                 return self._conn
+            if self._retired:
+                raise StoreUnavailable(f"the index {self.path} was replaced by another")
             try:
                 self.folder.mkdir(parents=True, exist_ok=True)
                 conn = self._connect()
@@ -506,6 +511,12 @@ class Store:
         self._connections.clear()
         self._conn = None
         self._local = threading.local()
+
+    def retire(self) -> None:
+        """Closes it for good: another index answers in its place."""
+        with self._open_lock:
+            self._retired = True
+        self.close()
 
     def move_aside(self) -> Path:
         """Moves a damaged index out of the way (closing it first); where it went."""
