@@ -293,7 +293,7 @@ class Passes:
 
     def _stopped_because(self, e: Exception) -> str:
         """The reason a pass that broke shows; it is tried again after a while."""
-        if isinstance(e, (restage.NoRoom, rechunk.NoRoom, plan.ListingHung)):
+        if isinstance(e, (restage.NoRoom, rechunk.NoRoom, rechunk.BuildDamaged, plan.ListingHung)):
             log.warning("%s", e)
             return str(e)
         if store.trouble(e) == "full":
@@ -650,7 +650,13 @@ class Passes:
             embed = functools.partial(self._embed, reuse=answering.store)
             for _ in range(rechunk.ROUNDS):
                 await self._check_room_beside(self.building)
-                planned = await self._read(settings, False, pool, embed, new)
+                try:
+                    planned = await self._read(settings, False, pool, embed, new)
+                except sqlite3.DatabaseError as e:
+                    if store.trouble(e) != "damaged":
+                        raise
+                    await self._give_up(new)  # the index that answers is not the damaged one
+                    raise rechunk.BuildDamaged(e) from None
                 read, dropped = read + state.read, dropped + state.dropped
                 chunking = self._configured.config.chunking
                 if (chunking.size, chunking.overlap) != rechunk.chunking(settings):
@@ -682,20 +688,30 @@ class Passes:
         await self._retire(answering, remove=True)
         return True
 
+    async def _give_up(self, new: Index) -> None:
+        """A build that cannot go on: its folder removed, the next pass starts it anew."""
+        await asyncio.to_thread(new.writes_done)
+        await asyncio.to_thread(new.store.close)
+        await asyncio.to_thread(folders.remove, self._configured.config.index_dir, new.folder)
+
     async def _opened_beside(self, folder: Path, settings: IndexSettings) -> Index:
         """The index a build resumes in `folder` (one a stop left, if built with these
-        settings; else an empty one)."""
-        config = self._configured.config
-        new = Index(folder, config.vectors)
-        await asyncio.to_thread(new.load)
-        built = await asyncio.to_thread(new.settings)
+        settings and not damaged; else an empty one)."""
+        new = Index(folder, self._configured.config.vectors)
+        try:
+            await asyncio.to_thread(new.store.check)
+            await asyncio.to_thread(new.load)
+            built = await asyncio.to_thread(new.settings)
+        except sqlite3.DatabaseError as e:
+            if store.trouble(e) != "damaged":
+                raise
+            log.warning("the index being built in %s is damaged (%s): building it anew", folder, e)
+            await self._give_up(new)
+            return await self._opened_beside(folder, settings)
         if built is not None and built != settings:
             log.info("%s holds an index of other settings (%s): building anew", folder, built)
-            await asyncio.to_thread(new.store.close)
-            await asyncio.to_thread(folders.remove, config.index_dir, folder)
-            new = Index(folder, config.vectors)
-            await asyncio.to_thread(new.load)
-            built = None
+            await self._give_up(new)
+            return await self._opened_beside(folder, settings)
         if built is None:
             await asyncio.to_thread(new.adopt, settings)
         return new
@@ -770,7 +786,11 @@ class Passes:
             return {}
         prefix = embedder.document_prefix
         hashes = [peers.passage_hash(prefix + p) for p in passages]
-        at, rows = await asyncio.to_thread(self._kept.find, reuse, prefix, hashes, dimensions)
+        try:
+            at, rows = await asyncio.to_thread(self._kept.find, reuse, prefix, hashes, dimensions)
+        except sqlite3.DatabaseError as e:  # the answering index's: a search or check meets it
+            log.warning("cannot read the vectors the index holds (%s): the model embeds them", e)
+            return {}
         self.vectors_kept += len(at)
         self._metrics.vectors_kept.inc(len(at))
         return {position: rows[i] for i, position in enumerate(at)}

@@ -37,6 +37,17 @@ class NoRoom(Exception):
     answers: the change waits for room, and the old index goes on answering."""
 
 
+class BuildDamaged(Exception):
+    """The index being built beside was damaged: it is removed and built again, while the
+    one that answers goes on answering (it is not rebuilt: the damage is not its)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(
+            f"the index being built beside the one that answers was damaged ({error}): it "
+            "is built again"
+        )
+
+
 def needs_building(current: IndexSettings | None, wanted: IndexSettings, chunks: int) -> bool:
     """Whether a change is built beside the index that answers: the chunking changed, the
     model did not (a new model's vectors are made first, `restage`), and the index holds

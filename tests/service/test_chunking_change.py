@@ -19,6 +19,7 @@ import pytest
 from metis_indexer.ingest.chunking import chunk_document
 from metis_indexer.ingest.readers import kind_of, read_document
 from tests.service.test_faults import mount_tmpfs
+from tests.service.test_live_damage import damage_chunk_pages
 from tests.support import layered_model
 from tests.support.model_server import ModelServer
 from tests.support.processes import Process, free_port, metis, running, wait_ready
@@ -242,3 +243,39 @@ def test_a_build_that_does_not_fit_on_the_drive_waits_while_the_old_index_answer
     finally:
         model.stop()
         subprocess.run(["umount", "-l", str(index)], check=False)
+
+
+def test_a_build_left_damaged_is_built_anew_and_the_index_that_answers_is_kept(tmp_path):
+    """Killed mid-build, the build's file then damaged (random bytes over its chunks'
+    pages): the next start answers from the old index, removes the damaged build and builds
+    it anew; the old index is not moved aside nor rebuilt, the damage not being its."""
+    drives = sources(tmp_path)
+    config, index = tmp_path / "config.json", tmp_path / "index"
+    model = layered_model.start(tmp_path / "layered")
+    port = free_port()
+    try:
+        configure(config, drives, index, model.base_url, port, OLD)
+        p = served(config, port)
+        with running(p):
+            first = wait_ready(p)
+            allow(model, counts(model)["passages"] + 30)
+            configure(config, drives, index, model.base_url, port, NEW)
+            p.wait_status("the new index built in part", building)
+            p.kill()
+        assert damage_chunk_pages(index / "index-1" / "index.sqlite3", pages=3)
+        allow(model)
+        with running(p):
+            ready = p.wait_status(
+                "the new index answering",
+                lambda s: (
+                    s["phase"] == "ready" and (s.get("chunking") or {}).get("answering") == NEW
+                ),
+            )
+            assert ready["documents"] == first["documents"]
+            assert ready["last_pass"]["read"] == first["documents"] + first["failed"], "anew"
+            assert "is damaged" in p.log() and "building it anew" in p.log()
+            assert_by_meaning(p)
+    finally:
+        model.stop()
+    assert not list(index.glob("*.damaged*")), "the answering index was not moved aside"
+    assert (index / "live-index").read_text().strip() == "index-1"
