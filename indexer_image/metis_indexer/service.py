@@ -28,6 +28,7 @@ from metis_indexer.answers import Answers
 from metis_indexer.config import IndexerConfig
 from metis_indexer.configured import Configured
 from metis_indexer.following import Follower
+from metis_indexer.index import folders
 from metis_indexer.index.memory import Totals
 from metis_indexer.ingest.readers.pool import ReaderPool
 from metis_indexer.metrics import Metrics
@@ -145,7 +146,12 @@ class Indexer:
             "another indexer is writing this index; searches are answered from it "
             "until that one stops",
         )
+        index_dir = self.configured.config.index_dir
         while not self._take_index():
+            # The writer built a new chunking's index beside and switched to it: its old
+            # files are removed once its own searches on them end.
+            if await asyncio.to_thread(folders.live, index_dir) != self.passes.index.folder:
+                await self.passes.reopen()
             await asyncio.sleep(STANDBY_LOOK)
         log.info("the other indexer stopped: taking over the index")
         await self.passes.reopen()

@@ -279,3 +279,49 @@ def test_a_build_left_damaged_is_built_anew_and_the_index_that_answers_is_kept(t
         model.stop()
     assert not list(index.glob("*.damaged*")), "the answering index was not moved aside"
     assert (index / "live-index").read_text().strip() == "index-1"
+
+
+def test_an_indexer_standing_by_follows_the_switch_to_the_index_built_beside(tmp_path):
+    """Two indexers on one index folder (a replacement beside the pod it replaces): the
+    writer builds the new chunking and switches; the one standing by answers from the new
+    index from then on, before it takes over."""
+    drives = sources(tmp_path)
+    index = tmp_path / "index"
+    model = layered_model.start(tmp_path / "layered")
+    ports = free_port(), free_port()
+    configs = tmp_path / "writer.json", tmp_path / "standby.json"
+    try:
+        for config, port in zip(configs, ports, strict=True):
+            configure(config, drives, index, model.base_url, port, OLD)
+        writer, standby = (served(c, port) for c, port in zip(configs, ports, strict=True))
+        with running(writer):
+            first = wait_ready(writer)
+            with running(standby):
+                standby.wait_status("standby", lambda s: s["phase"] == "standby")
+                for config, port in zip(configs, ports, strict=True):
+                    configure(config, drives, index, model.base_url, port, NEW)
+                switched = wait_status_new(writer)
+                assert switched["chunks"] != first["chunks"]
+                followed = standby.wait_status(
+                    "the standby answering from the new index",
+                    lambda s: s["chunks"] == switched["chunks"],
+                )
+                assert followed["phase"] == "standby"
+                assert_by_meaning(standby)
+                writer.stop()
+                took_over = standby.wait_status(
+                    "the standby taking over",
+                    lambda s: s["phase"] == "ready" and s["passes"] >= 1,
+                )
+                assert took_over["chunking"]["answering"] == NEW
+                assert took_over["chunks"] == switched["chunks"]
+                assert took_over["last_pass"]["read"] == 0
+    finally:
+        model.stop()
+
+
+def wait_status_new(p: Process) -> dict[str, Any]:
+    return p.wait_status(
+        "the new index answering",
+        lambda s: s["phase"] == "ready" and (s.get("chunking") or {}).get("answering") == NEW,
+    )
