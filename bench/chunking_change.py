@@ -96,39 +96,62 @@ class Watch(threading.Thread):
             self.most_rss = max(self.most_rss, rss_mb(self.pid))
 
 
+CASES = [
+    json.loads(line)
+    for line in (HANDBOOK / ".metis" / "evals.jsonl").read_text().splitlines()
+    if line.strip()
+]
+
+
+def asked(client: httpx.Client, base_url: str, case: dict[str, Any]) -> str:
+    """How one search fared: failed, words (by words only), missed (its known document
+    out of the top 5) or answered."""
+    try:
+        r = client.post(f"{base_url}/v1/search", json={"query": case["question"], "top_k": 5})
+    except httpx.HTTPError:
+        return "failed"
+    if r.status_code != 200:
+        return "failed"
+    answer = r.json()
+    if answer["mode"] != "hybrid" or answer["warnings"]:
+        return "words"
+    cited = {f"{x['citation']['source']}/{x['citation']['document']}" for x in answer["results"]}
+    return "answered" if case["expected"][0] in cited else "missed"
+
+
+def missed_once(base_url: str) -> list[str]:
+    """The questions whose known document is out of the top 5, each asked once."""
+    with httpx.Client(timeout=30) as client:
+        return [c["question"] for c in CASES if asked(client, base_url, c) != "answered"]
+
+
 class Asker(threading.Thread):
-    """One client asking the handbook's questions in turn until stopped."""
+    """One client asking the handbook's questions in turn until stopped, counting how
+    each search fared in each part of the run (`part`)."""
 
     def __init__(self, base_url: str) -> None:
         super().__init__(daemon=True)
-        lines = (HANDBOOK / ".metis" / "evals.jsonl").read_text().splitlines()
-        self.cases = [json.loads(line) for line in lines if line.strip()]
         self.base_url = base_url
-        self.asked = self.failed = self.by_words = self.missed = 0
+        self.part = "before"
+        self.counts: dict[str, dict[str, int]] = {}
         self.stopped = threading.Event()
 
     def run(self) -> None:
+        n = 0
         with httpx.Client(timeout=10) as client:
             while not self.stopped.is_set():
-                case = self.cases[self.asked % len(self.cases)]
-                self.asked += 1
-                try:
-                    r = client.post(
-                        f"{self.base_url}/v1/search", json={"query": case["question"], "top_k": 5}
-                    )
-                except httpx.HTTPError:
-                    self.failed += 1
-                    continue
-                if r.status_code != 200:
-                    self.failed += 1
-                    continue
-                answer = r.json()
-                self.by_words += answer["mode"] != "hybrid" or bool(answer["warnings"])
-                cited = {
-                    f"{x['citation']['source']}/{x['citation']['document']}"
-                    for x in answer["results"]
-                }
-                self.missed += case["expected"][0] not in cited
+                part = self.part
+                fared = asked(client, self.base_url, CASES[n % len(CASES)])
+                n += 1
+                counts = self.counts.setdefault(part, {})
+                counts[fared] = counts.get(fared, 0) + 1
+
+    def said(self, part: str) -> str:
+        c = self.counts.get(part, {})
+        return (
+            f"{sum(c.values())}: {c.get('failed', 0)} failed, {c.get('words', 0)} by words "
+            f"only, {c.get('missed', 0)} with the known document out of the top 5"
+        )
 
 
 def until(p: Process, check: Any, timeout: float = 1800) -> dict[str, Any]:
@@ -156,8 +179,9 @@ def main() -> None:
         t0 = time.monotonic()
         with running(p):
             base = wait_ready(p, timeout=1800)
-        fresh_seconds = time.monotonic() - t0
-        fresh_bytes = drive_bytes(fresh)
+            fresh_seconds = time.monotonic() - t0
+            fresh_bytes = drive_bytes(fresh)
+            fresh_missed = missed_once(p.base_url)
 
         # The change: 1200/200, then 1600/200 while a client searches.
         config, index = work / "change.json", work / "index"
@@ -168,13 +192,14 @@ def main() -> None:
         with running(p):
             first = wait_ready(p, timeout=1800)
             before_bytes = drive_bytes(index)
+            old_missed = missed_once(p.base_url)
             assert p.proc is not None
             watch, asker = Watch(index, p.proc.pid), Asker(p.base_url)
             idle_rss = rss_mb(p.proc.pid)
             watch.start()
             asker.start()
             time.sleep(3)  # the load is steady before the change
-            asked_before = asker.asked
+            asker.part = "during"
             t0 = time.monotonic()
             configure(config, sources, index, model.base_url, port, NEW)
             done = until(
@@ -184,6 +209,7 @@ def main() -> None:
                 ),
             )
             change_seconds = time.monotonic() - t0
+            asker.part = "after"
             time.sleep(3)  # searches after the switch, by the new index alone
             asker.stopped.set()
             watch.stopped.set()
@@ -224,12 +250,13 @@ def main() -> None:
             f"{idle_rss:.0f} MB before, at most {watch.most_rss:.0f} MB",
         ),
         (
-            "searches during the change",
-            "",
-            f"{asker.asked - asked_before} (and {asked_before} before): {asker.failed} failed, "
-            f"{asker.by_words} by words only, {asker.missed} with the known document out of "
-            "the top 5",
+            "questions whose known document is out of the top 5, each asked once",
+            f"{len(fresh_missed)} of {len(CASES)} {fresh_missed}",
+            f"the old index: {len(old_missed)} of {len(CASES)} {old_missed}",
         ),
+        ("searches before the change", "", asker.said("before")),
+        ("searches during the change", "", asker.said("during")),
+        ("searches after the switch", "", asker.said("after")),
     ]
     lines = [
         "# A chunking change built beside the index that answers",
