@@ -5,24 +5,27 @@ whose requests can be held mid-build) as real processes over loopback."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import re
 import shutil
 import sqlite3
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from metis_indexer.ingest.chunking import chunk_document
 from metis_indexer.ingest.readers import kind_of, read_document
 from tests.service.test_faults import mount_tmpfs
 from tests.service.test_live_damage import damage_chunk_pages
+from tests.service.test_model_change import allow, counts, served
 from tests.support import layered_model
 from tests.support.model_server import ModelServer
-from tests.support.processes import Process, free_port, metis, running, wait_ready
+from tests.support.processes import Process, free_port, running, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDBOOK = ROOT / "examples" / "handbook"
@@ -75,20 +78,6 @@ def cut(drives: dict[str, Path], chunking: dict[str, int]) -> list[tuple[str, in
     return chunks
 
 
-def served(config: Path, port: int) -> Process:
-    log = config.parent / "indexer.log"
-    return Process(f"http://127.0.0.1:{port}", metis("serve", "--config", str(config)), log)
-
-
-def counts(server: ModelServer) -> dict[str, int]:
-    return httpx.get(f"{server.base_url}/counts", timeout=10).json()
-
-
-def allow(server: ModelServer, passages: int | None = None) -> None:
-    params = {} if passages is None else {"passages": passages}
-    httpx.post(f"{server.base_url}/allow", params=params, timeout=10).raise_for_status()
-
-
 def assert_by_meaning(p: Process) -> None:
     """Every question of the handbook answered by meaning and words, its document in the
     top 5."""
@@ -107,77 +96,32 @@ def building(s: dict[str, Any]) -> bool:
     return chunking.get("next") == NEW and chunking["done"] > 0
 
 
-def stored(folder: Path) -> tuple[int, int]:
-    """(chunks, chunks with a vector) of the index in `folder`."""
-    db = sqlite3.connect(folder / "index.sqlite3")
-    try:
-        return db.execute("SELECT COUNT(*), COUNT(vector) FROM chunks").fetchone()
-    finally:
-        db.close()
+@dataclasses.dataclass
+class Change:
+    """A running indexer whose chunking changed from OLD to NEW, the build held mid-way."""
+
+    p: Process
+    model: ModelServer
+    drives: dict[str, Path]
+    config: Path
+    index: Path
+    port: int
+    first: dict[str, Any]
+    """The status once the index of OLD chunks was ready."""
+    during: dict[str, Any]
+    """The status once the build was held."""
+
+    def configure(self, chunking: dict[str, int]) -> None:
+        configure(self.config, self.drives, self.index, self.model.base_url, self.port, chunking)
 
 
-def test_a_new_chunking_answers_from_the_old_index_until_built_and_a_kill_resumes_it(tmp_path):
-    drives = sources(tmp_path)
-    config, index = tmp_path / "config.json", tmp_path / "index"
-    model = layered_model.start(tmp_path / "layered")
-    port = free_port()
-    want = len(cut(drives, NEW))
-    same = len(set(cut(drives, OLD)) & set(cut(drives, NEW)))
-    assert same > 0, "some passages (the handbook's short sections) are cut the same"
-    try:
-        configure(config, drives, index, model.base_url, port, OLD)
-        p = served(config, port)
-        with running(p):
-            first = wait_ready(p)
-            assert first["chunking"] == {"answering": OLD, "next": None, "done": 0, "total": 0}
-            allow(model, counts(model)["passages"] + 30)  # the build holds after a few documents
-            configure(config, drives, index, model.base_url, port, NEW)
-            during = p.wait_status(
-                "the new index built in part", lambda s: building(s) and s["vectors_kept"] >= same
-            )
-            assert during["vectors_kept"] == same, "passages cut the same keep their vectors"
-            assert f"metis_vectors_kept_total {float(same)}" in p.get("/metrics").text
-            assert during["phase"] == "indexing" and "beside" in during["reason"], during
-            assert during["chunking"]["answering"] == OLD
-            assert during["chunking"]["total"] == first["documents"] + first["failed"]
-            assert (during["chunks"], during["documents"]) == (first["chunks"], first["documents"])
-            assert_by_meaning(p)  # from the old index, by meaning, throughout
-            assert (index / "index-1" / "index.sqlite3").exists()
-            assert not (index / "live-index").exists(), "the old index still answers"
-            built_before_kill = p.status()["chunking"]["done"]
-            p.kill()
-
-        with running(p):
-            resumed = p.wait_status("answering while the build resumes", building)
-            assert resumed["chunks"] == first["chunks"], "the old index answers after a kill"
-            assert_by_meaning(p)
-            allow(model)
-            ready = p.wait_status(
-                "the new index answering",
-                lambda s: s["phase"] == "ready" and s["chunking"]["next"] is None,
-            )
-            assert ready["chunking"]["answering"] == NEW
-            assert ready["documents"] == first["documents"]
-            assert ready["chunks"] == want > first["chunks"]
-            assert ready["last_pass"]["read"] <= ready["documents"] - built_before_kill, (
-                "what was built before the kill is not read again"
-            )
-            assert_by_meaning(p)
-            again = p.post("/v1/reindex", {})
-            assert again.status_code == 202
-            settled = wait_ready(p)
-            assert settled["passes"] > ready["passes"] and settled["chunks"] == want
-    finally:
-        model.stop()
-
-    assert (index / "live-index").read_text().strip() == "index-1"
-    assert not (index / "index.sqlite3").exists(), "the old index is removed"
-    assert stored(index / "index-1") == (want, want), "every chunk once, each with a vector"
-
-
-def test_a_chunking_change_back_before_the_build_ends_keeps_the_index_that_answers(tmp_path):
-    """Changed, then changed back while built: the build is given up, its folder removed,
-    and the index that answered answers on, read by nothing again."""
+@contextlib.contextmanager
+def held_mid_build(
+    tmp_path: Path, until: Callable[[dict[str, Any]], bool] = building
+) -> Iterator[Change]:
+    """The handbook and six PEPs indexed in chunks of OLD, then changed to NEW, the build
+    held at the model after a few more passages (once `until` holds): the handbook's
+    documents are built (their passages keep their vectors), the PEPs' wait."""
     drives = sources(tmp_path)
     config, index = tmp_path / "config.json", tmp_path / "index"
     model = layered_model.start(tmp_path / "layered")
@@ -189,19 +133,77 @@ def test_a_chunking_change_back_before_the_build_ends_keeps_the_index_that_answe
             first = wait_ready(p)
             allow(model, counts(model)["passages"] + 30)
             configure(config, drives, index, model.base_url, port, NEW)
-            p.wait_status("the new index built in part", building)
-            configure(config, drives, index, model.base_url, port, OLD)
-            allow(model)
-            back = p.wait_status(
-                "the old chunking kept",
-                lambda s: s["phase"] == "ready" and s["passes"] > first["passes"],
-            )
-            assert back["chunking"] == {"answering": OLD, "next": None, "done": 0, "total": 0}
-            assert back["chunks"] == first["chunks"] and back["last_pass"]["read"] == 0
-            assert not (index / "index-1").exists(), "the build given up is removed"
-            assert_by_meaning(p)
+            during = p.wait_status("the new index built in part", until)
+            yield Change(p, model, drives, config, index, port, first, during)
     finally:
         model.stop()
+
+
+def stored(folder: Path) -> tuple[int, int]:
+    """(chunks, chunks with a vector) of the index in `folder`."""
+    db = sqlite3.connect(folder / "index.sqlite3")
+    try:
+        return db.execute("SELECT COUNT(*), COUNT(vector) FROM chunks").fetchone()
+    finally:
+        db.close()
+
+
+def test_a_new_chunking_answers_from_the_old_index_until_built_and_a_kill_resumes_it(tmp_path):
+    drives = sources(tmp_path / "expected")
+    want = len(cut(drives, NEW))
+    same = len(set(cut(drives, OLD)) & set(cut(drives, NEW)))
+    assert same > 0, "some passages (the handbook's short sections) are cut the same"
+    with held_mid_build(tmp_path, lambda s: building(s) and s["vectors_kept"] >= same) as c:
+        p, first, during, index = c.p, c.first, c.during, c.index
+        assert first["chunking"] == {"answering": OLD, "next": None, "done": 0, "total": 0}
+        assert during["vectors_kept"] == same, "passages cut the same keep their vectors"
+        assert f"metis_vectors_kept_total {float(same)}" in p.get("/metrics").text
+        assert during["phase"] == "indexing" and "beside" in during["reason"], during
+        assert during["chunking"]["answering"] == OLD
+        assert during["chunking"]["total"] == first["documents"] + first["failed"]
+        assert (during["chunks"], during["documents"]) == (first["chunks"], first["documents"])
+        assert_by_meaning(p)  # from the old index, by meaning, throughout
+        assert (index / "index-1" / "index.sqlite3").exists()
+        assert not (index / "live-index").exists(), "the old index still answers"
+        built_before_kill = p.status()["chunking"]["done"]
+        p.kill()
+
+        with running(p):
+            resumed = p.wait_status("answering while the build resumes", building)
+            assert resumed["chunks"] == first["chunks"], "the old index answers after a kill"
+            assert_by_meaning(p)
+            allow(c.model)
+            ready = new_index_answering(p)
+            assert ready["documents"] == first["documents"]
+            assert ready["chunks"] == want > first["chunks"]
+            assert ready["last_pass"]["read"] <= ready["documents"] - built_before_kill, (
+                "what was built before the kill is not read again"
+            )
+            assert_by_meaning(p)
+            again = p.post("/v1/reindex", {})
+            assert again.status_code == 202
+            settled = wait_ready(p)
+            assert settled["passes"] > ready["passes"] and settled["chunks"] == want
+
+    assert (index / "live-index").read_text().strip() == "index-1"
+    assert not (index / "index.sqlite3").exists(), "the old index is removed"
+    assert stored(index / "index-1") == (want, want), "every chunk once, each with a vector"
+
+
+def test_a_chunking_change_back_before_the_build_ends_keeps_the_index_that_answers(tmp_path):
+    """Changed, then changed back while built: the build is given up, its folder removed,
+    and the index that answered answers on, read by nothing again."""
+    with held_mid_build(tmp_path) as c:
+        c.configure(OLD)
+        allow(c.model)
+        back = c.p.wait_status(
+            "the old chunking kept",
+            lambda s: s["phase"] == "ready" and s["passes"] > c.first["passes"],
+        )
+        assert back["chunking"] == {"answering": OLD, "next": None, "done": 0, "total": 0}
+        assert back["chunks"] == c.first["chunks"] and back["last_pass"]["read"] == 0
+        assert not (c.index / "index-1").exists(), "the build given up is removed"
+        assert_by_meaning(c.p)
 
 
 def test_a_build_that_does_not_fit_on_the_drive_waits_while_the_old_index_answers(tmp_path):
@@ -234,10 +236,7 @@ def test_a_build_that_does_not_fit_on_the_drive_waits_while_the_old_index_answer
             assert waiting["chunking"]["answering"] == OLD and waiting["chunks"] == first["chunks"]
             assert_by_meaning(p)
             subprocess.run(["mount", "-o", "remount,size=256m", str(index)], check=True)
-            ready = p.wait_status(
-                "the build given room",
-                lambda s: s["phase"] == "ready" and s["chunking"]["answering"] == NEW,
-            )
+            ready = new_index_answering(p)
             assert ready["documents"] == first["documents"]
             assert_by_meaning(p)
     finally:
@@ -249,36 +248,18 @@ def test_a_build_left_damaged_is_built_anew_and_the_index_that_answers_is_kept(t
     """Killed mid-build, the build's file then damaged (random bytes over its chunks'
     pages): the next start answers from the old index, removes the damaged build and builds
     it anew; the old index is not moved aside nor rebuilt, the damage not being its."""
-    drives = sources(tmp_path)
-    config, index = tmp_path / "config.json", tmp_path / "index"
-    model = layered_model.start(tmp_path / "layered")
-    port = free_port()
-    try:
-        configure(config, drives, index, model.base_url, port, OLD)
-        p = served(config, port)
-        with running(p):
-            first = wait_ready(p)
-            allow(model, counts(model)["passages"] + 30)
-            configure(config, drives, index, model.base_url, port, NEW)
-            p.wait_status("the new index built in part", building)
-            p.kill()
-        assert damage_chunk_pages(index / "index-1" / "index.sqlite3", pages=3)
-        allow(model)
-        with running(p):
-            ready = p.wait_status(
-                "the new index answering",
-                lambda s: (
-                    s["phase"] == "ready" and (s.get("chunking") or {}).get("answering") == NEW
-                ),
-            )
-            assert ready["documents"] == first["documents"]
-            assert ready["last_pass"]["read"] == first["documents"] + first["failed"], "anew"
-            assert "is damaged" in p.log() and "building it anew" in p.log()
-            assert_by_meaning(p)
-    finally:
-        model.stop()
-    assert not list(index.glob("*.damaged*")), "the answering index was not moved aside"
-    assert (index / "live-index").read_text().strip() == "index-1"
+    with held_mid_build(tmp_path) as c:
+        c.p.kill()
+        assert damage_chunk_pages(c.index / "index-1" / "index.sqlite3", pages=3)
+        allow(c.model)
+        with running(c.p):
+            ready = new_index_answering(c.p)
+            assert ready["documents"] == c.first["documents"]
+            assert ready["last_pass"]["read"] == c.first["documents"] + c.first["failed"]
+            assert "is damaged" in c.p.log() and "building it anew" in c.p.log()
+            assert_by_meaning(c.p)
+    assert not list(c.index.glob("*.damaged*")), "the answering index was not moved aside"
+    assert (c.index / "live-index").read_text().strip() == "index-1"
 
 
 def test_an_indexer_standing_by_follows_the_switch_to_the_index_built_beside(tmp_path):
@@ -300,7 +281,7 @@ def test_an_indexer_standing_by_follows_the_switch_to_the_index_built_beside(tmp
                 standby.wait_status("standby", lambda s: s["phase"] == "standby")
                 for config, port in zip(configs, ports, strict=True):
                     configure(config, drives, index, model.base_url, port, NEW)
-                switched = wait_status_new(writer)
+                switched = new_index_answering(writer)
                 assert switched["chunks"] != first["chunks"]
                 followed = standby.wait_status(
                     "the standby answering from the new index",
@@ -320,7 +301,7 @@ def test_an_indexer_standing_by_follows_the_switch_to_the_index_built_beside(tmp
         model.stop()
 
 
-def wait_status_new(p: Process) -> dict[str, Any]:
+def new_index_answering(p: Process) -> dict[str, Any]:
     return p.wait_status(
         "the new index answering",
         lambda s: s["phase"] == "ready" and (s.get("chunking") or {}).get("answering") == NEW,
