@@ -58,9 +58,21 @@ def _gone(pod: Mapping[str, Any]) -> bool:
 
 
 def _ordered(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Pods not going away, newest first, then those going away, newest first."""
-    newest = sorted(pods, key=lambda p: _meta(p).get("creationTimestamp", ""), reverse=True)
+    """Pods not going away, newest first, then those going away, newest first. A creation
+    time is to the second: of pods made in the same second (a change right after the base
+    was made), one placed on a machine counts as the newer, since a pod that cannot be
+    placed is never the replacement of one that was (the replacement waits for the old
+    pod to be available, so an unplaced old pod stays beside it)."""
+    newest = sorted(
+        pods,
+        key=lambda p: (_meta(p).get("creationTimestamp", ""), _placed(p)),
+        reverse=True,
+    )
     return sorted(newest, key=_gone)
+
+
+def _placed(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName"))
 
 
 def pod_view(pods: Sequence[Mapping[str, Any]], now: dt.datetime | None = None) -> PodView | None:

@@ -182,6 +182,10 @@ def with_spec(p: dict[str, Any], **spec: Any) -> dict[str, Any]:
             "old",
         ),
         ([pod("old", "1", node="n", deleting=True)], "old", None),
+        # Made in the same second (the base made, then placed elsewhere at once): the old
+        # pod cannot be placed, the new one is; listed in either order.
+        ([pod("a-old", "1"), pod("b-new", "1", node="n", template="h2")], "b-new", "a-old"),
+        ([pod("b-old", "1"), pod("a-new", "1", node="n", template="h2")], "a-new", "b-old"),
         (
             [
                 pod("older", "1", deleting=True),
@@ -192,7 +196,16 @@ def with_spec(p: dict[str, Any], **spec: Any) -> dict[str, Any]:
             "old",
         ),
     ],
-    ids=["none", "one", "surge", "deleted", "only-going", "two-going"],
+    ids=[
+        "none",
+        "one",
+        "surge",
+        "deleted",
+        "only-going",
+        "same-second-old-first",
+        "same-second-new-first",
+        "two-going",
+    ],
 )
 def test_the_pod_and_the_one_it_replaces(
     pods: list[dict[str, Any]], new: str | None, old: str | None
