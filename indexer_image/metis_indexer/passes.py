@@ -672,9 +672,8 @@ class Passes:
             self.building = None
             self._progress.changing = ""
             self._kept = peers.HeldVectors()
-            if not switched:  # a write cancelled mid-way may still run in its thread
-                await asyncio.to_thread(new.writes_done)
-                await asyncio.to_thread(new.store.close)
+            if not switched:
+                await self._let_go(new)
         self.chunks_of = rechunk.chunking(settings)
         log.info(
             "switched to the index of %s: %d documents in %.1f s; %d passages kept their "
@@ -688,10 +687,16 @@ class Passes:
         await self._retire(answering, remove=True)
         return True
 
-    async def _give_up(self, new: Index) -> None:
-        """A build that cannot go on: its folder removed, the next pass starts it anew."""
+    @staticmethod
+    async def _let_go(new: Index) -> None:
+        """A build's index closed, once a write cancelled mid-way (still running in its
+        thread) has ended."""
         await asyncio.to_thread(new.writes_done)
         await asyncio.to_thread(new.store.close)
+
+    async def _give_up(self, new: Index) -> None:
+        """A build that cannot go on: its folder removed, the next pass starts it anew."""
+        await self._let_go(new)
         await asyncio.to_thread(folders.remove, self._configured.config.index_dir, new.folder)
 
     async def _opened_beside(self, folder: Path, settings: IndexSettings) -> Index:
