@@ -12,7 +12,7 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import peers, rechunk
+from metis_indexer import notes, peers, rechunk
 from metis_indexer.config import IndexerConfig
 from metis_indexer.configured import Configured
 from metis_indexer.errors import BadRequest, Refusal, Unavailable
@@ -21,10 +21,16 @@ from metis_indexer.index.memory import Index
 from metis_indexer.ingest.runner import now
 from metis_indexer.metrics import Metrics
 from metis_indexer.models.clients import ModelUnavailable
+from metis_indexer.notebook import Notebook
 from metis_indexer.passes import Passes
 from metis_indexer.progress import Progress
 from metis_indexer.schema import (
     DocumentsPage,
+    NoteAnswer,
+    NoteCitation,
+    NoteRequest,
+    NotesPage,
+    NotesQuery,
     SearchAnswer,
     SearchRequest,
     StatusAnswer,
@@ -137,6 +143,7 @@ class Answers:
                 "phase": s.phase,
                 "reason": s.reason,
                 "documents": totals.documents,
+                "notes": len(self._passes.notebook.notes),
                 "chunks": totals.chunks,
                 "failed": totals.failed,
                 "pass_total": s.total,
@@ -237,7 +244,7 @@ class Answers:
         index = self._passes.index
         try:
             with index.serve():
-                return await hybrid.search(index, req, models, self.empty_warning())
+                answer = await hybrid.search(index, req, models, self.empty_warning())
         except sqlite3.DatabaseError as e:
             if store.trouble(e) != "damaged":
                 raise
@@ -247,6 +254,79 @@ class Answers:
                 f"the index is damaged ({e}): it is being rebuilt from the sources, and "
                 "searches answer from what is read again meanwhile",
             ) from None
+        return self._with_notes(answer)
+
+    def _with_notes(self, answer: SearchAnswer) -> SearchAnswer:
+        """Notes' results cited with when they were written and what replaced them, and
+        those of notes that hold before those of replaced ones (`notes.holding_first`)."""
+        notebook = self._passes.notebook
+        replaced: list[bool | None] = []
+        for result in answer.results:
+            c = result.citation
+            note_id = notes.of_document(c.document) if c.source == notebook.source else None
+            note = None if note_id is None else notebook.notes.get(note_id)
+            if note is None:
+                replaced.append(None)
+                continue
+            by = notebook.replaced.get(note.id)
+            c.note = NoteCitation(
+                id=note.id,
+                written_at=note.written_at,
+                replaces=list(note.replaces),
+                replaced_by=None if by is None else by.by,
+                replaced_at=None if by is None else by.at,
+            )
+            replaced.append(by is not None)
+        if any(replaced):
+            order = notes.holding_first(replaced)
+            answer.results = [answer.results[i] for i in order]
+        return answer
+
+    # -- notes -------------------------------------------------------------------------------
+
+    def _notebook(self) -> Notebook:
+        if not self._passes.loaded:
+            raise Unavailable(
+                "KNOWLEDGE_BASE_NOT_READY",
+                f"the index is not serving yet: it is {self._progress.state.phase}",
+            )
+        return self._passes.notebook
+
+    def note(self, note_id: str) -> NoteAnswer:
+        return self._note_answer(self._notebook().get(notes.check_id(note_id)))
+
+    def notes_page(self, query: NotesQuery) -> NotesPage:
+        listed = self._notebook().listed()
+        start = (query.page - 1) * query.page_size
+        return NotesPage(
+            notes=[self._note_answer(n) for n in listed[start : start + query.page_size]],
+            page=query.page,
+            page_size=query.page_size,
+            total=len(listed),
+        )
+
+    async def write_note(self, req: NoteRequest) -> tuple[NoteAnswer, bool]:
+        """The note kept and searchable, and whether it is new."""
+        note, new = await self._notebook().write(req.text, req.title, req.replaces, req.id)
+        return self._note_answer(note), new
+
+    async def forget_note(self, note_id: str) -> NoteAnswer:
+        return self._note_answer(await self._notebook().forget(notes.check_id(note_id)))
+
+    def _note_answer(self, note: notes.Note) -> NoteAnswer:
+        notebook = self._passes.notebook
+        by = notebook.replaced.get(note.id)
+        return NoteAnswer(
+            id=note.id,
+            source=notebook.source,
+            document=note.document,
+            title=note.title,
+            text=note.text,
+            written_at=note.written_at,
+            replaces=list(note.replaces),
+            replaced_by=None if by is None else by.by,
+            replaced_at=None if by is None else by.at,
+        )
 
     def documents(self, page: int, page_size: int, state: str | None) -> DocumentsPage:
         if page < 1:

@@ -3,9 +3,9 @@
 Bodies are parsed into pydantic models, and the service answers in them too
 (schema.py), so the OpenAPI document (built from the same models) is what the
 API answers. Every domain error becomes `{"error": {"code", "message"}}` in one
-middleware. The routes that cost model time (reindex, evaluate) and the one that
-hands out the index's vectors to its peers take the operator's token when one is
-set; one evaluation runs at a time.
+middleware. The routes that cost model time (reindex, evaluate), those that write or forget
+a note, and the one that hands out the index's vectors to its peers take the
+operator's token when one is set; one evaluation runs at a time.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from aiohttp.web_request import BaseRequest
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from pydantic import BaseModel
 
-from metis_indexer import console, mcp
+from metis_indexer import console, mcp, notes
 from metis_indexer.answers import Answers
 from metis_indexer.errors import BadRequest, Conflict, Refusal, TimedOut, Unauthorized
 from metis_indexer.schema import (
@@ -43,6 +43,10 @@ from metis_indexer.schema import (
     ErrorBody,
     EvaluateRequest,
     Health,
+    NoteAnswer,
+    NoteRequest,
+    NotesPage,
+    NotesQuery,
     Readiness,
     ReindexAnswer,
     ReindexRequest,
@@ -287,6 +291,42 @@ async def vectors(request: web.Request) -> web.Response:
     return answer(await request.app[answers_key].vectors(req))
 
 
+def write_refusal(request: web.Request) -> Refusal | None:
+    """Why a request may not write the base's notes (MCP's `remember` and `forget`), as
+    the HTTP write routes would refuse it; None: it may."""
+    try:
+        request.app[costly_key].authorize(request)
+        refuse_while_stopping(request)
+    except Refusal as e:
+        return e
+    return None
+
+
+async def write_note(request: web.Request) -> web.Response:
+    """A note kept on the base's drive and searchable when this returns: a write, so the
+    token's when one is set."""
+    request.app[costly_key].authorize(request)
+    req = parse_body(NoteRequest, await read_body(request))
+    refuse_while_stopping(request)
+    note, new = await request.app[answers_key].write_note(req)
+    return answer(note, status=201 if new else 200)
+
+
+async def notes_page(request: web.Request) -> web.Response:
+    q = parse_query(NotesQuery, request.query)
+    return answer(request.app[answers_key].notes_page(q))
+
+
+async def note(request: web.Request) -> web.Response:
+    return answer(request.app[answers_key].note(request.match_info["id"]))
+
+
+async def forget_note(request: web.Request) -> web.Response:
+    request.app[costly_key].authorize(request)
+    refuse_while_stopping(request)
+    return answer(await request.app[answers_key].forget_note(request.match_info["id"]))
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[answers_key].metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -327,30 +367,47 @@ EVALUATE_400 = (
     "QUERY_EMPTY",
     "QUERY_TOO_LONG",
 )
-CODES = (
-    "QUERY_EMPTY",
-    "QUERY_TOO_LONG",
-    "TOP_K_OUT_OF_RANGE",
+NOTE_400 = (
     "INVALID_BODY",
-    "NO_EMBEDDING_MODEL",
-    "EVAL_EMPTY",
-    "EVAL_FILE",
-    "EVAL_CASE_INVALID",
-    "EVAL_TOO_LARGE",
-    "UNAUTHORIZED",
-    "NOT_FOUND",
-    "METHOD_NOT_ALLOWED",
-    "STANDBY",
-    "EVALUATION_RUNNING",
-    "KNOWLEDGE_BASE_NOT_READY",
-    "EMBEDDING_MODEL_UNAVAILABLE",
-    "INTERNAL",
-    "REQUEST_TIMEOUT",
-    "INVALID_REQUEST",
-    "URI_TOO_LONG",
-    "HEADERS_TOO_LARGE",
-    "FORBIDDEN",
-    "MISDIRECTED_REQUEST",
+    "NOTE_EMPTY",
+    "NOTE_TOO_LONG",
+    "NOTE_ID_INVALID",
+    "NOTE_REPLACES_TOO_MANY",
+)
+CODES = tuple(
+    dict.fromkeys(
+        (
+            "QUERY_EMPTY",
+            "QUERY_TOO_LONG",
+            "TOP_K_OUT_OF_RANGE",
+            "INVALID_BODY",
+            "NO_EMBEDDING_MODEL",
+            "EVAL_EMPTY",
+            "EVAL_FILE",
+            "EVAL_CASE_INVALID",
+            "EVAL_TOO_LARGE",
+            "UNAUTHORIZED",
+            "NOT_FOUND",
+            "METHOD_NOT_ALLOWED",
+            "STANDBY",
+            "EVALUATION_RUNNING",
+            "KNOWLEDGE_BASE_NOT_READY",
+            "EMBEDDING_MODEL_UNAVAILABLE",
+            "INTERNAL",
+            "REQUEST_TIMEOUT",
+            "INVALID_REQUEST",
+            "URI_TOO_LONG",
+            "HEADERS_TOO_LARGE",
+            "FORBIDDEN",
+            "MISDIRECTED_REQUEST",
+            *NOTE_400,
+            "NOTE_NOT_FOUND",
+            "NOTE_REPLACES_UNKNOWN",
+            "NOTE_REPLACES_ITSELF",
+            "NOTE_REPLACES_CYCLE",
+            "NOTES_REPLICATED",
+        )
+    )
 )
 """Every code the indexer answers: the API's own, plus NOT_FOUND, METHOD_NOT_ALLOWED,
 UNAUTHORIZED, EVALUATION_RUNNING and INTERNAL; REQUEST_TIMEOUT (a body too slow);
@@ -406,6 +463,9 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
         Evaluation,
         StatusAnswer,
         DocumentsPage,
+        NoteRequest,
+        NoteAnswer,
+        NotesPage,
         VectorsRequest,
         VectorsAnswer,
         Health,
@@ -500,6 +560,82 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/notes": {
+                "post": {
+                    "summary": "Keep a note on the base's own drive, searchable when this returns",
+                    "description": "The note is indexed as a document of the source "
+                    "`metis-<name>`: by words at once, by meaning once the embedding model "
+                    "has embedded it (within seconds when it answers). A note naming others "
+                    "in `replaces` ranks before them in results; they stay searchable.",
+                    "requestBody": body("NoteRequest"),
+                    **security,
+                    "responses": {
+                        "201": ok("NoteAnswer", "The note, kept"),
+                        "200": ok("NoteAnswer", "The note of this id, written over"),
+                        "400": err("The note is refused", *NOTE_400),
+                        **unauthorized,
+                        "409": err(
+                            "The notes held refuse the replacement (an unknown note, the note "
+                            "itself, a cycle); the base runs several replicas; a replacement "
+                            "is taking over, or this indexer is stopping",
+                            "NOTE_REPLACES_UNKNOWN",
+                            "NOTE_REPLACES_ITSELF",
+                            "NOTE_REPLACES_CYCLE",
+                            "NOTES_REPLICATED",
+                            "STANDBY",
+                        ),
+                        "413": too_large,
+                        "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY"),
+                    },
+                },
+                "get": {
+                    "summary": "The base's notes, newest first",
+                    "parameters": query_parameters(NotesQuery),
+                    "responses": {
+                        "200": ok("NotesPage", "A page of notes"),
+                        "400": err("A parameter out of its bounds", "INVALID_BODY"),
+                        "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY"),
+                    },
+                },
+            },
+            "/v1/notes/{id}": {
+                "parameters": [
+                    {
+                        "name": "id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "pattern": notes.ID_PATTERN},
+                    }
+                ],
+                "get": {
+                    "summary": "One note",
+                    "responses": {
+                        "200": ok("NoteAnswer", "The note"),
+                        "400": err("Not a note's id", "NOTE_ID_INVALID"),
+                        "404": err("The base holds no such note", "NOTE_NOT_FOUND"),
+                        "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY"),
+                    },
+                },
+                "delete": {
+                    "summary": "Forget a note: it is removed from the drive and the index",
+                    "description": "The notes it replaced hold again, unless another "
+                    "replaces them.",
+                    **security,
+                    "responses": {
+                        "200": ok("NoteAnswer", "The note forgotten"),
+                        "400": err("Not a note's id", "NOTE_ID_INVALID"),
+                        **unauthorized,
+                        "404": err("The base holds no such note", "NOTE_NOT_FOUND"),
+                        "409": err(
+                            "The base runs several replicas; a replacement is taking over, or "
+                            "this indexer is stopping",
+                            "NOTES_REPLICATED",
+                            "STANDBY",
+                        ),
+                        "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY"),
+                    },
+                },
+            },
             "/v1/vectors": {
                 "post": {
                     "summary": "The vectors this index holds of passages, by hash (for peers)",
@@ -588,6 +724,10 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_post("/v1/reindex", reindex, name="reindex")
     app.router.add_post("/v1/evaluate", evaluate, name="evaluate")
     app.router.add_post("/v1/vectors", vectors, name="vectors")
+    app.router.add_post("/v1/notes", write_note, name="write_note")
+    app.router.add_get("/v1/notes", notes_page, name="notes")
+    app.router.add_get("/v1/notes/{id}", note, name="note")
+    app.router.add_delete("/v1/notes/{id}", forget_note, name="forget_note")
     app.router.add_get("/metrics", metrics, name="metrics")
     app.router.add_get("/healthz", healthz, name="healthz")
     app.router.add_get("/readyz", readyz, name="readyz")
@@ -721,5 +861,5 @@ def create_app(
     app.on_response_prepare.append(closing)
     setup_routes(app)
     console.add_search_page(app, ask, answers.config.name)
-    mcp.mount(app, answers, functools.partial(searched, answers), read_body)
+    mcp.mount(app, answers, functools.partial(searched, answers), read_body, write_refusal)
     return app

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from metis_indexer import limits
 from metis_indexer.answer_text import answer_text
 from metis_indexer.config import ConfigError, IndexerConfig, explain, load
-from metis_indexer.schema import SearchAnswer
+from metis_indexer.schema import NoteAnswer, NotesPage, SearchAnswer
 
 if TYPE_CHECKING:
     from metis_indexer.service import Indexer
@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--source", action="append", type=parse_source, default=[], metavar="NAME=PATH[:SUBPATH]"
     )
     serve.add_argument("--index", type=Path, help="the folder that keeps the index")
+    serve.add_argument(
+        "--name", default="local", help="the base's name: its notes are source metis-NAME"
+    )
     serve.add_argument("--embedding", metavar="URL", help="an OpenAI-compatible embeddings server")
     serve.add_argument("--reranker", metavar="URL", help="a reranker server")
     serve.add_argument("--chunk-size", type=int, default=1200)
@@ -133,6 +136,25 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--state", choices=["indexed", "failed"])
     r = client("reindex", "start a pass now")
     r.add_argument("--full", action="store_true", help="read every document again")
+    n = client("note", "the base's own notes: add, list, rm")
+    notes = n.add_subparsers(dest="note", required=True)
+    add = notes.add_parser("add", help="keep a note, searchable at once")
+    add.add_argument("text")
+    add.add_argument("--title")
+    add.add_argument(
+        "--replaces", action="append", default=[], metavar="ID", help="a note it replaces"
+    )
+    add.add_argument("--id", help="the note's id (a note of that id is written over)")
+    listed = notes.add_parser("list", help="the notes, newest first")
+    listed.add_argument("--page", type=int, default=1)
+    listed.add_argument("--page-size", type=int, default=100)
+    rm = notes.add_parser("rm", help="forget a note")
+    rm.add_argument("id")
+    for sub_parser in (add, listed, rm):
+        sub_parser.add_argument("--url", default=DEFAULT_URL, help=argparse.SUPPRESS)
+        sub_parser.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
     e = client("eval", "evaluate .metis/evals.jsonl of the sources")
     e.add_argument("--k", type=int, default=10)
 
@@ -148,7 +170,7 @@ def serve_config(args: argparse.Namespace) -> IndexerConfig:
     if not args.source or args.index is None:
         raise ConfigError("serve needs --config, or --source and --index")
     raw: dict[str, Any] = {
-        "name": "local",
+        "name": args.name,
         "sources": args.source,
         "index_dir": str(args.index.resolve()),
         "chunking": {"size": args.chunk_size, "overlap": args.chunk_overlap},
@@ -260,6 +282,38 @@ def _call(
     return data
 
 
+def _note(args: argparse.Namespace, url: str) -> Any:
+    if args.note == "add":
+        body: dict[str, Any] = {"text": args.text, "replaces": args.replaces}
+        body |= {"title": args.title} if args.title else {}
+        body |= {"id": args.id} if args.id else {}
+        return _call("POST", f"{url}/v1/notes", body)
+    if args.note == "list":
+        params = {"page": args.page, "page_size": args.page_size}
+        return _call("GET", f"{url}/v1/notes", params=params)
+    return _call("DELETE", f"{url}/v1/notes/{args.id}")
+
+
+def notes_text(answer: Any) -> str:
+    """A note, or a page of them, as a person reads it: id, when, what replaced it."""
+    if "notes" not in answer:
+        return note_line(NoteAnswer.model_validate(answer))
+    page = NotesPage.model_validate(answer)
+    if not page.notes:
+        return "No notes."
+    return "\n".join(note_line(n) for n in page.notes) + f"\n({page.total} notes)"
+
+
+def note_line(note: NoteAnswer) -> str:
+    head = f"{note.id}  {note.written_at}"
+    if note.replaced_by:
+        head += f"  replaced by {note.replaced_by} on {note.replaced_at}"
+    if note.replaces:
+        head += f"  replaces {', '.join(note.replaces)}"
+    text = f"{note.title}: {note.text}" if note.title else note.text
+    return f"{head}\n    {text}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -303,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.state:
             params["state"] = args.state
         answer = _call("GET", f"{url}/v1/documents", params=params)
+    elif args.command == "note":
+        answer = _note(args, url)
+        if not args.json:
+            print(notes_text(answer))
+            return 0
     elif args.command == "reindex":
         answer = _call("POST", f"{url}/v1/reindex", {"full": args.full})
     else:

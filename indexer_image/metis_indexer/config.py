@@ -159,6 +159,15 @@ class IndexerConfig(_Model):
                     )
         return self
 
+    @model_validator(mode="after")
+    def _own_notes_apart(self) -> IndexerConfig:
+        own = f"metis-{self.name}"
+        if any(s.drive == own for s in self.sources):
+            raise ValueError(
+                f"source drive {own} is the base's own notes (source {own}); name another drive"
+            )
+        return self
+
 
 def _contains(a: str | None, b: str | None) -> bool:
     if a is None or b is None:

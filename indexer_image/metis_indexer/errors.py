@@ -5,11 +5,14 @@ The core raises these; the HTTP app's one middleware turns them into
 
     Refusal
      ├── BadRequest            400  QUERY_EMPTY, QUERY_TOO_LONG, TOP_K_OUT_OF_RANGE,
-     │                              INVALID_BODY, NO_EMBEDDING_MODEL, EVAL_*
+     │                              INVALID_BODY, NO_EMBEDDING_MODEL, EVAL_*,
+     │                              NOTE_* (a note's body)
      ├── Unauthorized          401  UNAUTHORIZED (a costly route without the operator's token)
+     ├── NotFound              404  NOTE_NOT_FOUND
      ├── TimedOut              408  REQUEST_TIMEOUT (a body that did not arrive whole in time)
      ├── Unavailable           503  KNOWLEDGE_BASE_NOT_READY, EMBEDDING_MODEL_UNAVAILABLE
-     └── Conflict              409  STANDBY, EVALUATION_RUNNING
+     └── Conflict              409  STANDBY, EVALUATION_RUNNING, NOTES_REPLICATED,
+                                    NOTE_REPLACES_* (what the notes held refuse)
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ class Unauthorized(Refusal):
 
     status = 401
     headers = MappingProxyType({"WWW-Authenticate": "Bearer"})
+
+
+class NotFound(Refusal):
+    status = 404
 
 
 class TimedOut(Refusal):

@@ -4,8 +4,10 @@ agent finds a base's search the way it finds any tool.
 The official SDK (`mcp`) serves it: its MCPServer describes the tools, its Streamable
 HTTP session manager speaks the protocol, and aiohttp-asgi's resource hands `/mcp`
 requests to that ASGI callable. Stateless, with JSON answers: each call stands alone (the
-tools only read), so there is no session to keep across pods. The tools are read-only —
-search, status, documents — and answer what the HTTP API answers, from the same models;
+tools keep nothing of a session), so there is no session to keep across pods. The tools
+search, status and documents read; remember and forget write the base's own notes, and
+need the base's token as the HTTP API's write routes do. They answer what the HTTP API
+answers, from the same models;
 the API's refusals (an empty question, top_k out of range, an index still loading) come
 back as tool errors with the API's code.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal, get_args
@@ -25,7 +28,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import ValidationError, WithJsonSchema
 
-from metis_indexer import schema
+from metis_indexer import notes, schema
 from metis_indexer.answers import Answers
 from metis_indexer.documents import Kind
 from metis_indexer.errors import Refusal
@@ -54,6 +57,38 @@ Kinds = _raw({"type": ["array", "null"], "items": {"type": "string", "enum": KIN
 Sources = _raw({"type": ["array", "null"], "items": {"type": "string"}})
 
 
+NoteText = _raw({"type": "string", "minLength": 1, "maxLength": notes.TEXT_MAX})
+NoteTitle = _raw({"type": ["string", "null"], "maxLength": notes.TITLE_MAX})
+NoteIds = _raw(
+    {
+        "type": ["array", "null"],
+        "items": {"type": "string", "pattern": notes.ID_PATTERN},
+        "maxItems": notes.REPLACES_MAX,
+    }
+)
+NoteId = _raw({"type": ["string", "null"], "pattern": notes.ID_PATTERN})
+
+WRITES = ToolAnnotations(
+    read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+)
+FORGETS = ToolAnnotations(
+    read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False
+)
+
+_write_refusal: contextvars.ContextVar[Refusal | None] = contextvars.ContextVar(
+    "metis_mcp_write_refusal", default=None
+)
+"""Why the MCP request being answered may not write (no token, or a wrong one, where the
+base has one; a stopping indexer); None: it may. Set per request, before the SDK runs the
+tool in a task of its own (which copies the context)."""
+
+
+def _may_write() -> None:
+    refusal = _write_refusal.get()
+    if refusal is not None:
+        raise ToolError(f"{refusal.code}: {refusal.message}")
+
+
 Ask = Callable[[bytes], Awaitable[schema.SearchAnswer]]
 """The HTTP API's search from a body: parsed, checked and counted as the API does."""
 
@@ -69,7 +104,9 @@ def server(answers: Answers, ask: Ask) -> MCPServer:
             "`search` to find passages that answer a question, each cited (document, "
             "headings, page or line) and scored; `status` to see whether the index is "
             "ready and how many documents it holds; `documents` to see which documents "
-            "could not be read and why. Nothing here changes the base."
+            "could not be read and why. `remember` keeps a note in the base (a fact, a "
+            "decision), found by `search` at once; `replaces` names the notes it makes "
+            "untrue, which are then found after it; `forget` removes one."
         ),
     )
 
@@ -107,6 +144,47 @@ def server(answers: Answers, ask: Ask) -> MCPServer:
         except Refusal as e:
             raise ToolError(f"{e.code}: {e.message}") from None
         return dict(result.model_dump(mode="json", exclude_none=True))
+
+    @mcp.tool(annotations=WRITES)
+    async def remember(
+        text: NoteText, title: NoteTitle = None, replaces: NoteIds = None, id: NoteId = None
+    ) -> dict[str, Any]:
+        """Keep a note in the knowledge base: a fact, a decision or a summary worth finding
+        again (up to 8,000 characters, an optional title). It is searchable at once with
+        `search`, cited with source `metis-<base>` and the time it was written. When it
+        makes older notes untrue, name them in `replaces` (their ids, from `search`'s
+        citations or an earlier `remember`): they stay searchable, after the notes that
+        hold, their citation saying what replaced them and when. `id`: a name of your
+        own (lowercase letters, digits, dashes); the note of that id is written over.
+        Returns the note with its id. Needs the base's token when it has one."""
+        body: dict[str, Any] = {"text": text}
+        for key, value in (("title", title), ("replaces", replaces), ("id", id)):
+            if value is not None:
+                body[key] = value
+        _may_write()
+        try:
+            req = schema.NoteRequest.model_validate(body, strict=True)
+            note, _ = await answers.write_note(req)
+        except ValidationError as e:
+            raise ToolError(schema.invalid(e).message) from None
+        except Refusal as e:
+            raise ToolError(f"{e.code}: {e.message}") from None
+        return dict(note.model_dump(mode="json"))
+
+    @mcp.tool(annotations=FORGETS)
+    async def forget(id: NoteId) -> dict[str, Any]:
+        """Forget a note of the knowledge base (by its id): it is removed from the base's
+        drive and no search finds it again; the notes it replaced hold again unless
+        another replaces them. Returns the note forgotten. Needs the base's token when it
+        has one."""
+        _may_write()
+        try:
+            if not isinstance(id, str):
+                raise ToolError("INVALID_BODY: id must be a string")
+            note = await answers.forget_note(id)
+        except Refusal as e:
+            raise ToolError(f"{e.code}: {e.message}") from None
+        return dict(note.model_dump(mode="json"))
 
     @mcp.tool(annotations=READ_ONLY)
     def status() -> dict[str, Any]:
@@ -219,12 +297,14 @@ def mount(
     answers: Answers,
     ask: Ask,
     read_body: Callable[[web.Request], Awaitable[bytes]],
+    write_refusal: Callable[[web.Request], Refusal | None],
 ) -> None:
     """Serve `server(answers)` at `POST /mcp` of `app`, its session manager running with
     the app. Stateless with JSON answers, the transport needs no GET stream and no
     DELETE of a session: those are answered 405 with `Allow: POST` (the MCP transport
     spec allows it), by the router like any method a route lacks. `read_body`: the
-    API's own bounded, deadlined read. On loopback the SDK's DNS-rebinding protection
+    API's own bounded, deadlined read; `write_refusal`: why a request may not write (the
+    HTTP write routes' token), or None. On loopback the SDK's DNS-rebinding protection
     admits only loopback Host headers."""
     mcp = server(answers, ask)
     mcp.streamable_http_app(json_response=True, stateless_http=True, host=answers.config.host)
@@ -232,6 +312,7 @@ def mount(
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await read_body(request)
+        _write_refusal.set(write_refusal(request))
         return await _Exchange(manager.handle_request, request, body).get_response()
 
     app.router.add_post(PATH, handle, name="mcp")

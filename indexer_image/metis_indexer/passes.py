@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from metis_indexer import peers, rechunk, restage
-from metis_indexer.config import EmbeddingConfig
+from metis_indexer import notes, peers, rechunk, restage
+from metis_indexer.config import EmbeddingConfig, SourceConfig
 from metis_indexer.configured import Configured, embedding_client
 from metis_indexer.errors import Conflict
 from metis_indexer.index import folders, store, texts
@@ -38,6 +38,7 @@ from metis_indexer.ingest.runner import Embed, Runner, now
 from metis_indexer.metrics import Metrics
 from metis_indexer.model_watch import WAIT_FIRST, WAIT_MAX, ModelWatch
 from metis_indexer.models.clients import EmbeddingClient, ModelRefused, ModelUnavailable
+from metis_indexer.notebook import Notebook
 from metis_indexer.progress import Progress
 
 log = logging.getLogger("metis.indexer")
@@ -109,6 +110,8 @@ class Passes:
         self.vectors_from_peers = 0
         self.vectors_from_model = 0
         self.vectors_kept = 0
+        self.notebook = Notebook(configured, self, progress)
+        """The base's own notes, kept in a folder of the index drive."""
 
     def answering_now(self) -> restage.Answering | None:
         """The model whose vectors answer while a new one's are made; None from the moment
@@ -153,6 +156,7 @@ class Passes:
         self._loaded()
 
     def _loaded(self) -> None:
+        self.notebook.load()
         self.index.load()
         self.index.settle()
         meta = self.index.store.meta()
@@ -373,10 +377,12 @@ class Passes:
         chunks embedded by `embed`, and what is gone dropped."""
         index = index or self.index
         state = self._progress.state
+        # What the index holds is taken before the listing: a note written meanwhile is
+        # then read again rather than dropped as not listed.
+        known = {(f.record.source, f.record.path): f.record for f in list(index.files.values())}
         listing = await self._scan(pool.files)
         state.skipped = dict(listing.skipped)
         state.problems = list(listing.problems)
-        known = {(f.record.source, f.record.path): f.record for f in index.files.values()}
         planned = plan.plan(listing, known, settings, full)
         await asyncio.to_thread(index.drop_files, planned.to_drop)
         state.total, state.done = len(planned.to_read), 0
@@ -393,7 +399,7 @@ class Passes:
         `LISTING_SECONDS`, and at once while an earlier listing of one has not returned
         (`plan.still_listing`). A listing that did not finish is not used: the pass stops
         before it drops anything."""
-        configured = self._configured.config.sources
+        configured = self.sources()
         stuck = plan.still_listing(configured, self._listings)
         if stuck:
             raise plan.ListingHung(stuck, LISTING_SECONDS)
@@ -410,6 +416,12 @@ class Passes:
         if late:
             raise plan.ListingHung(late, LISTING_SECONDS)
         return plan.merged(listing.result() for listing in listings)
+
+    def sources(self) -> list[SourceConfig]:
+        """What a pass reads: the configured sources, and the base's own notes."""
+        config = self._configured.config
+        own = SourceConfig(drive=notes.source(config.name), root=notes.folder(config.index_dir))
+        return [*config.sources, own]
 
     def _listed(self, key: plan.Key, listing: asyncio.Future[plan.Scan]) -> None:
         """A listing returned: its source may be listed again. One that returned late is

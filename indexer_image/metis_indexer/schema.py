@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from metis_indexer import notes
 from metis_indexer.documents import Kind
 from metis_indexer.errors import BadRequest
 from metis_indexer.limits import VectorKind
@@ -66,6 +67,20 @@ class SearchRequest(_Body):
     filters: Filters | None = None
 
 
+class NoteCitation(BaseModel):
+    """What a note's result says of the note: when it was written, and whether a newer
+    note replaced it (its results then come after those of notes that still hold)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    written_at: str
+    replaces: list[str] = Field(default_factory=list)
+    replaced_by: str | None = None
+    """The newest note that replaces this one; null while it holds."""
+    replaced_at: str | None = None
+    """When that note was written."""
+
+
 class Citation(BaseModel):
     source: str
     document: str
@@ -75,6 +90,8 @@ class Citation(BaseModel):
     line: int | None = None
     headings: list[str] = Field(default_factory=list)
     snippet: str
+    note: NoteCitation | None = None
+    """For a result of the base's own notes (source `metis-<name>`); absent otherwise."""
 
 
 class Scores(BaseModel):
@@ -151,6 +168,82 @@ class VectorsAnswer(BaseModel):
     values each."""
     reason: str | None = None
     """Why none are given (another model, a model change, the index not loaded)."""
+
+
+_NOTE_TEXT: dict[str, Any] = {
+    "minLength": 1,
+    "maxLength": notes.TEXT_MAX,
+    "pattern": r"\S",
+    "description": f"The note: 1 to {notes.TEXT_MAX} characters, not only blanks "
+    "(NOTE_EMPTY, NOTE_TOO_LONG).",
+}
+
+
+class NoteRequest(_Body):
+    """`POST /v1/notes`: a note to keep on the base's own drive and index at once."""
+
+    text: str = Field(json_schema_extra=_NOTE_TEXT)
+    title: str | None = Field(
+        None,
+        json_schema_extra={
+            "maxLength": notes.TITLE_MAX,
+            "description": f"Up to {notes.TITLE_MAX} characters (NOTE_TOO_LONG).",
+        },
+    )
+    replaces: list[str] = Field(
+        default_factory=list,
+        json_schema_extra={
+            "maxItems": notes.REPLACES_MAX,
+            "items": {"type": "string", "pattern": notes.ID_PATTERN},
+            "description": "Ids of the notes this one replaces: they stay searchable, after "
+            "the notes that hold (NOTE_REPLACES_UNKNOWN, NOTE_REPLACES_ITSELF, "
+            "NOTE_REPLACES_CYCLE, NOTE_REPLACES_TOO_MANY).",
+        },
+    )
+    id: str | None = Field(
+        None,
+        json_schema_extra={
+            "pattern": notes.ID_PATTERN,
+            "description": "The note's id; a new one is made when absent. A note of this id "
+            "already held is written over (200 rather than 201), so a retried write keeps "
+            "one note (NOTE_ID_INVALID).",
+        },
+    )
+
+
+class NoteAnswer(BaseModel):
+    """One note, as the base keeps it."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    source: str
+    """The source its results are cited with: `metis-<name>`."""
+    document: str
+    """Its path in that source (`<id>.md`): what citations and evaluation cases name."""
+    title: str | None
+    text: str
+    written_at: str
+    replaces: list[str]
+    replaced_by: str | None
+    replaced_at: str | None
+
+
+class NotesPage(BaseModel):
+    """`GET /v1/notes`: newest first."""
+
+    model_config = ConfigDict(extra="forbid")
+    notes: list[NoteAnswer]
+    page: int
+    page_size: int
+    total: int
+
+
+class NotesQuery(BaseModel):
+    """The query string of `GET /v1/notes`."""
+
+    model_config = ConfigDict(extra="ignore")
+    page: int = Field(1, ge=1)
+    page_size: int = Field(100, ge=1, le=PAGE_SIZE_MAX)
 
 
 class LastPass(BaseModel):
@@ -237,6 +330,9 @@ class StatusAnswer(BaseModel):
     phase: Phase
     reason: str
     documents: int
+    """Documents indexed: the sources' and the base's own notes."""
+    notes: int = 0
+    """Notes the base keeps on its own drive (written over `/v1/notes`)."""
     chunks: int
     failed: int
     pass_total: int

@@ -77,6 +77,6 @@ def test_schemathesis_finds_no_disagreement(
         )
         assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-4000:]
         assert "No issues found" in run.stdout
-        assert " 9 selected / 9 total" in run.stdout, run.stdout[:2000]
+        assert " 13 selected / 13 total" in run.stdout, run.stdout[:2000]
     finally:
         p.stop()

@@ -71,10 +71,11 @@ def test_an_agent_lists_the_tools_and_gets_cited_results(served: Process) -> Non
         ],
     )
     by_name = {t.name: t for t in tools.tools}
-    assert sorted(by_name) == ["documents", "search", "status"]
+    assert sorted(by_name) == ["documents", "forget", "remember", "search", "status"]
     for tool in by_name.values():
-        assert tool.annotations.read_only_hint is True
-        assert tool.annotations.destructive_hint is False
+        writes = tool.name in ("remember", "forget")
+        assert tool.annotations.read_only_hint is not writes
+        assert tool.annotations.destructive_hint is (tool.name == "forget")
         assert len(tool.description) > 100  # enough for an agent to choose by
     search = by_name["search"].input_schema
     assert search["required"] == ["query"]

@@ -1,0 +1,106 @@
+"""The decisions over a base's notes: what a write may be, what replaces what, and the
+order of results in a memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from metis_indexer import notes
+from metis_indexer.errors import Refusal
+
+
+def note(note_id: str, at: str, *replaces: str) -> notes.Note:
+    return notes.Note(note_id, f"fact {note_id}", at, None, replaces)
+
+
+HELD = {
+    "a": note("a", "2026-09-01T00:00:00Z"),
+    "b": note("b", "2026-10-01T00:00:00Z", "a"),
+    "c": note("c", "2026-11-01T00:00:00Z", "b"),
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "title", "replaces", "note_id", "code"),
+    [
+        ("", None, [], "x", "NOTE_EMPTY"),
+        (" \n\t ", None, [], "x", "NOTE_EMPTY"),
+        ("x" * (notes.TEXT_MAX + 1), None, [], "x", "NOTE_TOO_LONG"),
+        ("fact", "t" * (notes.TITLE_MAX + 1), [], "x", "NOTE_TOO_LONG"),
+        ("fact", None, ["zzz"], "x", "NOTE_REPLACES_UNKNOWN"),
+        ("fact", None, ["x"], "x", "NOTE_REPLACES_ITSELF"),
+        ("fact", None, ["c"], "a", "NOTE_REPLACES_CYCLE"),
+        ("fact", None, ["b"], "a", "NOTE_REPLACES_CYCLE"),
+        (
+            "fact",
+            None,
+            [f"n{i}" for i in range(notes.REPLACES_MAX + 1)],
+            "x",
+            "NOTE_REPLACES_TOO_MANY",
+        ),
+        ("fact", None, [], "Upper", "NOTE_ID_INVALID"),
+        ("fact", None, [], "-dash", "NOTE_ID_INVALID"),
+        ("fact", None, [], "a" * 64, "NOTE_ID_INVALID"),
+    ],
+)
+def test_a_bad_note_is_refused_with_its_code(
+    text: str, title: str | None, replaces: list[str], note_id: str, code: str
+) -> None:
+    with pytest.raises(Refusal) as refused:
+        notes.check_write(text, title, replaces, note_id, HELD)
+    assert refused.value.code == code
+
+
+def test_a_cycle_is_named_by_its_chain() -> None:
+    with pytest.raises(Refusal) as refused:
+        notes.check_write("fact", None, ["c"], "a", HELD)
+    assert "a → c → b → a" in refused.value.message
+    assert refused.value.status == 409
+
+
+def test_a_good_note_is_kept_trimmed_and_its_replacements_once() -> None:
+    text, title, replaces = notes.check_write(
+        "  fact \n", "  Ana's\n role ", ["a", "b", "a"], "d", HELD
+    )
+    assert (text, title, replaces) == ("fact", "Ana's role", ("a", "b"))
+    assert notes.check_write("fact", "   ", [], "d", HELD)[1] is None
+    assert notes.check_write("fact", None, ["a"], "c", HELD)[2] == ("a",)  # a rewrite of c
+
+
+def test_the_newest_replacement_is_the_one_cited() -> None:
+    held = [*HELD.values(), note("d", "2026-12-01T00:00:00Z", "a")]
+    found = notes.replaced(held)
+    assert found == {
+        "a": notes.Replaced("d", "2026-12-01T00:00:00Z"),
+        "b": notes.Replaced("c", "2026-11-01T00:00:00Z"),
+    }
+    assert "c" not in found and "d" not in found
+
+
+@pytest.mark.parametrize(
+    ("kinds", "order"),
+    [
+        ([], []),
+        ([None, None], [0, 1]),
+        ([True, False], [1, 0]),
+        ([None, True, None, False], [0, 3, 2, 1]),
+        ([True, True, False, None, False], [2, 4, 0, 3, 1]),
+        ([False, True, False], [0, 2, 1]),
+    ],
+)
+def test_notes_that_hold_come_first_in_the_notes_places(
+    kinds: list[bool | None], order: list[int]
+) -> None:
+    assert notes.holding_first(kinds) == order
+
+
+def test_a_note_is_markdown_named_by_its_id() -> None:
+    titled = notes.Note("ana", "She leads payments.", "t", "Ana's role")
+    assert notes.markdown(titled) == "# Ana's role\n\nShe leads payments.\n"
+    assert notes.markdown(notes.Note("x", "fact", "t")) == "fact\n"
+    assert titled.document == "ana.md"
+    assert notes.of_document("ana.md") == "ana"
+    assert notes.of_document("handbook/leave.md") is None
+    assert notes.of_document("ana.txt") is None
+    assert notes.source("team") == "metis-team"
+    assert len(notes.new_id()) == 12 and notes.check_id(notes.new_id())
