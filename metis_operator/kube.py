@@ -146,9 +146,10 @@ class Cluster:
         query: Query | None,
         content_type: str,
         timeout: float,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         """One call, its answer not read yet (a watch streams it); non-2xx as ApiError."""
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        headers = {"Accept": "application/json", "Content-Type": content_type, **(headers or {})}
         request = self._api.param_serialize(
             method,
             url_path,
@@ -172,9 +173,11 @@ class Cluster:
         body: Any = None,
         query: Query | None = None,
         content_type: str = "application/json",
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
-        """One call: the answer's JSON (None when empty); non-2xx as ApiError."""
-        response = self._send(method, url_path, body, query, content_type, self._timeout)
+        """One call: the answer's JSON (None when empty); non-2xx as ApiError. `headers`: more
+        of them (the API server passes them on through its proxy)."""
+        response = self._send(method, url_path, body, query, content_type, self._timeout, headers)
         return _parsed(response.read())
 
     def watch(

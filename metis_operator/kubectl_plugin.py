@@ -8,10 +8,15 @@ kubectl runs any `kubectl-<name>` on PATH as `kubectl <name>`, so the console sc
     kubectl metis documents BASE --failed
     kubectl metis reindex BASE [--full]          the reindex annotation, as README shows
     kubectl metis evaluate BASE [--k 10]         the evaluate annotation
+    kubectl metis note add BASE "text" [--title T] [--replaces ID]   keep a note in the base
+    kubectl metis note list BASE                 its notes, newest first
+    kubectl metis note rm BASE ID                forget one
 
-Searches and document lists go through the API server's service proxy to the base's
-Service, so no port-forward is needed: a user who may `get services/proxy` in the
-namespace may ask. Rendering is pure (the objects as the API server gives them in, a
+Searches, document lists and notes go through the API server's service proxy to the
+base's Service, so no port-forward is needed: a user who may `get services/proxy` in the
+namespace may ask. Writing or forgetting a note needs the base's token too, read from its
+Secret (`metis-<name>`): a user who may read that Secret may write the base's notes.
+Rendering is pure (the objects as the API server gives them in, a
 base's status read through the models the operator writes it with, text out); the
 edges are the shared client (metis_operator/kube.py) and the proxy.
 """
@@ -19,6 +24,7 @@ edges are the shared client (metis_operator/kube.py) and the proxy.
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime as dt
 import json
 import sys
@@ -27,7 +33,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from metis_indexer import schema
-from metis_indexer.answer_text import answer_text
+from metis_indexer.answer_text import answer_text, notes_text
+from metis_indexer.schema import TOKEN_HEADER
 from metis_operator import kube
 from metis_operator.api.identity import API_VERSION, EVALUATE, GROUP, KIND, PLURAL, REINDEX
 from metis_operator.api.status_types import IndexTotals, KnowledgeBaseStatus, Observed
@@ -124,6 +131,7 @@ def render_status(
         "Index",
         f"  Phase:         {_shown(ix.phase)}",
         f"  Documents:     {_shown(ix.documents)} ({_shown(ix.failed, '0')} failed)",
+        f"  Notes:         {_shown(ix.notes, '0')}",
         f"  Chunks:        {_shown(ix.chunks)}",
     ]
     total, done = ix.pass_total, ix.pass_done
@@ -256,6 +264,20 @@ class Cluster:
         except kube.ApiError as e:
             raise _refusal(e, f'no knowledge base "{name}" in namespace "{namespace}"') from None
 
+    def token(self, namespace: str, name: str) -> str | None:
+        """The base's token, from its Secret; None where the base has none."""
+        try:
+            secret = self.request("GET", kube.path("v1", "secrets", namespace, f"metis-{name}"))
+        except kube.ApiError as e:
+            if e.status == 404:
+                return None
+            raise PluginError(
+                f"cannot read secret metis-{name}, which holds the token that writing the "
+                f"base's notes needs: {_api_message(e)}"
+            ) from None
+        given = (secret.get("data") or {}).get("token")
+        return base64.b64decode(given).decode() if given else None
+
     def indexer(
         self,
         base: Mapping[str, Any],
@@ -263,12 +285,15 @@ class Cluster:
         route: str,
         body: Mapping[str, Any] | None = None,
         query: Mapping[str, str | int] | None = None,
+        token: str | None = None,
     ) -> Any:
-        """`route` of the base's indexer, through the API server's service proxy."""
+        """`route` of the base's indexer, through the API server's service proxy; `token`:
+        the base's, for a route that writes."""
         ns, name = base["metadata"]["namespace"], base["metadata"]["name"]
         path = f"/api/v1/namespaces/{ns}/services/http:metis-{name}:http/proxy{route}"
+        headers = {TOKEN_HEADER: token} if token else None
         try:
-            return self.request(method, path, body=body, query=query)
+            return self.request(method, path, body=body, query=query, headers=headers)
         except kube.ApiError as e:
             error = e.body.get("error") if isinstance(e.body, dict) else None
             if isinstance(error, dict):  # the indexer's own answer
@@ -352,6 +377,21 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("evaluate", parents=[common], help="run a base's evaluation set")
     e.add_argument("base")
     e.add_argument("--k", type=int, default=10)
+    n = sub.add_parser("note", parents=[common], help="a base's own notes: add, list, rm")
+    notes = n.add_subparsers(dest="note", required=True)
+    add = notes.add_parser("add", parents=[common], help="keep a note, searchable at once")
+    add.add_argument("base")
+    add.add_argument("text")
+    add.add_argument("--title")
+    add.add_argument("--replaces", action="append", default=[], metavar="ID")
+    add.add_argument("--id", help="the note's id (a note of that id is written over)")
+    listed = notes.add_parser("list", parents=[common], help="the notes, newest first")
+    listed.add_argument("base")
+    rm = notes.add_parser("rm", parents=[common], help="forget a note")
+    rm.add_argument("base")
+    rm.add_argument("id")
+    for each in (add, listed, rm):
+        each.add_argument("--json", action="store_true", help="print the answer as JSON")
     return p
 
 
@@ -372,6 +412,9 @@ def run(args: argparse.Namespace, now: dt.datetime) -> str:
         cluster.annotate(ns, args.base, key, value)
         return f"knowledgebase.{GROUP}/{args.base} annotated {key}={value}"
     base = cluster.base(ns, args.base)
+    if args.command == "note":
+        answer = _note(cluster, base, args)
+        return json.dumps(answer, indent=2, ensure_ascii=False) if args.json else notes_text(answer)
     if args.command == "documents":
         query: dict[str, str | int] = {"page_size": schema.PAGE_SIZE_MAX}
         query |= {"state": "failed"} if args.failed else {}
@@ -387,6 +430,20 @@ def run(args: argparse.Namespace, now: dt.datetime) -> str:
     if args.json:
         return json.dumps(answer, indent=2, ensure_ascii=False)
     return answer_text(schema.SearchAnswer.model_validate(answer))
+
+
+def _note(cluster: Cluster, base: Mapping[str, Any], args: argparse.Namespace) -> Any:
+    if args.note == "list":
+        query = {"page_size": schema.PAGE_SIZE_MAX}
+        return cluster.indexer(base, "GET", "/v1/notes", query=query)
+    token = cluster.token(base["metadata"]["namespace"], base["metadata"]["name"])
+    if args.note == "rm":
+        return cluster.indexer(base, "DELETE", f"/v1/notes/{args.id}", token=token)
+    request = schema.NoteRequest(
+        text=args.text, title=args.title, replaces=args.replaces, id=args.id
+    )
+    body = request.model_dump(exclude_none=True)
+    return cluster.indexer(base, "POST", "/v1/notes", body, token=token)
 
 
 def main(argv: list[str] | None = None) -> int:

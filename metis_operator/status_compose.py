@@ -50,7 +50,15 @@ EMBEDDING_CONDITION = "EmbeddingModelAvailable"
 RERANKER_CONDITION = "RerankerAvailable"
 """True when the reranker's Service answers as a reranker; absent without one."""
 
-INDEX_TOTALS = ("documents", "chunks", "failed", "last_indexed_at", "dimensions", "vectors")
+INDEX_TOTALS = (
+    "documents",
+    "notes",
+    "chunks",
+    "failed",
+    "last_indexed_at",
+    "dimensions",
+    "vectors",
+)
 """What survives a moment when the indexer does not answer (a replacement)."""
 
 _UNLISTED = re.compile(r"^source (?P<drive>\S+): cannot list ")
@@ -153,6 +161,7 @@ def _index(ix: StatusAnswer | None, previous: IndexTotals | None) -> IndexTotals
     return IndexTotals(
         phase=ix.phase,
         documents=ix.documents,
+        notes=ix.notes,
         chunks=ix.chunks,
         failed=ix.failed,
         pass_total=ix.pass_total,

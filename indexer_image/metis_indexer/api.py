@@ -37,6 +37,7 @@ from metis_indexer import console, mcp, notes
 from metis_indexer.answers import Answers
 from metis_indexer.errors import BadRequest, Conflict, Refusal, TimedOut, Unauthorized
 from metis_indexer.schema import (
+    TOKEN_HEADER,
     DocumentsPage,
     DocumentsQuery,
     ErrorAnswer,
@@ -90,6 +91,8 @@ class Costly:
         if self.token is None:
             return False
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if TOKEN_HEADER in request.headers:  # through the API server's proxy (kubectl metis)
+            scheme, given = "bearer", request.headers[TOKEN_HEADER]
         if scheme.lower() != "bearer" or not given.strip():
             raise Unauthorized(
                 "UNAUTHORIZED",

@@ -29,9 +29,9 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from metis_indexer import limits
-from metis_indexer.answer_text import answer_text
+from metis_indexer.answer_text import answer_text, notes_text
 from metis_indexer.config import ConfigError, IndexerConfig, explain, load
-from metis_indexer.schema import NoteAnswer, NotesPage, SearchAnswer
+from metis_indexer.schema import SearchAnswer
 
 if TYPE_CHECKING:
     from metis_indexer.service import Indexer
@@ -292,26 +292,6 @@ def _note(args: argparse.Namespace, url: str) -> Any:
         params = {"page": args.page, "page_size": args.page_size}
         return _call("GET", f"{url}/v1/notes", params=params)
     return _call("DELETE", f"{url}/v1/notes/{args.id}")
-
-
-def notes_text(answer: Any) -> str:
-    """A note, or a page of them, as a person reads it: id, when, what replaced it."""
-    if "notes" not in answer:
-        return note_line(NoteAnswer.model_validate(answer))
-    page = NotesPage.model_validate(answer)
-    if not page.notes:
-        return "No notes."
-    return "\n".join(note_line(n) for n in page.notes) + f"\n({page.total} notes)"
-
-
-def note_line(note: NoteAnswer) -> str:
-    head = f"{note.id}  {note.written_at}"
-    if note.replaced_by:
-        head += f"  replaced by {note.replaced_by} on {note.replaced_at}"
-    if note.replaces:
-        head += f"  replaces {', '.join(note.replaces)}"
-    text = f"{note.title}: {note.text}" if note.title else note.text
-    return f"{head}\n    {text}"
 
 
 def main(argv: list[str] | None = None) -> int:

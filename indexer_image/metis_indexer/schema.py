@@ -28,6 +28,11 @@ DocumentState = Literal["indexed", "failed"]
 HASHES_MAX = 1024
 """Passage hashes one `POST /v1/vectors` asks for at most: 1,024 of them are 36 KB, within
 the 64 KiB a body may have, and their vectors a few MB at most (1,024 dimensions)."""
+TOKEN_HEADER = "X-Metis-Token"
+"""The base's token as a header of its own, for a client that reaches the indexer through
+the Kubernetes API server's service proxy (`kubectl metis note`): the API server takes the
+Authorization header as its own and drops it before proxying."""
+
 PassageHash = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
 
 _QUERY_SCHEMA: dict[str, Any] = {

@@ -67,7 +67,14 @@ class IndexTotals(_Status):
         "standby (a replacement that has loaded the index answers searches until the pod it "
         "replaces stops, then takes over).",
     )
-    documents: int | None = Field(default=None, description="Documents indexed.")
+    documents: int | None = Field(
+        default=None, description="Documents indexed: the sources' and the base's own notes."
+    )
+    notes: int | None = Field(
+        default=None,
+        description="Notes the base keeps on its own drive (source metis-<name>), written over "
+        "its API or MCP; the count only, never a note's text.",
+    )
     chunks: int | None = Field(default=None, description="Chunks indexed.")
     failed: int | None = Field(
         default=None,

@@ -139,6 +139,7 @@ def base_fragment(view: BaseView, events: Sequence[EventView]) -> Html:
             "Documents / chunks / failed",
             f"{number(ix.documents)} / {number(ix.chunks)} / {number(ix.failed)}",
         ),
+        ("Notes", number(ix.notes)),
         ("Progress", progress(view)),
         ("Last indexed", when(ix.last_indexed_at)),
         ("Evaluation", evaluation(view)),

@@ -84,3 +84,35 @@ def test_the_form_keeps_the_search_it_shows() -> None:
     assert '<input type="checkbox" name="rerank" value="1">' in html
     assert '<input type="checkbox" name="compare" value="1" checked>' in html
     assert '<input type="checkbox" name="kind" value="txt" checked>' in html
+
+
+def test_a_note_says_when_it_was_written_and_what_replaced_it() -> None:
+    def result(note_id: str, **note: str) -> Result:
+        return Result.model_validate(
+            {
+                "score": 1.0,
+                "text": f"fact {note_id}",
+                "citation": {
+                    "source": "metis-team",
+                    "document": f"{note_id}.md",
+                    "kind": "md",
+                    "line": 1,
+                    "snippet": f"fact {note_id}",
+                    "note": {"id": note_id, "written_at": "2026-09-01T10:00:00Z", **note},
+                },
+                "scores": {"keyword": 1.0, "keyword_rank": 1, "fused": 0.016},
+            }
+        )
+
+    results = [
+        result("new"),
+        result("old", replaced_by="new", replaced_at="2026-11-02T09:00:00Z"),
+    ]
+    answer = SearchAnswer(results=results, mode="keyword", reranked=False, warnings=[], took={})
+    form = SearchForm(q="fact", bases=("a/x",))
+    html = pages.results_section(form, merge({"a/x": results}, 5), {"a/x": answer})
+    assert '<div class="note">note written 2026-09-01T10:00:00Z</div>' in html
+    assert (
+        '<div class="note replaced">note written 2026-09-01T10:00:00Z; replaced by new on '
+        "2026-11-02T09:00:00Z</div>"
+    ) in html

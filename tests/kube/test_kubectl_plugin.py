@@ -238,6 +238,20 @@ def test_kubectl_metis_status_search_and_requests(
     bad = kubectl_metis(kube, "search", "handbook", "x", "--top-k", "99", "-n", ns)
     assert bad.returncode == 1 and "error: handbook: TOP_K_OUT_OF_RANGE: " in bad.stderr
 
+    # Notes through the proxy: a write carries the base's token, read from its Secret (the
+    # API server drops an Authorization header before proxying).
+    fact = "Deploys freeze on Fridays after 3 pm, until the Monday stand-up."
+    added = ok(kubectl_metis(kube, "note", "add", "handbook", fact, "--id", "freeze", "-n", ns))
+    assert added.startswith("note freeze, written ") and fact in added
+    listed = ok(kubectl_metis(kube, "note", "list", "handbook", "-n", ns))
+    assert listed.startswith("note freeze, written ") and "(1 notes)" in listed
+    out = ok(kubectl_metis(kube, "search", "handbook", "When do deploys freeze?", "-n", ns))
+    assert "1. metis-handbook/freeze.md" in out and "   note freeze, written " in out
+    empty = kubectl_metis(kube, "note", "add", "handbook", "  ", "-n", ns)
+    assert empty.returncode == 1 and "error: handbook: NOTE_EMPTY: " in empty.stderr
+    ok(kubectl_metis(kube, "note", "rm", "handbook", "freeze", "-n", ns))
+    assert "No notes." in ok(kubectl_metis(kube, "note", "list", "handbook", "-n", ns))
+
     out = ok(kubectl_metis(kube, "documents", "handbook", "--failed", "-n", ns))
     (row,) = [line for line in out.splitlines() if "broken.pdf" in line]
     assert row.split()[:4] == ["handbook", "broken.pdf", "pdf", "failed"]

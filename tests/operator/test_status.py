@@ -27,6 +27,7 @@ EMBEDDING = ModelCheck("embedding model", "bge-m3", Model.AVAILABLE, "serves BAA
 STATUS = indexer_status(
     phase="ready",
     documents=40,
+    notes=3,
     chunks=120,
     failed=1,
     passes=2,
@@ -70,6 +71,7 @@ def test_a_ready_base() -> None:
         "index": {
             "phase": "ready",
             "documents": 40,
+            "notes": 3,
             "chunks": 120,
             "failed": 1,
             "pass_total": 0,
@@ -193,6 +195,7 @@ def test_totals_survive_a_moment_without_the_indexer_but_its_phase_does_not() ->
     s = compose(before, verdict=Verdict(State.STARTING, "a replacement"), o=Observation())
     assert s["observed"]["index"] == {
         "documents": 40,
+        "notes": 3,
         "chunks": 120,
         "failed": 1,
         "last_indexed_at": T0,

@@ -8,6 +8,7 @@ import datetime as dt
 import pytest
 
 from metis_indexer import schema
+from metis_indexer.answer_text import notes_text
 from metis_operator import kubectl_plugin as plugin
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
@@ -89,3 +90,38 @@ def test_each_request_is_a_new_annotation_value() -> None:
 def test_the_namespace_flag_goes_before_or_after_the_command(argv: list[str]) -> None:
     args = plugin.build_parser().parse_args(argv)
     assert (args.namespace, args.base, args.all_namespaces) == ("team-a", "handbook", False)
+
+
+def test_notes_say_when_they_were_written_and_what_replaced_them() -> None:
+    def note(note_id: str, **extra: object) -> dict[str, object]:
+        fields: dict[str, object] = {
+            "id": note_id,
+            "source": "metis-team",
+            "document": f"{note_id}.md",
+            "title": None,
+            "text": f"fact {note_id}",
+            "written_at": "2026-09-01T10:00:00Z",
+            "replaces": [],
+            "replaced_by": None,
+            "replaced_at": None,
+        }
+        return fields | extra
+
+    page = {
+        "notes": [
+            note("new", replaces=["old"], title="Ana", written_at="2026-11-02T09:00:00Z"),
+            note("old", replaced_by="new", replaced_at="2026-11-02T09:00:00Z"),
+        ],
+        "page": 1,
+        "page_size": 1000,
+        "total": 2,
+    }
+    assert notes_text(page).splitlines() == [
+        "note new, written 2026-11-02T09:00:00Z; replaces old",
+        "    Ana: fact new",
+        "note old, written 2026-09-01T10:00:00Z; replaced by new on 2026-11-02T09:00:00Z",
+        "    fact old",
+        "(2 notes)",
+    ]
+    assert notes_text({**page, "notes": [], "total": 0}) == "No notes."
+    assert notes_text(note("one")).startswith("note one, written 2026-09-01T10:00:00Z\n")

@@ -139,6 +139,13 @@ def test_a_memory_holds_through_restarts_reindexes_and_changes(
         status = p.status()
         assert status["notes"] == 2 and status["warnings"] == []
 
+        # An evaluation case may expect a note, named as citations name it.
+        case = {"id": "past-role", "question": PAST, "expected": ["metis-team/ana-role.md"]}
+        with (drive / ".metis" / "evals.jsonl").open("a") as f:
+            f.write("\n" + json.dumps(case) + "\n")
+        evaluated = p.post("/v1/evaluate", {"k": 5}).json()
+        assert not [m for m in evaluated["misses"] if m["case"] == "past-role"], evaluated
+
         # A full reindex reads every document again: the notes with them.
         passes = status["passes"]
         assert p.post("/v1/reindex", {"full": True}).status_code == 202

@@ -196,6 +196,17 @@ def search_form(form: SearchForm, bases: Sequence[Choice] | None, action: str) -
     )
 
 
+def note_line(hit: Hit) -> Html:
+    """Under a note's result: when it was written, and what replaced it."""
+    n = hit.result.citation.note
+    if n is None:
+        return Html("")
+    said = [f"note written {n.written_at}"]
+    if n.replaced_by:
+        said.append(f"replaced by {n.replaced_by} on {n.replaced_at}")
+    return el("div", "; ".join(said), class_="note replaced" if n.replaced_by else "note")
+
+
 def citation(hit: Hit, several: bool) -> Html:
     c = hit.result.citation
     where = f"page {c.page}" if c.page else f"line {c.line}" if c.line else None
@@ -214,6 +225,7 @@ def citation(hit: Hit, several: bool) -> Html:
                 class_="cite",
             ),
             el("div", place, class_="place") if place else None,
+            note_line(hit),
         ]
     )
 
