@@ -399,7 +399,7 @@ def parse(name: str, spec: Mapping[str, Any]) -> KnowledgeBaseSpec:
     """The spec, checked; SpecError names every field that is wrong."""
     check_name(name)
     try:
-        return KnowledgeBaseSpec.model_validate(dict(spec))
+        parsed = KnowledgeBaseSpec.model_validate(dict(spec))
     except ValidationError as e:
         problems = []
         for err in e.errors(include_url=False):
@@ -407,6 +407,14 @@ def parse(name: str, spec: Mapping[str, Any]) -> KnowledgeBaseSpec:
             where = _where(err["loc"])
             problems.append(message if message.startswith("spec.") else f"{where}: {message}")
         raise SpecError("; ".join(problems)) from None
+    own = f"metis-{name}"
+    for i, source in enumerate(parsed.sources):
+        if source.drive == own:
+            raise SpecError(
+                f"spec.sources[{i}].drive: {own} is the base's own drive (its index, and its "
+                f"notes as source {own}); name a drive of your documents"
+            )
+    return parsed
 
 
 def to_indexer_config(

@@ -89,3 +89,10 @@ def test_one_core_still_gets_two_reader_workers() -> None:
         "handbook", s, port=1, embedding_url="http://e", reranker_url=None, revisions={}
     )
     assert config.workers == 2 and config.reranker is None
+
+
+def test_the_bases_own_drive_is_not_a_source() -> None:
+    body = {**GOOD, "sources": [{"drive": "docs"}, {"drive": "metis-handbook"}]}
+    said = refused(body)
+    assert said.startswith("spec.sources[1].drive: metis-handbook is the base's own drive")
+    assert parse("other", body).drives == ["docs", "metis-handbook"]  # another base's name

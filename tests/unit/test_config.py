@@ -38,6 +38,10 @@ def test_defaults_follow_the_spec():
             },
             "sources d:handbook and d:handbook/hr overlap",
         ),
+        (
+            {"name": "team", "sources": [{"drive": "metis-team", "root": "/d"}]},
+            "source drive metis-team is the base's own notes",
+        ),
     ],
 )
 def test_each_limit_is_refused_naming_the_field(over, words):
