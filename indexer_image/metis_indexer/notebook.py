@@ -80,7 +80,11 @@ class Notebook:
     def load(self) -> None:
         """The notes as the drive holds them; what a kill left half written is removed."""
         records = self.folder / RECORDS
-        records.mkdir(parents=True, exist_ok=True)
+        try:
+            records.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a full or read-only drive: the index still loads and answers
+            log.warning("the notes' folder %s cannot be made (%s): no notes are read", records, e)
+            return
         found: dict[str, notes.Note] = {}
         for path in records.glob("*.json"):
             note_id = path.stem
