@@ -35,7 +35,7 @@ from metis_indexer.index import texts
 from metis_indexer.index.memory import Index, IndexSettings, Replacement
 from metis_indexer.index.store import FileRecord
 from metis_indexer.ingest import chunking, readers
-from metis_indexer.ingest.runner import file_hash, now
+from metis_indexer.ingest.runner import file_hash
 from metis_indexer.models.clients import ModelRefused, ModelUnavailable
 from metis_indexer.progress import Progress
 from metis_indexer.restage import Answering
@@ -94,6 +94,7 @@ class Notebook:
                 continue
             try:
                 raw = json.loads(path.read_text(encoding="utf-8"))
+                notes.moment(raw["written_at"])
                 found[note_id] = notes.Note(
                     note_id,
                     raw["text"],
@@ -135,7 +136,9 @@ class Notebook:
 
     def listed(self) -> list[notes.Note]:
         """Newest first."""
-        return sorted(self.notes.values(), key=lambda n: (n.written_at, n.id), reverse=True)
+        return sorted(
+            self.notes.values(), key=lambda n: (notes.moment(n.written_at), n.id), reverse=True
+        )
 
     async def write(
         self, text: str, title: str | None, replaces: Sequence[str], note_id: str | None
@@ -146,7 +149,8 @@ class Notebook:
         async with self._writing:
             chosen = notes.new_id() if note_id is None else note_id
             text, title, kept = notes.check_write(text, title, replaces, chosen, self.notes)
-            note = notes.Note(chosen, text, now(), title, kept)
+            written = notes.written_now(n.written_at for n in self.notes.values())
+            note = notes.Note(chosen, text, written, title, kept)
             path = await asyncio.to_thread(self._keep, note)
             new = chosen not in self.notes
             self.notes = {**self.notes, chosen: note}

@@ -11,6 +11,7 @@ others: a document's result keeps its rank.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import re
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,6 +43,26 @@ class Note:
     def document(self) -> str:
         """The note's path in its source, as citations name it."""
         return self.id + SUFFIX
+
+
+def written_now(latest: Iterable[str] = ()) -> str:
+    """When a note is written, to the millisecond and after every note already held
+    (`latest`): a note written in the same millisecond as another, or after the clock
+    stepped back, is still the newer one."""
+    now = dt.datetime.now(dt.UTC)
+    at = now.replace(microsecond=now.microsecond // 1000 * 1000)
+    held = [moment(w) for w in latest]
+    if held and max(held) >= at:
+        at = max(held) + dt.timedelta(milliseconds=1)
+    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def moment(written_at: str) -> dt.datetime:
+    """A note's `written_at` read back; ValueError for what no note's record holds."""
+    at = dt.datetime.fromisoformat(written_at)
+    if at.tzinfo is None:
+        raise ValueError(f"written_at {written_at[:40]!r} names no time zone")
+    return at
 
 
 def source(base: str) -> str:
@@ -169,7 +190,7 @@ def replaced(notes: Iterable[Note]) -> dict[str, Replaced]:
     """Each replaced note's newest replacement (a replacement of a note no longer held
     counts for nothing)."""
     found: dict[str, Replaced] = {}
-    for n in sorted(notes, key=lambda n: (n.written_at, n.id)):
+    for n in sorted(notes, key=lambda n: (moment(n.written_at), n.id)):
         for r in n.replaces:
             found[r] = Replaced(n.id, n.written_at)
     return found

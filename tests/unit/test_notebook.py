@@ -40,12 +40,16 @@ def test_a_note_is_read_whole_and_what_a_kill_left_is_dropped(tmp_path: Path) ->
     record(folder, "cut", text="c", written_at="2026-10-02T00:00:00Z")  # no Markdown: cut short
     record(folder, "bad", written_at="2026-10-03T00:00:00Z")  # no text
     (folder / "bad.md").write_text("?\n")
+    record(folder, "when", text="d", written_at="yesterday")
+    (folder / "when.md").write_text("d\n")
+    record(folder, "newest", text="e", written_at="2026-10-01T00:00:00.500Z")
+    (folder / "newest.md").write_text("e\n")
     book.load()
-    assert sorted(book.notes) == ["new", "old"]
+    assert sorted(book.notes) == ["new", "newest", "old"]
     assert book.notes["old"].title == "T" and book.notes["new"].replaces == ("old",)
     assert book.replaced["old"].by == "new"
     assert not (folder / RECORDS / "cut.json").exists()
-    assert [n.id for n in book.listed()] == ["new", "old"]
+    assert [n.id for n in book.listed()] == ["newest", "new", "old"]
 
 
 def test_a_drive_where_the_folder_cannot_be_made_holds_no_notes(tmp_path: Path) -> None:

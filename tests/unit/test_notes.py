@@ -104,3 +104,12 @@ def test_a_note_is_markdown_named_by_its_id() -> None:
     assert notes.of_document("ana.txt") is None
     assert notes.source("team") == "metis-team"
     assert len(notes.new_id()) == 12 and notes.check_id(notes.new_id())
+
+
+def test_a_note_is_written_after_every_note_held() -> None:
+    first = notes.written_now()
+    assert first.endswith("Z") and len(first) == len("2026-12-05T13:22:01.123Z")
+    ahead = "2999-01-01T00:00:00.000Z"
+    assert notes.written_now([first, ahead]) == "2999-01-01T00:00:00.001Z"
+    second = notes.written_now([first])
+    assert second > first
