@@ -131,5 +131,5 @@ fi
 
 log "build took $((SECONDS - t0)) s in all"
 "$out/kube-apiserver" --version >&2
-"$out/etcd" --version 2>&1 | head -1 >&2
+"$out/etcd" --version 2>&1 | sed -n 1p >&2  # sed reads to the end: `head` could end first and SIGPIPE etcd (pipefail: exit 141)
 echo "$out"
