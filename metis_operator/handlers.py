@@ -15,7 +15,7 @@ Each step of a base's loop collects the status it wants and what it says of it i
 changed, then the lines and the Events (one when the state changed). The user's
 requests (reindex, evaluate annotations) are kopf field handlers. A base annotated
 `metis.astraeus.io/paused: "true"` is left alone: its children are not touched and a
-Paused condition says so.
+Paused condition says so; a request made meanwhile runs when the pause ends.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import datetime
 import logging
 import re
 import time
@@ -61,6 +62,11 @@ KOPF_PREFIX = f"kopf.{identity.GROUP}"
 prefix out of the changes it reacts to, and the user's requests (reindex, evaluate)
 are annotations under the group."""
 log = logging.getLogger("metis_operator")
+REQUEST_TIMEOUT = 3600
+"""Seconds kopf keeps trying a request (reindex, evaluate) before it gives it up."""
+PAUSED_RETRY_SECONDS = 30.0
+"""How often a request made while the base is paused looks whether the pause ended: each
+look is a write of kopf's progress annotation, so not at every poll."""
 
 
 def paused(body: Mapping[str, Any]) -> bool:
@@ -372,37 +378,84 @@ async def created(body: kopf.Body, **_: Any) -> None:
     report.say(_key(body), "created")
 
 
+def given_up_while_paused(what: str, waited_seconds: float) -> Event | None:
+    """What becomes of a request made while the base is paused: None while it waits for
+    the pause to end (kopf tries it again; the annotation stays), else, when kopf would
+    give it up before the next try, the Warning that says it was not run."""
+    if waited_seconds + PAUSED_RETRY_SECONDS < REQUEST_TIMEOUT:
+        return None
+    message = (
+        f"{what} not run: the base stayed paused for {REQUEST_TIMEOUT // 60} minutes; "
+        "annotate it again once the pause ends"
+    )
+    return Event("Warning", "RequestDropped", "Request", message)
+
+
+async def _wait_for_pause(
+    body: kopf.Body, memo: kopf.Memo, what: str, runtime: datetime.timedelta, retry: int
+) -> None:
+    """A request on a paused base tried again until the pause ends (an Event says so
+    once), or dropped with a Warning when it waited too long."""
+    dropped = given_up_while_paused(what, runtime.total_seconds())
+    if dropped is not None:
+        log.warning("%s/%s: %s", *_key(body), dropped.message, extra=report.about(_key(body)))
+        await status_update.post_event(memo.context, body, dropped)
+        return
+    if not retry:
+        deferred = Event("Normal", "Deferred", "Request", f"{what} runs when the pause ends")
+        await status_update.post_event(memo.context, body, deferred)
+    raise kopf.TemporaryError(f"{what} waits for the pause to end", delay=PAUSED_RETRY_SECONDS)
+
+
 def _created(reason: kopf.Reason) -> bool:
     """A new base runs its first pass anyway: an annotation it was created with is moot."""
     return reason == kopf.Reason.CREATE
 
 
 async def reindex(
-    new: str, body: kopf.Body, memo: kopf.Memo, reason: kopf.Reason, retry: int, **_: Any
+    new: str,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    reason: kopf.Reason,
+    retry: int,
+    runtime: datetime.timedelta,
+    **_: Any,
 ) -> None:
-    if _created(reason) or paused(body):
+    if _created(reason):
         return
     full = str(new).startswith("full")
     what = "a full reindex" if full else "a pass"
     if not retry:
         report.say(_key(body), f"{what} asked ({identity.REINDEX}={new})", request="reindex")
+    if paused(body):
+        await _wait_for_pause(body, memo, what, runtime, retry)
+        return
     await _ask(body, memo, indexer_client.reindex(memo.context, children.Owner.of(body), full=full))
     started = Event("Normal", "Reindex", "Reindex", f"{what} started")
     await status_update.post_event(memo.context, body, started)
 
 
 async def evaluate(
-    new: str, body: kopf.Body, memo: kopf.Memo, reason: kopf.Reason, retry: int, **_: Any
+    new: str,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    reason: kopf.Reason,
+    retry: int,
+    runtime: datetime.timedelta,
+    **_: Any,
 ) -> None:
-    if _created(reason) or paused(body):
+    if _created(reason):
         return
-    found = _K.search(str(new))
-    k = int(found[1]) if found else DEFAULT_K
-    ctx: Context = memo.context
     if not retry:
         report.say(
             _key(body), f"an evaluation asked ({identity.EVALUATE}={new})", request="evaluate"
         )
+    if paused(body):
+        await _wait_for_pause(body, memo, "an evaluation", runtime, retry)
+        return
+    found = _K.search(str(new))
+    k = int(found[1]) if found else DEFAULT_K
+    ctx: Context = memo.context
     figures = await _ask(body, memo, indexer_client.evaluate(ctx, children.Owner.of(body), k=k))
     figures[quality.RETRIEVAL] = quality.retrieval(body.get("spec") or {})
     runner: Runner = memo.runner
@@ -446,5 +499,5 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
             field=("metadata", "annotations", annotation),
             new=kopf.PRESENT,
             backoff=interval,
-            timeout=3600,
+            timeout=REQUEST_TIMEOUT,
         )(fn)

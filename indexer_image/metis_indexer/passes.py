@@ -316,7 +316,8 @@ class Passes:
         self._progress.set_phase("scanning", "")
         settings = await self._settings()
         current = self.index.settings()
-        if restage.needs_staging(current, settings, self.index.chunk_count):
+        staged = restage.needs_staging(current, settings, self.index.chunk_count)
+        if staged:
             assert current is not None
             if not await self._restage(current, settings, pool):
                 return  # the configuration changed meanwhile: the pass it asked for runs next
@@ -340,12 +341,17 @@ class Passes:
             await asyncio.to_thread(self.index.adopt, settings)
         self.chunks_of = rechunk.chunking(settings)
         await self._answered_by_configured()
+        changed = staged or built_beside or current != settings or not self.passed
         if not built_beside:  # else its last round was this pass's reading
-            await self._read(settings, full, pool, self._embed)
+            planned = await self._read(settings, full, pool, self._embed)
+            changed = changed or bool(planned.to_read or planned.to_drop)
         await asyncio.to_thread(self.index.settle)
-        state.last_indexed_at = now()
+        finished = now()
+        if changed or state.last_indexed_at is None:
+            # A rescan that found nothing to read leaves the time, and so the base's status.
+            state.last_indexed_at = finished
         if not self.passed:
-            await asyncio.to_thread(self.index.store.set_meta, {PASSED: state.last_indexed_at})
+            await asyncio.to_thread(self.index.store.set_meta, {PASSED: finished})
             self.passed = True
         embedder = self._configured.embedder
         if config.peers and embedder is not None and embedder.model is not None:

@@ -86,7 +86,10 @@ class IndexTotals(_Status):
         default=None, description="Documents the current pass has read so far."
     )
     last_indexed_at: str | None = Field(
-        default=None, description="When its last pass finished.", json_schema_extra=DATE_TIME
+        default=None,
+        description="When its last pass that read or dropped a document finished (or its "
+        "first pass since the indexer started): a rescan that finds nothing changed leaves it.",
+        json_schema_extra=DATE_TIME,
     )
     dimensions: int | None = Field(default=None, description="The dimensions of its embeddings.")
     vectors: str | None = Field(

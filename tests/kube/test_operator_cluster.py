@@ -231,6 +231,18 @@ def managers(obj: dict[str, Any]) -> set[str]:
     return {m["manager"] for m in obj["metadata"].get("managedFields") or []}
 
 
+def requests_tried(obj: dict[str, Any]) -> list[str]:
+    """The last failure kopf recorded of each request still being tried (reindex,
+    evaluate): its progress annotations."""
+    annotations = obj["metadata"].get("annotations") or {}
+    records = [
+        json.loads(v)
+        for k, v in annotations.items()
+        if k.startswith("kopf.metis.astraeus.io/") and v.startswith("{")
+    ]
+    return [r.get("message") or "" for r in records if isinstance(r, dict) and "retries" in r]
+
+
 def test_a_paused_base_is_left_alone(
     kube: ControlPlane, namespace: str, models: ModelServer, tmp_path: Path
 ) -> None:
@@ -262,9 +274,25 @@ def test_a_paused_base_is_left_alone(
         wait_for(lambda: gone(kube, cm), timeout=30, what="the ConfigMap to go")
         looked_again(op)
         assert gone(kube, cm), "a paused base's child was recreated"
+        kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/reindex=now")
+        deferred = ("Deferred", "a pass runs when the pause ends")
+        wait_for(
+            lambda: deferred in state_events(kube, ns, "handbook"),
+            timeout=30,
+            what="the Event saying the pass waits for the pause to end",
+        )
 
         kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/paused-")
         wait_for(lambda: not gone(kube, cm), timeout=30, what="the ConfigMap to come back")
+        # Tried once the pause ends: kopf's record of the request then holds the
+        # indexer's answer (it has none yet, the base being Pending), not the pause.
+        wait_for(
+            lambda: any(
+                "pause" not in tried for tried in requests_tried(get_kb(kube, ns, "handbook"))
+            ),
+            timeout=60,
+            what="the pass to be tried once the pause ends",
+        )
         wait_state(
             kube,
             ns,

@@ -112,6 +112,15 @@ def test_an_unchanged_base_composes_the_same_status_so_nothing_is_written() -> N
     assert status_compose.merge_patch(first, again) == {}
 
 
+def test_a_rescan_that_read_nothing_writes_nothing() -> None:
+    """The indexer's report after another pass that found nothing to read differs only in
+    the pass count, which the status does not copy: it keeps `last_indexed_at`."""
+    first = compose({}, now=T0)
+    rescanned = STATUS.model_copy(update={"passes": STATUS.passes + 1})
+    again = compose(first, o=dataclasses.replace(OBSERVED, indexer=rescanned), now=T1)
+    assert status_compose.merge_patch(first, again) == {}
+
+
 def test_a_stored_status_with_a_field_this_version_cannot_read_is_composed_anew() -> None:
     """A state a newer operator wrote and a hand-edited evaluation: the loop goes on, the
     new status replaces both, and what it can read (the conditions' times) is kept."""

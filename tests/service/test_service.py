@@ -256,6 +256,10 @@ def test_a_pass_reads_exactly_what_changed(models, tmp_path):
     with running(p):
         first = wait_ready(p)
         assert first["documents"] == 4 and first["skipped"] == {".png": 1}
+        assert p.post("/v1/reindex", {}).status_code == 202
+        idle = p.wait_status("a pass that reads nothing", lambda s: s["passes"] == 2)
+        assert idle["last_pass"] == {"read": 0, "unchanged": 0, "dropped": 0}
+        assert idle["last_indexed_at"] == first["last_indexed_at"]  # the status stays as it was
         (drive / "a.md").write_text("# Note a\n\nChanged: the a note now says more.\n")
         (drive / "b.md").unlink()
         copy = tmp_path / "c-copy.md"
@@ -264,14 +268,14 @@ def test_a_pass_reads_exactly_what_changed(models, tmp_path):
         os.utime(drive / "c.md", ns=(1, 1))  # surely another mtime
         assert p.post("/v1/reindex", {}).status_code == 202
         second = p.wait_status(
-            "the second pass", lambda s: s["passes"] == 2 and s["phase"] == "ready"
+            "the pass that reads the changes", lambda s: s["passes"] == 3 and s["phase"] == "ready"
         )
         assert second["last_pass"] == {"read": 1, "unchanged": 1, "dropped": 1}
         assert second["documents"] == 3
         answer = p.post("/v1/search", {"query": "changed", "mode": "keyword"}).json()
         assert answer["results"][0]["citation"]["document"] == "a.md"
         p.post("/v1/reindex", {"full": True})
-        third = p.wait_status("a full pass", lambda s: s["passes"] == 3 and s["phase"] == "ready")
+        third = p.wait_status("a full pass", lambda s: s["passes"] == 4 and s["phase"] == "ready")
         assert third["last_pass"]["read"] == 3
 
 
