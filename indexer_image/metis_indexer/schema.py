@@ -132,6 +132,10 @@ class SearchAnswer(BaseModel):
     reranked: bool
     warnings: list[str]
     took: Took
+    words: list[str] | None = None
+    """The question's words that tell passages apart in this base (held by at least one
+    chunk and at most a quarter of them), as search compares words: what a snippet's
+    marks show. None from an indexer older than the field."""
 
 
 class EvaluateRequest(_Body):

@@ -100,8 +100,15 @@ def test_compare_shows_the_three_ranks_and_why_each_came_up(
         r"the reranker scored it -?\d\.\d{3}$",
         first[4],
     ), first[4]
-    whys = [r.find_elements(By.TAG_NAME, "td")[4].text for r in rows]
-    assert any("— it says the same thing in other words" in w for w in whys), whys
+    cells = [[td.text for td in r.find_elements(By.TAG_NAME, "td")] for r in rows]
+    assert any("— it says the same thing in other words" in c[4] for c in cells), cells
+    for _, meaning, words, _, said in cells:  # one rank per thing: the columns' own
+        by_meaning = re.search(r"close in meaning \(#(\d+)\)", said)
+        by_words = re.search(r"shares words \(#(\d+)\)", said)
+        assert (by_meaning.group(1) if by_meaning else "—") == meaning, (meaning, said)
+        assert (by_words.group(1) if by_words else "—") == words, (words, said)
+    marks = {m.text.lower() for m in browser.find_elements(By.CSS_SELECTOR, "table.compare mark")}
+    assert "xid" in marks and "the" not in marks, marks
     screenshot(browser, "compare")
 
 

@@ -18,10 +18,12 @@ from metis_indexer.console.views import (
     marked,
     merge,
     parse_search,
+    question_words,
     search_query,
+    telling_words,
     why,
 )
-from metis_indexer.schema import Result, Scores
+from metis_indexer.schema import ErrorBody, Result, Scores, SearchAnswer, Took
 from metis_operator.console.views import base_view, event_view, indexer_url, when
 
 
@@ -39,6 +41,12 @@ def result(doc: str, *, line: int = 1, **scores: Any) -> Result:
             },
             "scores": scores,
         }
+    )
+
+
+def answer(words: list[str] | None) -> SearchAnswer:
+    return SearchAnswer(
+        results=[], mode="hybrid", reranked=False, warnings=[], took=Took(), words=words
     )
 
 
@@ -217,9 +225,11 @@ def test_the_score_line_leaves_out_a_step_that_did_not_score() -> None:
     )
 
 
-def test_compare_lists_every_passage_with_its_rank_in_each_mode() -> None:
+def test_compare_says_why_by_the_ranks_its_columns_show() -> None:
+    """Issue 28: the sentence names the Meaning and Words columns' ranks, not the hybrid
+    search's legs' (here p is the keyword leg's #7 but the by-words list's #1)."""
     both = merge(
-        {"a/x": [result("p", dense_rank=2, keyword_rank=1, rerank=0.9), result("q", dense_rank=1)]},
+        {"a/x": [result("p", dense_rank=2, keyword_rank=7, rerank=0.9), result("q", dense_rank=1)]},
         5,
     )
     meaning = merge(
@@ -234,6 +244,7 @@ def test_compare_lists_every_passage_with_its_rank_in_each_mode() -> None:
         {"hybrid": 1, "dense": 2, "keyword": 1},
         "close in meaning (#2) and shares words (#1) — both agree; the reranker scored it 0.900",
     )
+    assert got["q"][1].startswith("close in meaning (#1); its words do not match")
     assert got["r"][0] == {"hybrid": None, "dense": 3, "keyword": None}
     assert got["r"][1].startswith("close in meaning (#3); its words do not match")
     assert got["s"][1].startswith("shares words (#2); not among the closest in meaning")
@@ -250,14 +261,31 @@ def test_compare_tells_apart_two_chunks_of_one_page() -> None:
 
 
 def test_the_questions_words_are_marked_folded_and_whole() -> None:
-    runs = marked("Configuração of Xid 79: a GPU error (xid).", "configuracao XID a 79 gpus")
+    words = question_words("configuracao XID a 79 gpus")
+    runs = marked("Configuração of Xid 79: a GPU error (xid).", words)
     assert [t for t, hit in runs if hit] == ["Configuração", "Xid", "79", "xid"]
     assert "".join(t for t, _ in runs) == "Configuração of Xid 79: a GPU error (xid)."
 
 
 @given(st.text(max_size=60), st.text(max_size=20))
 def test_marking_keeps_the_snippet_as_it_is(snippet: str, question: str) -> None:
-    assert "".join(t for t, _ in marked(snippet, question)) == snippet
+    assert "".join(t for t, _ in marked(snippet, question_words(question))) == snippet
+
+
+def test_each_base_marks_the_words_its_index_calls_telling() -> None:
+    """Issue 28: "the" is in most passages of a base, so its answer leaves it out of
+    `words`; an older indexer (no `words`) has every word of the question marked."""
+    told = telling_words(
+        "The backup of the VPN",
+        [
+            ("a/x", answer(words=["backup", "vpn"])),
+            ("a/y", answer(words=None)),
+            ("a/z", ErrorBody(code="INDEX_NOT_READY", message="loading")),
+        ],
+    )
+    assert told == {"a/x": {"backup", "vpn"}, "a/y": {"the", "backup", "of", "vpn"}}
+    runs = marked("Run the backup before the VPN is off.", told["a/x"])
+    assert [t for t, hit in runs if hit] == ["backup", "VPN"]
 
 
 # --------------------------------------------------------------------------- a base as shown

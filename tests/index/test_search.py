@@ -294,3 +294,22 @@ def test_the_legs_run_side_by_side_with_the_answers_of_one_after_the_other(tmp_p
         assert ranked.dense == {r: (s, i) for i, (r, s) in enumerate(dense, start=1)}
         assert ranked.keyword == {r: (s, i) for i, (r, s) in enumerate(keyword, start=1)}
         assert ranked.took.dense > 0 and ranked.took.keyword > 0
+
+
+def test_an_answer_names_the_words_that_tell_passages_apart(tmp_path):
+    """Issue 28: snippet marks skip words too common to mean anything, by how many of the
+    base's chunks hold them (at most a quarter, 3 at least), not by a stop-word list."""
+    index = new_index(tmp_path)
+    texts = [f"the note {i} of the handbook" for i in range(6)]
+    texts += ["Xid 79: the GPU fell off the bus.", "Reseat the GPU after Xid 48."]
+    for i, text in enumerate(texts):
+        index.put_document(record(f"doc{i}.md"), [chunk(text)], np.stack([axis(i % DIM)]))
+    a = ask(index, query="The GPU fell off, what now? handbook", mode="keyword")
+    assert a.words == ["gpu", "fell", "off"]  # "the" in 8 of 8, "handbook" 6: too common
+    assert ask(index, query="nothing known", mode="keyword").words == []
+    assert (
+        asyncio.run(
+            search(new_index(tmp_path / "empty"), SearchRequest(query="gpu"), Models(), EMPTY)
+        ).words
+        == []
+    )

@@ -7,21 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metis_indexer.index.keyword import KeywordIndex, document_frequencies
+from metis_indexer.index.keyword import KeywordIndex
 from metis_indexer.index.tokens import words
 
 PEPS = Path(__file__).resolve().parents[2].parent / "shared/data/perf/python-peps"
 
 
-def doc_of(rows):
-    """The document of each row: here every two rows (chunks) are one document."""
-    return [r // 2 for r in rows]
-
-
-def reference_scores(docs, query, files, k1=1.2, b=0.75):
-    """BM25 written out term by term: the slow, obvious version. `docs` are chunks, `files`
-    their documents: idf counts documents, the lengths and counts are the chunk's."""
-    n = len(set(files))
+def reference_scores(docs, query, k1=1.2, b=0.75):
+    """BM25 written out term by term: the slow, obvious version. `docs` are the chunks a
+    base searches: idf, lengths and counts are all the chunks'."""
+    n = len(docs)
     avgdl = sum(len(d) for d in docs) / len(docs)
     out = []
     for doc in docs:
@@ -29,7 +24,7 @@ def reference_scores(docs, query, files, k1=1.2, b=0.75):
         for term in set(query):
             tf = doc.count(term)
             if tf:
-                df = len({f for d, f in zip(docs, files, strict=True) if term in d})
+                df = sum(term in d for d in docs)
                 idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
                 score += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(doc) / avgdl))
         out.append(score)
@@ -58,7 +53,6 @@ def add(vocab, index, rows, docs):
         np.array(ids, np.int32),
         np.array(counts, np.int32),
         np.array(sizes, np.int64),
-        np.array(doc_of(rows), np.int64),
     )
 
 
@@ -87,9 +81,7 @@ def test_scores_match_the_reference(docs, query):
     alive = np.ones(len(docs), dtype=bool)
     q = words(query)
     got = dense(index, vocab.lookup(q), alive)
-    assert np.allclose(
-        got, reference_scores(docs, q, doc_of(range(len(docs)))), rtol=1e-4, atol=1e-5
-    )
+    assert np.allclose(got, reference_scores(docs, q), rtol=1e-4, atol=1e-5)
 
 
 def test_dead_rows_score_nothing_and_leave_the_statistics(docs):
@@ -100,7 +92,7 @@ def test_dead_rows_score_nothing_and_leave_the_statistics(docs):
     q = words("python import module")
     got = dense(index, vocab.lookup(q), alive)
     live_docs = [d for d, a in zip(docs, alive, strict=True) if a]
-    want = reference_scores(live_docs, q, doc_of(np.flatnonzero(alive)))
+    want = reference_scores(live_docs, q)
     assert np.all(got[~alive] == 0)
     assert np.allclose(got[alive], want, rtol=1e-4, atol=1e-5)
 
@@ -126,12 +118,12 @@ def test_adding_one_row_at_a_time_keeps_few_segments_and_exact_scores(docs):
         index.compact(alive)
         if r == 30:  # a query between adds: the cached weights must follow the new rows
             partial = dense(index, vocab.lookup(q), alive)[:31]
-            want = reference_scores(docs[:31], q, doc_of(range(31)))
+            want = reference_scores(docs[:31], q)
             assert np.allclose(partial, want, rtol=1e-4, atol=1e-5)
         assert len(index.segments) <= 3 * math.log(r + 1, 4) + 1
     assert np.allclose(
         dense(index, vocab.lookup(q), alive),
-        reference_scores(docs, q, doc_of(range(len(docs)))),
+        reference_scores(docs, q),
         rtol=1e-4,
         atol=1e-5,
     )
@@ -147,21 +139,20 @@ def test_a_query_after_a_drop_uses_the_new_statistics(docs):
     alive[:10] = False
     index.drop(np.arange(10))
     got = dense(index, vocab.lookup(q), alive)
-    assert index.live_rows == len(docs) - 10 and index.live_files == (len(docs) + 1) // 2 - 5
-    want = reference_scores(docs[10:], q, doc_of(range(10, len(docs))))
+    assert index.live_rows == len(docs) - 10
+    want = reference_scores(docs[10:], q)
     assert np.allclose(got[alive], want, rtol=1e-4, atol=1e-5)
 
 
 def test_the_lengths_grow_with_the_rows_and_keep_what_they_held():
     index = KeywordIndex()
     one = np.array([1], np.int64)
-    index.add([0], np.array([0], np.int32), np.array([3], np.int32), one, np.array([7]))
+    index.add([0], np.array([0], np.int32), np.array([3], np.int32), one)
     assert len(index.lengths) == 1024
-    index.add([1500], np.array([0], np.int32), np.array([2], np.int32), one, np.array([8]))
+    index.add([1500], np.array([0], np.int32), np.array([2], np.int32), one)
     assert len(index.lengths) == 2048 and index.lengths[0] == 3 and index.lengths[1500] == 2
     index.ensure_capacity(4097)
     assert len(index.lengths) == 4097 and index.lengths[1500] == 2
-    assert len(index.files) == 4097 and index.files[0] == 7 and index.files[1500] == 8
 
 
 def test_four_segments_merge_while_the_oldest_is_at_most_twice_the_newest():
@@ -178,7 +169,6 @@ def test_four_segments_merge_while_the_oldest_is_at_most_twice_the_newest():
             np.zeros(n, np.int32),
             np.ones(n, np.int32),
             np.ones(n, np.int64),
-            np.asarray(rows, np.int64),
         )
         index.compact(alive)
 
@@ -204,7 +194,7 @@ def test_renumbering_rows_keeps_each_live_row_s_score(docs):
     assert index.lengths[: len(live)].tolist() == [len(d) for d in live]
     q = words("python generator expressions")
     got = dense(index, vocab.lookup(q), np.ones(len(live), dtype=bool))
-    want = reference_scores(live, q, doc_of(np.flatnonzero(alive)))
+    want = reference_scores(live, q)
     assert np.allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -222,7 +212,7 @@ def test_a_term_missing_from_a_segment_does_not_end_the_query(docs):
     ids = vocab.lookup(words("python"))
     got = index.scores(np.concatenate([np.array([10**6], np.int32), ids]), alive)
     assert got is not None
-    want = reference_scores(docs, ["python"], doc_of(range(len(docs))))
+    want = reference_scores(docs, ["python"])
     assert np.allclose(got[: len(docs)], want, rtol=1e-4, atol=1e-5)
 
 
@@ -236,7 +226,7 @@ def test_tiny_documents_and_an_empty_one_match_the_reference():
     assert index.live_rows == 3 and index.live_length == 3.0
     for q in (["alpha"], ["beta"], ["alpha", "beta"]):
         got = dense(index, vocab.lookup(q), alive)
-        assert np.allclose(got, reference_scores(docs, q, doc_of(range(3))), rtol=1e-6, atol=1e-7)
+        assert np.allclose(got, reference_scores(docs, q), rtol=1e-6, atol=1e-7)
 
 
 def test_an_index_of_wordless_chunks_answers_nothing():
@@ -246,7 +236,6 @@ def test_an_index_of_wordless_chunks_answers_nothing():
         [0],
         np.zeros(0, np.int32),
         np.zeros(0, np.int32),
-        np.array([0], np.int64),
         np.array([0], np.int64),
     )
     assert index.live_rows == 1
@@ -277,7 +266,7 @@ def test_a_weighing_overtaken_by_a_new_row_is_not_kept(docs):
     q = words("python import module")
     assert np.allclose(
         dense(index, vocab.lookup(q), alive),
-        reference_scores(docs, q, doc_of(range(len(docs)))),
+        reference_scores(docs, q),
         rtol=1e-4,
         atol=1e-5,
     )
@@ -285,23 +274,16 @@ def test_a_weighing_overtaken_by_a_new_row_is_not_kept(docs):
     assert index.install(snap, snap.weigh(index)) and index.weighed
 
 
-def test_a_word_a_document_repeats_in_each_chunk_is_as_rare_as_in_one_chunk():
-    """idf counts documents: two chunks of one document holding `x`, beside a document
-    without it, make `x` held by one document of two, not two chunks of three."""
-    docs = [["x", "y"], ["x", "z"], ["y", "z"]]
+def test_a_word_in_many_chunks_of_one_document_is_as_common_as_its_chunks():
+    """idf counts the chunks a base searches (spec 000): a word that fills three chunks of
+    one long document, of four chunks in all, is held by three of four, not by one
+    document of two (issue 28: counted by documents, long documents lost)."""
+    docs = [["x", "y"], ["x", "z"], ["x", "w"], ["y", "z"]]
     vocab, index = Vocabulary(), KeywordIndex()
-    add(vocab, index, [0, 1, 2], docs)
-    got = dense(index, vocab.lookup(["x"]), np.ones(3, dtype=bool))
-    idf = math.log(1 + (2 - 1 + 0.5) / (1 + 0.5))
-    assert index.live_files == 2
-    assert np.allclose(got[:2], idf) and got[2] == 0
-
-
-def test_document_frequencies_count_each_document_once_per_term():
-    terms = np.array([0, 0, 1, 0, 2], np.int32)
-    files = np.array([5, 5, 5, 6, 0], np.int64)
-    assert document_frequencies(terms, files, 4).tolist() == [2, 1, 1, 0]
-    assert document_frequencies(np.zeros(0, np.int32), np.zeros(0, np.int64), 2).tolist() == [0, 0]
+    add(vocab, index, [0, 1, 2, 3], docs)
+    got = dense(index, vocab.lookup(["x"]), np.ones(4, dtype=bool))
+    idf = math.log(1 + (4 - 3 + 0.5) / (3 + 0.5))
+    assert np.allclose(got[:3], idf) and got[3] == 0
 
 
 def test_postings_and_scores_keep_their_compact_types(docs):
@@ -324,7 +306,6 @@ def test_postings_and_scores_keep_their_compact_types(docs):
     assert cached.dtype == np.float32  # summed from cached weights
     np.testing.assert_allclose(cached[: len(alive)], at_query_time, rtol=1e-6)
     assert index.lengths.dtype == np.float32  # as renumbered by `remap`
-    assert index.files.dtype == np.int32
     for seg in index.segments:
         assert (seg.terms.dtype, seg.rows.dtype, seg.tfs.dtype, seg.indptr.dtype) == (
             np.int32,
@@ -342,7 +323,6 @@ def test_a_count_over_255_keeps_two_bytes_and_scores_as_counted():
         np.array([0, 1, 0], np.int32),
         np.array([300, 1, 2], np.int32),
         np.array([2, 1]),
-        np.array([0, 1]),
     )
     [seg] = index.segments
     assert seg.tfs.dtype == np.uint16 and sorted(seg.tfs.tolist()) == [1, 2, 300]

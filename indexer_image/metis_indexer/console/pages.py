@@ -7,7 +7,7 @@ Pure: each function takes what the page shows and returns `Html`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from metis_indexer.answer_text import score_line
@@ -19,6 +19,7 @@ from metis_indexer.console.views import (
     Hit,
     SearchForm,
     marked,
+    telling_words,
     took_line,
 )
 from metis_indexer.schema import ErrorBody, Mode, Result, SearchAnswer
@@ -230,10 +231,11 @@ def citation(hit: Hit, several: bool) -> Html:
     )
 
 
-def snippet(result: Result, question: str) -> Html:
+def snippet(result: Result, words: Collection[str]) -> Html:
+    """The result's snippet with its base's telling words of the question marked."""
     return el(
         "p",
-        [el("mark", run) if hit else run for run, hit in marked(result.citation.snippet, question)],
+        [el("mark", run) if hit else run for run, hit in marked(result.citation.snippet, words)],
         class_="snippet",
     )
 
@@ -279,11 +281,12 @@ def results_section(
     form: SearchForm, hits: Sequence[Hit], answers: Mapping[str, SearchAnswer | ErrorBody]
 ) -> Html:
     several = len(form.bases) > 1
+    told = telling_words(form.q or "", answers.items())
     items = [
         el(
             "li",
             citation(h, several),
-            snippet(h.result, form.q or ""),
+            snippet(h.result, told.get(h.base, ())),
             el("p", score_line(h.result.scores), class_="scores"),
             class_="result",
         )
@@ -314,6 +317,7 @@ def compare_section(
     answers: Mapping[Mode, Mapping[str, SearchAnswer | ErrorBody]],
 ) -> Html:
     several = len(form.bases) > 1
+    told = telling_words(form.q or "", (a for by in answers.values() for a in by.items()))
     notes = [
         join(
             [
@@ -335,7 +339,7 @@ def compare_section(
             el(
                 "td",
                 citation(r.hit, several),
-                snippet(r.hit.result, form.q or ""),
+                snippet(r.hit.result, told.get(r.hit.base, ())),
                 data_label="Passage",
             ),
             el("td", r.why, data_label="Why it came up", class_="why"),

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, get_args
 from urllib.parse import urlencode
 
@@ -29,6 +29,7 @@ from metis_indexer.schema import (
     ErrorBody,
     Mode,
     Result,
+    SearchAnswer,
     SearchRequest,
 )
 
@@ -202,18 +203,20 @@ def merge(answers: Mapping[str, Sequence[Result]], top_k: int, k: int = RRF_K) -
     return [hits[i] for i in order[:top_k]]
 
 
-def why(dense_rank: int | None, keyword_rank: int | None, rerank: float | None) -> str:
-    """A result's "Why it came up", from the passage's rank by meaning and by words."""
-    if dense_rank is not None and keyword_rank is not None:
-        said = f"close in meaning (#{dense_rank}) and shares words (#{keyword_rank}) — both agree"
-    elif keyword_rank is not None:
+def why(meaning: int | None, words: int | None, rerank: float | None) -> str:
+    """A Compare row's "Why it came up" in spec 002's sentences, with the ranks its Meaning
+    and Words columns show (the by-meaning and by-words searches' own, not the hybrid
+    search's legs'), so the sentence and the table say one rank per thing."""
+    if meaning is not None and words is not None:
+        said = f"close in meaning (#{meaning}) and shares words (#{words}) — both agree"
+    elif words is not None:
         said = (
-            f"shares words (#{keyword_rank}); not among the closest in meaning — "
+            f"shares words (#{words}); not among the closest in meaning — "
             "it names a term of the question exactly"
         )
-    elif dense_rank is not None:
+    elif meaning is not None:
         said = (
-            f"close in meaning (#{dense_rank}); its words do not match — "
+            f"close in meaning (#{meaning}); its words do not match — "
             "it says the same thing in other words"
         )
     else:
@@ -234,27 +237,19 @@ class CompareRow:
 
 def compare(lists: Mapping[Mode, Sequence[Hit]]) -> list[CompareRow]:
     """Every passage of the three lists, ordered by its rank in Both, then by its best
-    rank elsewhere. Its ranks by meaning and by words come from whichever answer
-    carries them (hybrid first), as does the reranker's score."""
+    rank elsewhere, each said why it came up by its ranks in the Meaning and Words
+    lists and the reranker's score from whichever answer carries one."""
     found: dict[tuple[Any, ...], dict[Mode, Hit]] = {}
     for mode in COMPARED:
         for position, hit in enumerate(lists.get(mode, ()), start=1):
             found.setdefault(hit.key, {})[mode] = dataclasses.replace(hit, rank=position)
-
-    def first(by: dict[Mode, Hit], field: str, modes: Iterable[Mode]) -> Any:
-        return next(
-            (v for m in modes if m in by if (v := getattr(by[m].result.scores, field)) is not None),
-            None,
-        )
-
     rows = []
     for by in found.values():
         ranks = {m: by[m].rank if m in by else None for m in COMPARED}
-        reason = why(
-            first(by, "dense_rank", ("hybrid", "dense")),
-            first(by, "keyword_rank", ("hybrid", "keyword")),
-            first(by, "rerank", COMPARED),
+        rerank = next(
+            (r for m in COMPARED if m in by if (r := by[m].result.scores.rerank) is not None), None
         )
+        reason = why(ranks["dense"], ranks["keyword"], rerank)
         rows.append(CompareRow(next(iter(by.values())), ranks, reason))
     big = TOP_K_MAX * 100
     return sorted(
@@ -275,9 +270,22 @@ def question_words(question: str) -> set[str]:
     return {w for w in _WORD.findall(fold(question)) if len(w) > 1 or w.isdigit()}
 
 
-def marked(snippet: str, question: str) -> list[tuple[str, bool]]:
-    """The snippet in runs of text, True for a word of the question."""
-    wanted = question_words(question)
+def telling_words(
+    question: str, answers: Iterable[tuple[str, SearchAnswer | ErrorBody]]
+) -> dict[str, set[str]]:
+    """Each base's words worth marking in its snippets: the question's words its index
+    says tell passages apart (an answer's `words`), so "the" or "off" is not lit up in
+    every line; every word of the question where an older indexer does not say."""
+    told: dict[str, set[str]] = {}
+    for base, answer in answers:
+        if isinstance(answer, SearchAnswer):
+            words = question_words(question) if answer.words is None else set(answer.words)
+            told.setdefault(base, set()).update(words)
+    return told
+
+
+def marked(snippet: str, wanted: Collection[str]) -> list[tuple[str, bool]]:
+    """The snippet in runs of text, True for a word of `wanted` (folded words)."""
     runs: list[tuple[str, bool]] = []
     at = 0
     for m in _WORD.finditer(snippet):

@@ -10,15 +10,14 @@ query weighs only its own terms' postings with the statistics as they are, by
 the same formula: scores are exact at every moment, and a search during a pass
 costs its postings, never a re-weighing of the whole index.
 
-Rarity (idf) is counted in documents, not chunks: a word a document repeats across its
-chunks is not made commoner by the cutting. Lengths and term counts stay the chunk's own.
-On SciFact's train split, idf over documents gave nDCG@10 +0.004 over idf over chunks
-(README, "Quality: BEIR SciFact").
+Rarity (idf) is counted in chunks, what a base searches (spec 000). Counted in documents
+instead, a word that fills many chunks of a few long documents reads as rare: SciFact's
+abstracts (one or two chunks) gained +0.007 nDCG@10 by it, long documents lost more
+(bench/results/quality.md).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
@@ -100,13 +99,10 @@ def _merged(segments: Sequence[Segment], alive: npt.NDArray[np.bool_]) -> Segmen
     return Segment.build(rows[keep], terms[keep], tfs[keep], runs=True)
 
 
-def document_frequencies(
-    terms: npt.NDArray[np.int32], files: npt.NDArray[np.integer], n_terms: int
-) -> npt.NDArray[np.float64]:
-    """How many distinct documents hold each term, from (term, file) pairs of live postings."""
-    span = int(files.max()) + 1 if len(files) else 1
-    keys = np.sort(terms.astype(np.int64) * span + files)  # np.unique is ~30 × slower here
-    return np.bincount(keys[_firsts(keys)] // span, minlength=n_terms).astype(np.float64)
+def _live_per_term(seg: Segment, alive: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64]:
+    """How many of each term's postings in `seg` are of live rows: its chunk frequency."""
+    counts = np.concatenate([[0], np.cumsum(alive[seg.rows], dtype=np.int64)])
+    return counts[seg.indptr[1:]] - counts[seg.indptr[:-1]]
 
 
 def _firsts(ordered: npt.NDArray[np.integer]) -> npt.NDArray[np.bool_]:
@@ -132,9 +128,6 @@ class Snapshot:
     lengths: npt.NDArray[np.float32]
     """The index's lengths array as it was: rows added later are written beyond the rows
     of these segments, and a renumbering replaces the array rather than change it."""
-    files: npt.NDArray[np.int32]
-    """Each row's document, kept as `lengths` is."""
-    live_files: int
     live_rows: int
     live_length: float
 
@@ -142,17 +135,10 @@ class Snapshot:
         """Each posting's BM25 term score, segment by segment, at this snapshot."""
         segments = self.segments
         n_terms = max((int(seg.terms[-1]) + 1 for seg in segments if len(seg.terms)), default=0)
-        terms, files = [], []
+        df = np.zeros(n_terms, dtype=np.float64)
         for seg in segments:
-            live = self.alive[seg.rows]
-            terms.append(np.repeat(seg.terms, np.diff(seg.indptr))[live])
-            files.append(self.files[seg.rows[live]])
-        df = document_frequencies(
-            np.concatenate(terms or [np.zeros(0, np.int32)]),
-            np.concatenate(files or [np.zeros(0, np.int32)]),
-            n_terms,
-        )
-        term_idf = idf(self.live_files, df)
+            np.add.at(df, seg.terms, _live_per_term(seg, self.alive))
+        term_idf = idf(self.live_rows, df)
         avgdl = self.live_length / self.live_rows if self.live_rows else 1.0
         return [
             index.term_scores(
@@ -179,9 +165,6 @@ class KeywordIndex:
         self.b = b
         self.segments: list[Segment] = []
         self.lengths = np.zeros(0, dtype=np.float32)
-        self.files = np.zeros(0, dtype=np.int32)
-        self._file_rows: collections.Counter[int] = collections.Counter()
-        """Live rows of each document: a document counts in N while it has one."""
         self.live_rows = 0
         self.live_length = 0.0
         self._weighted_at = -1
@@ -190,12 +173,9 @@ class KeywordIndex:
 
     def ensure_capacity(self, rows: int) -> None:
         if rows > len(self.lengths):
-            size = max(rows, 2 * len(self.lengths), 1024)
-            grown = np.zeros(size, dtype=np.float32)
+            grown = np.zeros(max(rows, 2 * len(self.lengths), 1024), dtype=np.float32)
             grown[: len(self.lengths)] = self.lengths
-            files = np.zeros(size, dtype=np.int32)
-            files[: len(self.files)] = self.files
-            self.lengths, self.files = grown, files
+            self.lengths = grown
 
     def add(
         self,
@@ -203,10 +183,9 @@ class KeywordIndex:
         term_ids: npt.NDArray[np.int32],
         counts: npt.NDArray[np.integer],
         sizes: npt.NDArray[np.int64],
-        files: npt.NDArray[np.integer],
     ) -> None:
         """Add rows as one segment: `sizes[i]` (term id, count) pairs belong to `rows[i]`,
-        in order, in the flat `term_ids` and `counts`; `files[i]` is its document."""
+        in order, in the flat `term_ids` and `counts`."""
         if len(rows) == 0:
             return
         rows = np.asarray(rows, dtype=np.int64)
@@ -216,8 +195,6 @@ class KeywordIndex:
             np.repeat(np.arange(len(rows)), sizes), weights=counts, minlength=len(rows)
         )
         self.lengths[rows] = lengths
-        self.files[rows] = files
-        self._file_rows.update(np.asarray(files, dtype=np.int64).tolist())
         self.live_rows += len(rows)
         self.live_length += float(lengths.sum())
         self._generation += 1
@@ -227,12 +204,6 @@ class KeywordIndex:
         """Rows the caller marked dead: they leave the statistics now, the postings later."""
         self.live_rows -= len(rows)
         self.live_length -= float(self.lengths[rows].sum())
-        for file, n in collections.Counter(self.files[rows].tolist()).items():
-            left = self._file_rows[file] - n
-            if left > 0:
-                self._file_rows[file] = left
-            else:
-                del self._file_rows[file]
         self._generation += 1
 
     def compact(
@@ -267,18 +238,16 @@ class KeywordIndex:
         Only new arrays are made: a shallow copy of this index (`copy.copy`) renumbered
         leaves the original as searches go on reading it."""
         self.merge(alive)
-        lengths, files = self.lengths[: len(alive)][alive], self.files[: len(alive)][alive]
+        lengths = self.lengths[: len(alive)][alive]
         self.lengths = np.zeros(max(len(lengths), capacity), dtype=np.float32)
         self.lengths[: len(lengths)] = lengths
-        self.files = np.zeros(len(self.lengths), dtype=np.int32)
-        self.files[: len(files)] = files
         if self.segments:
             [seg] = self.segments
             seg.rows = new_row[seg.rows].astype(np.int32)
 
     def snapshot_parts(self, n: int) -> dict[str, npt.NDArray[Any]]:
-        """The postings (one segment after a load) and the first n rows' lengths and files."""
-        parts = {"lengths": self.lengths[:n], "files": self.files[:n]}
+        """The postings (one segment after a load) and the first n rows' lengths."""
+        parts = {"lengths": self.lengths[:n]}
         if self.segments:
             [seg] = self.segments
             parts.update(terms=seg.terms, indptr=seg.indptr, rows=seg.rows, tfs=seg.tfs)
@@ -288,9 +257,6 @@ class KeywordIndex:
         """Take n live rows and their postings from `snapshot_parts` as saved."""
         self.ensure_capacity(n)
         self.lengths[:n] = parts["lengths"]
-        self.files[:n] = parts["files"]
-        files, rows = np.unique(self.files[:n], return_counts=True)
-        self._file_rows = collections.Counter(dict(zip(files.tolist(), rows.tolist(), strict=True)))
         self.live_rows = n
         self.live_length = float(self.lengths[:n].sum(dtype=np.float64))
         self.segments = (
@@ -307,10 +273,16 @@ class KeywordIndex:
         )  # a load's rows are one segment: KeyError where a part is missing
         self._generation += 1
 
-    @property
-    def live_files(self) -> int:
-        """Documents with a live row: N of idf."""
-        return len(self._file_rows)
+    def postings(self, term_ids: npt.NDArray[np.int32]) -> npt.NDArray[np.int64]:
+        """How many chunks hold each term, rows dropped since their segment's last merge
+        included: what tells a common word from a telling one, read from the segments'
+        offsets alone, where an exact count would cost a mask a term."""
+        counts = np.zeros(len(term_ids), dtype=np.int64)
+        for seg in self.segments:
+            for i, span in enumerate(seg.spans(term_ids)):
+                if span is not None:
+                    counts[i] += span.stop - span.start
+        return counts
 
     @property
     def weighed(self) -> bool:
@@ -327,8 +299,6 @@ class KeywordIndex:
             tuple(self.segments),
             alive.copy(),
             self.lengths,
-            self.files,
-            self.live_files,
             self.live_rows,
             self.live_length,
         )
@@ -381,12 +351,10 @@ class KeywordIndex:
         found = list(self._postings(term_ids, alive, all_alive, lambda seg: seg.tfs))
         if not found:
             return None
-        df = document_frequencies(
-            np.concatenate([np.full(len(rows), i, dtype=np.int32) for i, rows, _ in found]),
-            np.concatenate([self.files[rows] for _, rows, _ in found]),
-            len(term_ids),
-        )
-        term_idf = idf(self.live_files, df)
+        df = np.zeros(len(term_ids), dtype=np.float64)
+        for i, rows, _ in found:
+            df[i] += len(rows)
+        term_idf = idf(self.live_rows, df)
         avgdl = self.live_length / self.live_rows
         scores = np.zeros(len(alive), dtype=np.float32)
         for i, rows, tfs in found:

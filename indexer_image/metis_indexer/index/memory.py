@@ -41,6 +41,9 @@ WRITE_SHARE = 4
 at least `MIN_ROWS`): each compaction then reclaims as many rows as a quarter of what it
 copies, so a pass's compactions cost a few copies of the index, and the dense scan
 passes over the dead rows in pieces meanwhile (`vectors.allowed_spans`)."""
+COMMON_SHARE = 0.25
+"""A word held by more than this share of a base's chunks is too common to mark in a
+snippet (`Reading.telling`)."""
 IDLE_SHARE = 16
 """Once a pass has stopped, dead rows are reclaimed once they are a sixteenth of the
 rows, or the arrays hold room for a sixteenth more than they need: what the next pass
@@ -278,15 +281,13 @@ class Index:
         self._ensure_capacity(self.store.chunk_count())
         words: list[tuple[npt.NDArray[np.int32], ...]] = []
         for batch in self.store.load_chunks(self.dimensions):
-            words.append((batch.term_ids, batch.counts, batch.sizes, batch.file_ids))
+            words.append((batch.term_ids, batch.counts, batch.sizes))
             self._add_batch(batch, words=False)
         if words:  # one segment for them all: one sort, where a segment a batch merged is two
-            term_ids, counts, sizes, file_ids = (
-                np.concatenate(c) for c in zip(*words, strict=True)
-            )
+            term_ids, counts, sizes = (np.concatenate(c) for c in zip(*words, strict=True))
             words.clear()
-            self.keyword.add(np.arange(self.n_rows), term_ids, counts, sizes, file_ids)
-            del term_ids, counts, sizes, file_ids
+            self.keyword.add(np.arange(self.n_rows), term_ids, counts, sizes)
+            del term_ids, counts, sizes
 
     def _save_snapshot(self, tag: snapshot.Tag) -> None:
         """What a load from the store built, for the next load (every row is live)."""
@@ -613,9 +614,7 @@ class Index:
         self.alive[start:end] = True
         self.n_rows = end
         if words:
-            self.keyword.add(
-                np.arange(start, end), batch.term_ids, batch.counts, batch.sizes, batch.file_ids
-            )
+            self.keyword.add(np.arange(start, end), batch.term_ids, batch.counts, batch.sizes)
 
     def _heading_id(self, stored: str) -> int:
         hid = self._headings_ids.get(stored)
@@ -737,6 +736,20 @@ class Reading:
     row_line: npt.NDArray[np.int32]
     row_headings: npt.NDArray[np.int32]
     headings: list[tuple[str, ...]]
+
+    def telling(self, words: Sequence[str]) -> list[str]:
+        """The question's words that tell passages apart here: held by at least one chunk
+        and by at most `COMMON_SHARE` of them (3 at least). A word's rarity in this base
+        decides, not a list of stop words: "the" is common in any English base, "vpn" may
+        be common in an IT handbook and telling in a wiki."""
+        ix = self.index
+        most = max(COMMON_SHARE * ix.keyword.live_rows, 3)
+        telling = []
+        for word in dict.fromkeys(words):
+            ids = ix.store.word_ids([word])
+            if len(ids) and 0 < int(ix.keyword.postings(ids)[0]) <= most:
+                telling.append(word)
+        return telling
 
     def cited(self, rows: Sequence[int]) -> list[CitedRow]:
         """Each row's file record, page, line and headings."""

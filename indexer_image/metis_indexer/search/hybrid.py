@@ -77,6 +77,8 @@ class Ranked:
     keyword: dict[int, tuple[float, int]]
     took: Took
     read: Reading
+    words: list[str]
+    """The question's telling words (`Reading.telling`)."""
 
 
 def leg_size(top_k: int) -> int:
@@ -129,6 +131,7 @@ def rank(
         if query_vector is not None and epoch is not None and epoch != index.vectors_epoch:
             raise Switched
         allowed = read.allowed(files)
+        words = read.telling(tokens.words(req.query))
         by_vector: Callable[[], Leg] | None = None
         by_words: Callable[[], Leg] | None = None
         if query_vector is not None:
@@ -151,7 +154,7 @@ def rank(
     t = time.perf_counter()
     fused = fusion.reciprocal_rank([list(leg) for leg in (keyword, dense) if leg])
     took.fuse = _ms(t)
-    return Ranked([r for r, _ in fused], dict(fused), dense, keyword, took, read)
+    return Ranked([r for r, _ in fused], dict(fused), dense, keyword, took, read, words)
 
 
 def _timed(leg: Callable[[], Leg]) -> tuple[dict[int, tuple[float, int]], float]:
@@ -187,6 +190,7 @@ async def search(
             reranked=False,
             warnings=[empty_warning],
             took=Took(total=_ms(start)),
+            words=[],
         )
     for again in (False, True):  # again: the vectors were switched while the question was embedded
         warnings: list[str] = []
@@ -218,6 +222,7 @@ async def search(
         reranked=bool(rerank_scores),
         warnings=warnings,
         took=ranked.took.model_copy(update={k: round(v, 3) for k, v in ranked.took}),
+        words=ranked.words,
     )
 
 
