@@ -46,8 +46,16 @@ def sources(tmp_path: Path) -> dict[str, Path]:
 
 
 def configure(
-    path: Path, drives: dict[str, Path], index: Path, url: str, port: int, chunking: dict[str, int]
+    path: Path,
+    drives: dict[str, Path],
+    index: Path,
+    url: str,
+    port: int,
+    chunking: dict[str, int],
+    generation: int | None = None,
 ) -> None:
+    """The indexer's configuration file; `generation` (as the operator writes it) lets a test
+    see in the status that the indexer took it."""
     config = {
         "sources": [{"drive": d, "root": str(root)} for d, root in drives.items()],
         "embedding": {"url": url, "name": "layered"},
@@ -55,6 +63,7 @@ def configure(
         "port": port,
         "chunking": chunking,
         "rescan_seconds": 0,
+        **({} if generation is None else {"generation": generation}),
     }
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(config))
@@ -111,8 +120,16 @@ class Change:
     during: dict[str, Any]
     """The status once the build was held."""
 
-    def configure(self, chunking: dict[str, int]) -> None:
-        configure(self.config, self.drives, self.index, self.model.base_url, self.port, chunking)
+    def configure(self, chunking: dict[str, int], generation: int | None = None) -> None:
+        configure(
+            self.config,
+            self.drives,
+            self.index,
+            self.model.base_url,
+            self.port,
+            chunking,
+            generation,
+        )
 
 
 @contextlib.contextmanager
@@ -194,7 +211,10 @@ def test_a_chunking_change_back_before_the_build_ends_keeps_the_index_that_answe
     """Changed, then changed back while built: the build is given up, its folder removed,
     and the index that answered answers on, read by nothing again."""
     with held_mid_build(tmp_path) as c:
-        c.configure(OLD)
+        c.configure(OLD, generation=2)
+        # Let the model go only once the indexer took the change back (it looks every 5 s):
+        # else the held build may end first, and the new chunking answers.
+        c.p.wait_status("the change back taken", lambda s: s["generation"] == 2)
         allow(c.model)
         back = c.p.wait_status(
             "the old chunking kept",
