@@ -744,6 +744,7 @@ class Reading:
         be common in an IT handbook and telling in a wiki."""
         ix = self.index
         most = max(COMMON_SHARE * ix.keyword.live_rows, 3)
+        ix.store.word_ids(words)  # one lookup for the words not cached: each below is cached
         telling = []
         for word in dict.fromkeys(words):
             ids = ix.store.word_ids([word])
