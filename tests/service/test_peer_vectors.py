@@ -80,8 +80,8 @@ def results(p: Process, question: str) -> list[tuple[Any, ...]]:
             r["citation"]["document"],
             r["citation"]["headings"],
             r["text"],
-            r["scores"]["dense"],
-            r["scores"]["keyword"],
+            r["scores"].get("dense"),  # absent where a leg did not find it
+            r["scores"].get("keyword"),
         )
         for r in answer["results"]
     ]
