@@ -131,14 +131,15 @@ def rank(
         if query_vector is not None and epoch is not None and epoch != index.vectors_epoch:
             raise Switched
         allowed = read.allowed(files)
-        words = read.telling(tokens.words(req.query))
+        question = tokens.words(req.query)
+        words = read.telling(question)
         by_vector: Callable[[], Leg] | None = None
         by_words: Callable[[], Leg] | None = None
         if query_vector is not None:
             by_vector = functools.partial(read.dense, query_vector, allowed, k)
         if req.mode != "dense":
             by_words = functools.partial(
-                read.by_words, tokens.words(req.query), None if files is None else allowed, k
+                read.by_words, question, None if files is None else allowed, k
             )
         if by_vector is not None and by_words is not None:
             beside = _beside().submit(_timed, by_words)
