@@ -6,7 +6,7 @@ kubectl runs any `kubectl-<name>` on PATH as `kubectl <name>`, so the console sc
     kubectl metis status [BASE] [-n NS | -A]     a summary of one base, or a table of them
     kubectl metis search BASE "question" [--mode keyword] [--top-k 3]
     kubectl metis documents BASE --failed
-    kubectl metis reindex BASE [--full]          the reindex annotation, as README shows
+    kubectl metis reindex BASE [--full]          the reindex annotation
     kubectl metis evaluate BASE [--k 10]         the evaluate annotation
     kubectl metis note add BASE "text" [--title T] [--replaces ID]   keep a note in the base
     kubectl metis note list BASE                 its notes, newest first

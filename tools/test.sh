@@ -3,7 +3,7 @@
 # (tests/kube, tests/node: real API servers, the machine's one real node) and all the
 # others. The control-plane tests mostly wait on clusters, so beside the rest they cost
 # little of the run's time; after it they added 10 to 12 minutes on 2 cores. The project
-# holds them to passing under that load (README, "Tests"). Their output is printed
+# holds them to passing under that load (docs/development.md, "Tests"). Their output is printed
 # after the rest's; the exit status is the first failure's.
 set -uo pipefail
 cd "$(dirname "$0")/.."

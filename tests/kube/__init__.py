@@ -1,1 +1,1 @@
-"""Tests against a real Kubernetes control plane built from Go modules (see README.md)."""
+"""Tests against a real Kubernetes control plane built from Go modules (docs/local-cluster.md)."""

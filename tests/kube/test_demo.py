@@ -78,7 +78,8 @@ def test_make_demo_shows_the_main_job_and_stops_everything(
     seen = seen[: seen.index("Ready") + 1]
     if real:
         # Measured on the real node: the operator may look between the container's start
-        # and its listening, and calls an unreachable indexer Waiting (README, Real node).
+        # and its listening, and calls an unreachable indexer Waiting (docs/local-cluster.md,
+        # "Real node").
         watched = text.split("--watch")[1]
         waiting = re.findall(r"^  handbook   Waiting +(.*)$", watched, re.MULTILINE)
         assert all("the operator cannot reach its indexer" in w for w in waiting), waiting

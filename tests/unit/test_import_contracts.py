@@ -1,6 +1,6 @@
-"""The layers README states, held by import-linter (`.importlinter`, run by `make lint`):
-the tree keeps every contract, and a scratch copy of it with one forbidden import added
-breaks the contract that names it."""
+"""The layers docs/development.md ("Layout") states, held by import-linter (`.importlinter`,
+run by `make lint`): the tree keeps every contract, and a scratch copy of it with one
+forbidden import added breaks the contract that names it."""
 
 from __future__ import annotations
 

@@ -287,7 +287,7 @@ def test_a_word_in_many_chunks_of_one_document_is_as_common_as_its_chunks():
 
 
 def test_postings_and_scores_keep_their_compact_types(docs):
-    # The index's memory per chunk (README, "Performance") rests on these: 4-byte rows and
+    # The index's memory per chunk (docs/performance.md) rests on these: 4-byte rows and
     # terms, 1-byte term counts (2 where one is over 255), 4-byte lengths, weights and
     # scores. numpy's defaults (int64, float64) would answer the same and take twice the
     # memory.

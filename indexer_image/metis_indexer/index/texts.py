@@ -36,7 +36,7 @@ TITLE_WEIGHT = 2
 """How many times BM25 counts a chunk's title: a title field weighed apart from the passage
 (BM25F with one length normalisation). On SciFact's train split, 2 gave nDCG@10 +0.005 over
 1, and 3 less than 2; a field with its own length normalisation did no better
-(README, "Quality: BEIR SciFact")."""
+(docs/quality.md, "Quality: BEIR SciFact")."""
 
 
 def searched(title: str | None, headings: Sequence[str], text: str) -> str:

@@ -1,4 +1,4 @@
-"""What a pass reads and what it drops (README, "The index and passes").
+"""What a pass reads and what it drops (docs/reference/indexing.md, "The index and passes").
 
 `scan_source` walks a source (I/O) and `merged` puts the sources' listings together;
 `plan` is the decision over plain data: a file

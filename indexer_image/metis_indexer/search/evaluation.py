@@ -1,4 +1,4 @@
-"""Evaluation: recall@k and MRR of an evaluation set, per retrieval mode (README,
+"""Evaluation: recall@k and MRR of an evaluation set, per retrieval mode (docs/search.md,
 "Evaluation sets").
 
 The set lives in `.metis/evals.jsonl` of a source drive, never indexed. One JSON

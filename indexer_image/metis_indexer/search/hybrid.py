@@ -1,4 +1,4 @@
-"""Hybrid search over the in-memory index (README, "HTTP API (port 7700)").
+"""Hybrid search over the in-memory index (docs/search.md, "HTTP API (port 7700)").
 
 `rank` is the core: filters → the two legs (the index's read API) → fusion, timed.
 `search` wraps it with the model calls, each bounded by its time limit; when a
@@ -119,7 +119,7 @@ def rank(
     at the same rank in either) put the one found by words first: a keyword candidate shares
     words with the question, where the dense leg returns its 50 whether or not any is close.
     On SciFact's train split this gave hybrid nDCG@10 +0.005 over the dense leg's first
-    (README, "Quality: BEIR SciFact"); scores and ranks are the same either way.
+    (docs/quality.md, "Quality: BEIR SciFact"); scores and ranks are the same either way.
     `epoch`: the index's `vectors_epoch` when the question was embedded (Switched where
     it is no longer)."""
     took = Took()

@@ -43,7 +43,7 @@ KINDS: Mapping[str, Kind] = {
     ".pdf": Kind.PDF,
     ".docx": Kind.DOCX,
 }
-"""Extension (lower case) to kind: the table of README, "How documents are read and cut"."""
+"""Extension (lower case) to kind: the table of docs/reference/indexing.md."""
 
 _READERS: Mapping[Kind, ModuleType] = {
     Kind.MD: markdown,
