@@ -23,6 +23,7 @@ from metis_operator.api.spec import (
     SpecError,
     parse,
     to_indexer_config,
+    unknown_fields,
 )
 from metis_operator.api.status_types import KnowledgeBaseStatus
 from metis_operator.cache import Deps
@@ -324,7 +325,11 @@ async def run(
     inputs = await _inputs(ctx, owner, spec)
     served = bool((previous.get("observed") or {}).get("index"))
     o = dataclasses.replace(
-        inputs.observation, generation=generation, served=served, revisions=inputs.revisions
+        inputs.observation,
+        generation=generation,
+        served=served,
+        revisions=inputs.revisions,
+        unknown_fields=tuple(unknown_fields(body.get("spec") or {})),
     )
     address = f"http://{owner.child}.{owner.namespace}.svc:{ctx.settings.indexer.port}"
     done = functools.partial(

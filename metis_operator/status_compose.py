@@ -143,6 +143,11 @@ def warnings(o: Observation) -> list[str]:
             "of them: the cluster has too few machines the placement allows to keep each on "
             "its own, and losing one stops those it runs"
         )
+    if o.unknown_fields:
+        out.append(
+            f"{', '.join(o.unknown_fields)}: not known to this operator (a newer CRD's field): "
+            "kept, and without effect until an operator that knows it runs"
+        )
     unlisted: dict[str, int] = {}
     for w in o.indexer.warnings if o.indexer else []:
         m = _UNLISTED.match(w)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -66,7 +66,13 @@ class SpecError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """A part of the spec. A field it does not know is ignored, not refused: the API server
+    refuses unknown fields under this operator's CRD, so one reaches it only from a newer
+    CRD, whose fields are additive and default to what an older operator does
+    (`unknown_fields` says which, in the base's warnings). Refusing it would fail a base
+    that runs."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 class Source(_Model):
@@ -377,6 +383,40 @@ class KnowledgeBaseSpec(_Model):
     def drives(self) -> list[str]:
         """The source drives, each once, sorted."""
         return sorted({s.drive for s in self.sources})
+
+
+def unknown_fields(
+    raw: Mapping[str, Any], model: type[BaseModel] | None = None, where: str = "spec"
+) -> list[str]:
+    """The fields of `raw` (a spec as stored) that the models do not know, as a user would
+    name them (`spec.sources[0].exclude`)."""
+    out: list[str] = []
+    fields = (model or KnowledgeBaseSpec).model_fields
+    for key, value in raw.items():
+        field = fields.get(key)
+        if field is None:
+            out.append(f"{where}.{key}")
+            continue
+        inner = _model_of(field.annotation)
+        if inner is None:
+            continue
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            if isinstance(item, Mapping):
+                out += unknown_fields(
+                    item, inner, f"{where}.{key}" + ("" if i is None else f"[{i}]")
+                )
+    return out
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds (alone, in a list, or optional); None for plain values."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if (found := _model_of(arg)) is not None:
+            return found
+    return None
 
 
 def _where(loc: tuple[int | str, ...]) -> str:

@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from metis_indexer.index import texts
+from metis_indexer.index import store, texts
 from metis_indexer.index.memory import Index, IndexSettings, Replacement
 
 from .helpers import axis, chunk, new_index, record
@@ -315,3 +315,10 @@ def test_a_loaded_index_scores_words_as_the_index_that_wrote_it(tmp_path):
             for held in (index, again)
         ]
         assert by_chunk[0] == by_chunk[1] and len(by_chunk[0]) > 100
+
+
+def test_an_index_format_is_read_up_to_this_indexers_own():
+    assert store.newer_format(None) is None, "an index written before formats were checked"
+    assert store.newer_format("1") is None
+    assert "format 2 by a newer indexer" in (store.newer_format("2") or "")
+    assert "'v2' is not one this indexer knows" in (store.newer_format("v2") or "")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from metis_operator.api.spec import SpecError, parse, to_indexer_config
+from metis_operator.api.spec import SpecError, parse, to_indexer_config, unknown_fields
 from tests.support import refused_specs
 from tests.support.refused_specs import GOOD, spec
 
@@ -32,6 +32,29 @@ def test_each_limit_is_refused_naming_the_field(
     name: str, body: dict[str, Any], words: str
 ) -> None:
     assert words in refused(body, name)
+
+
+def test_a_field_of_a_newer_crd_is_ignored_and_named() -> None:
+    """An operator rolled back under a newer CRD: the base runs as the fields it knows say
+    (a new field's default is the older behaviour), never refused and never read as a
+    removal; `unknown_fields` names what it leaves aside, for the base's warnings."""
+    body = spec(
+        sources=[{"drive": "docs", "exclude": ["drafts/"]}, {"drive": "wiki"}],
+        chunking={"size": 800, "strategy": "headings"},
+        placement={"labels": {"pool": "cpu"}},
+        retention="keep",
+    )
+    parsed = parse("handbook", body)
+    assert parse("handbook", spec(sources=[{"drive": "docs"}, {"drive": "wiki"}])).sources == (
+        parsed.sources
+    )
+    assert parsed.chunking.size == 800 and parsed.placement.labels == {"pool": "cpu"}
+    assert unknown_fields(body) == [
+        "spec.sources[0].exclude",
+        "spec.chunking.strategy",
+        "spec.retention",
+    ]
+    assert unknown_fields(GOOD) == []
 
 
 def test_every_problem_is_named_at_once() -> None:

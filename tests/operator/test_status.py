@@ -273,6 +273,15 @@ def test_warnings_count_folders_instead_of_naming_them() -> None:
     assert compose({}, o=o)["observed"]["warnings"] == status_compose.warnings(o)
 
 
+def test_fields_of_a_newer_crd_are_a_warning() -> None:
+    o = Observation(unknown_fields=("spec.sources[0].exclude", "spec.retention"))
+    assert status_compose.warnings(o) == [
+        "spec.sources[0].exclude, spec.retention: not known to this operator (a newer CRD's "
+        "field): kept, and without effect until an operator that knows it runs"
+    ]
+    assert derive(o).state is not State.FAILED
+
+
 SLOW = "embedding model bge-m3 did not answer (no answer within 10 s): results by keywords only"
 
 

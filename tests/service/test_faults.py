@@ -417,3 +417,36 @@ def test_after_a_burst_against_a_slow_reranker_searches_are_normal_within_15_s(
 
         p.wait_for("a normal search", normal, timeout=15)
         assert time.monotonic() - ended <= 15
+
+
+def test_an_index_of_a_newer_format_is_refused_and_left_as_it_is(tmp_path):
+    """After a rollback of the image: the base waits, saying why, and the index (hours of
+    embedding, which the newer image still reads) is neither rebuilt nor changed."""
+    index_dir = tmp_path / "index"
+    before = index_then_stop(HANDBOOK, index_dir)
+    db = sqlite3.connect(index_dir / "index.sqlite3")
+    with db:
+        assert db.execute("SELECT value FROM meta WHERE key = 'format'").fetchone() == ("1",)
+        db.execute("UPDATE meta SET value = '2' WHERE key = 'format'")
+    db.close()
+    written = (index_dir / "index.sqlite3").read_bytes()
+    p = indexer({"peps": HANDBOOK}, index_dir, None)
+    with running(p):
+        status = p.wait_status("waiting on the format", lambda s: s["phase"] == "waiting")
+        assert status["reason"] == (
+            f"cannot open the index {index_dir / 'index.sqlite3'}: it was written in format 2 "
+            "by a newer indexer, and this one reads format 1 at most: run the newer image "
+            "again (nothing was changed)"
+        )
+        assert p.get("/readyz").status_code == 503
+    assert (index_dir / "index.sqlite3").read_bytes() == written
+    assert not (index_dir / "index.sqlite3.damaged").exists()
+    db = sqlite3.connect(index_dir / "index.sqlite3")
+    with db:
+        db.execute("UPDATE meta SET value = '1' WHERE key = 'format'")
+    db.close()
+    p = indexer({"peps": HANDBOOK}, index_dir, None)
+    with running(p):
+        status = wait_ready(p)
+        assert (status["documents"], status["chunks"]) == (before["documents"], before["chunks"])
+        assert status["last_pass"]["read"] == 0, "the same index, not one read again"

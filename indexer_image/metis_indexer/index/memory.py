@@ -117,7 +117,6 @@ class IndexSettings:
 
     def as_meta(self) -> dict[str, str]:
         return {
-            "format": "1",
             "model": self.model,
             "dimensions": str(self.dimensions),
             "chunk_size": str(self.chunk_size),

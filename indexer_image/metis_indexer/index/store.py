@@ -54,6 +54,14 @@ PASSES_TRACKED = "first_pass_tracked"
 has had one whole pass is kept in it (the passes' `PASSED`); one without it was made
 before that was kept."""
 
+INDEX_FORMAT = 1
+"""The index's format, kept in its `meta` as `format`: a change that an older indexer would
+misread (a column's meaning, an encoding) raises it, with the migration from the one before.
+An indexer meets an index of a newer format after a rollback of its image: it refuses it
+(`IndexTooNew`) and changes nothing, where rebuilding would throw away hours of embedding
+that the newer image, run again, still reads. An index without the key is format 1 (it was
+written before the format was checked)."""
+
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS files (
@@ -297,6 +305,26 @@ def free_megabytes(folder: Path) -> int:
     return shutil.disk_usage(folder).free // 1_000_000
 
 
+class IndexTooNew(StoreUnavailable):
+    """The index was written in a format newer than `INDEX_FORMAT`: the base waits, saying
+    so, and nothing of the index is changed."""
+
+
+def newer_format(recorded: str | None) -> str | None:
+    """Why an index whose meta records `recorded` as its format cannot be read here; None
+    when it can (a format up to `INDEX_FORMAT`, or none recorded yet)."""
+    if recorded is None:
+        return None
+    if not recorded.isdigit():
+        return f"its format {recorded!r} is not one this indexer knows"
+    if int(recorded) > INDEX_FORMAT:
+        return (
+            f"it was written in format {int(recorded)} by a newer indexer, and this one reads "
+            f"format {INDEX_FORMAT} at most: run the newer image again (nothing was changed)"
+        )
+    return None
+
+
 class IndexDamaged(sqlite3.DatabaseError):
     """SQLite's integrity check found the file damaged."""
 
@@ -449,13 +477,29 @@ class Store:
             conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer's work
             conn.execute("PRAGMA journal_size_limit = 0")  # a log started over is emptied
+            self._refuse_newer(conn)
             with conn:
                 conn.executescript(SCHEMA)
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta VALUES ('format', ?)", (str(INDEX_FORMAT),)
+                )
                 columns = {row[1] for row in conn.execute("PRAGMA table_info(files)")}
                 if "built_with" not in columns:  # an index written before files recorded it
                     conn.execute("ALTER TABLE files ADD COLUMN built_with TEXT NOT NULL DEFAULT ''")
             self._conn = conn
             return conn
+
+    def _refuse_newer(self, conn: sqlite3.Connection) -> None:
+        """IndexTooNew, before anything is written, for an index of a newer format."""
+        has_meta = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+        ).fetchone()
+        row = has_meta and conn.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+        why = newer_format(row[0] if row else None)
+        if why is not None:
+            conn.close()
+            self._connections.remove(conn)
+            raise IndexTooNew(f"cannot open the index {self.path}: {why}")
 
     def _why_not(self, e: BaseException) -> str:
         what = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
