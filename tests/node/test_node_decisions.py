@@ -107,6 +107,8 @@ def test_podman_limits_stay_where_runc_can_set_them() -> None:
 def _tree(root: Path) -> None:
     for rel in (
         "pyproject.toml",
+        "requirements/image.txt",
+        "requirements/test.txt",
         "indexer_image/Dockerfile",
         "metis_operator/a.py",
         "indexer_image/metis_indexer/b.py",
@@ -122,12 +124,18 @@ def test_an_image_is_rebuilt_exactly_when_its_inputs_change(tmp_path: Path) -> N
         "indexer_image/metis_indexer/b.py",
         "metis_operator/a.py",
         "pyproject.toml",
+        "requirements/image.txt",
     ]
     key = images.image_key(images.INDEXER, "base-1", tmp_path)
     (tmp_path / "indexer_image/metis_indexer/__pycache__/b.cpython-311.pyc").write_text("x")
     assert images.image_key(images.INDEXER, "base-1", tmp_path) == key
     assert images.image_key(images.INDEXER, "base-2", tmp_path) != key
     assert images.image_key(images.OPERATOR, "base-1", tmp_path) != key
+    (tmp_path / "requirements/test.txt").write_text("the tests' lock: not the image's")
+    assert images.image_key(images.INDEXER, "base-1", tmp_path) == key
+    (tmp_path / "requirements/image.txt").write_text("a new lock")
+    assert images.image_key(images.INDEXER, "base-1", tmp_path) != key
+    key = images.image_key(images.INDEXER, "base-1", tmp_path)
     (tmp_path / "metis_operator/a.py").write_text("changed")
     assert images.image_key(images.INDEXER, "base-1", tmp_path) != key
 
