@@ -64,6 +64,9 @@ are annotations under the group."""
 log = logging.getLogger("metis_operator")
 REQUEST_TIMEOUT = 3600
 """Seconds kopf keeps trying a request (reindex, evaluate) before it gives it up."""
+KIND_LOOKS = 3
+"""Poll intervals between two looks whether the KnowledgeBase kind is still served (30 s
+at the default interval)."""
 PAUSED_RETRY_SECONDS = 30.0
 """How often a request made while the base is paused looks whether the pause ended: each
 look is a write of kopf's progress annotation, so not at every poll."""
@@ -108,27 +111,55 @@ class Runner:
         ctx.probers.wake = self.wake
 
     def seen(self, body: Mapping[str, Any], deleted: bool) -> None:
+        """A base's new body: its loop starts or wakes; one deleted, or being deleted (held
+        by another's finalizer), is forgotten: never written to again."""
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
-        base = self.bases.get(key)
-        if deleted:
-            for task in (base.task, base.judging) if base is not None else ():
-                if task is not None:
-                    task.cancel()
-            self.bases.pop(key, None)
-            if key in self.rolling:
-                self.rolling.discard(key)
-                self.wake(set(self.bases))  # the next may roll out
-            self.ctx.probers.release(key, set())
-            self.ctx.metrics.forget(key)
-            self.ctx.tokens.discard(key)  # its Secret goes with it; a new base needs one
+        if deleted or status_update.being_deleted(body):
+            self.forget(key)
             return
+        base = self.bases.get(key)
         if base is None:
             base = self.bases[key] = Base(key, copy.deepcopy(dict(body)))
             base.task = asyncio.create_task(self._loop(base), name=f"base {key[0]}/{key[1]}")
         else:
             base.body = copy.deepcopy(dict(body))
         base.wake.set()
+
+    async def follow_kind(self) -> None:
+        """Forget every base once their kind is no longer served (the CRD deleted): the
+        API server sends no event for each base then, and their loops would look on at
+        children no one owns. One discovery request every `KIND_LOOKS` poll intervals,
+        for all bases; an answer other than 404 keeps them."""
+        path = f"/apis/{identity.API_VERSION}"
+        while True:
+            await asyncio.sleep(KIND_LOOKS * self.ctx.settings.poll.interval_seconds)
+            if not self.bases:
+                continue
+            try:
+                served = await self.ctx.cluster.get(path) is not None
+            except (kube.ApiError, OSError):
+                continue
+            if not served:
+                log.warning(
+                    "%s is no longer served (its CRD was deleted): forgetting %d base(s)",
+                    identity.API_VERSION,
+                    len(self.bases),
+                )
+                for key in list(self.bases):
+                    self.forget(key)
+
+    def forget(self, key: Key) -> None:
+        base = self.bases.pop(key, None)
+        for task in (base.task, base.judging) if base is not None else ():
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        if key in self.rolling:
+            self.rolling.discard(key)
+            self.wake(set(self.bases))  # the next may roll out
+        self.ctx.probers.release(key, set())
+        self.ctx.metrics.forget(key)
+        self.ctx.tokens.discard(key)  # its Secret goes with it; a new base needs one
 
     def wake(self, keys: set[Key]) -> None:
         for key in keys:
@@ -149,6 +180,11 @@ class Runner:
                 await self.reconcile(base, trigger)
             except asyncio.CancelledError:
                 raise
+            except status_update.Gone as e:
+                report.say(base.key, f"forgotten: {e}")
+                if self.bases.get(base.key) is base:
+                    self.forget(base.key)
+                return
             except Exception:
                 log.exception("reconciling %s/%s failed", *base.key, extra=report.about(base.key))
             try:
@@ -254,6 +290,8 @@ class Runner:
                 update = judged(base.body, base.previous(), before, current, tolerance)
                 await status_update.apply(ctx, base, update)
             ctx.metrics.evaluated(base.key, current["recall_at_k"], current["mrr"])
+        except status_update.Gone:
+            return  # its loop finds it gone too
         except Exception:
             log.exception(
                 "evaluating %s/%s after a change failed", *base.key, extra=report.about(base.key)
@@ -345,6 +383,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     probers = Probers(http, interval=ours.poll.probe_seconds, grace=ours.poll.model_grace_seconds)
     memo.context = Context(ours, cluster, http, Metrics.create(), Cache(), probers)
     memo.runner = Runner(memo.context)
+    memo.following_kind = asyncio.create_task(memo.runner.follow_kind(), name="the kind")
     memo.context.metrics.serve(ours.runtime.metrics_port)
 
 

@@ -30,6 +30,7 @@ from metis_operator.cache import Deps
 from metis_operator.context import Context
 from metis_operator.prober import EMBEDDING_ROLE, RERANKER_ROLE
 from metis_operator.state import Model, ModelCheck, Observation, State, Verdict, derive
+from metis_operator.status_update import Gone, being_deleted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +107,29 @@ async def _read(ctx: Context, kind: str, manifest: Mapping[str, Any], fresh: boo
 
 
 @dataclasses.dataclass
+class _Alive:
+    """Asks the API server, once a turn and only before a child is created, whether the
+    base still is: a base deleted (or whose CRD was) lingers in the operator's loops until
+    its watch says so, and a child applied for it then would be made again after each
+    garbage collection. Steady turns create nothing and ask nothing."""
+
+    ctx: Context
+    owner: children.Owner
+    asked: bool = False
+
+    async def __call__(self) -> None:
+        if self.asked:
+            return
+        path = identity.path(self.owner.namespace, self.owner.name)
+        found = await self.ctx.cluster.get(path)
+        if found is None or (found.get("metadata") or {}).get("uid") != self.owner.uid:
+            raise Gone("it, or its kind, no longer exists")
+        if being_deleted(found):
+            raise Gone("it is being deleted")
+        self.asked = True
+
+
+@dataclasses.dataclass
 class _Applied:
     """What `_apply_children` did and found: each replica's (index claim, Deployment) as
     they are now, what was done, and the operator's own rollout ("held", "started")."""
@@ -129,10 +153,11 @@ async def _apply_children(
 ) -> _Applied:
     """Create what is missing and re-apply what drifted, for every replica; remove the
     replicas the spec no longer asks for."""
-    applied = _Applied([], [])
+    applied, alive = _Applied([], []), _Alive(ctx, owner)
     token, key = children.api_secret(owner), (owner.namespace, owner.name)
     if fresh or key not in ctx.tokens:
         if await ctx.cluster.get(kube.manifest_path(token)) is None:
+            await alive()
             await ctx.cluster.create(token)  # once: a new token would lock the operator out
             applied.done.append(f"Secret {owner.child} created")
         ctx.tokens.add(key)
@@ -148,12 +173,14 @@ async def _apply_children(
         await _remove(ctx, owner, budget, fresh, applied.done)
     for manifest in map(children.with_hash, shared):
         found = await _read(ctx, manifest["kind"], manifest, fresh)
-        await _apply(ctx, manifest, found, applied.done)
+        await _apply(ctx, manifest, found, applied.done, alive)
     pods = children.by_replica(ctx.cache.pods(owner.namespace, owner.name))
     for i in range(spec.replicas):
         mine = pods.get(i, [])
         applied.replicas.append(
-            await _apply_replica(ctx, owner, spec, i, mine, generation, fresh, may_roll, applied)
+            await _apply_replica(
+                ctx, owner, spec, i, mine, generation, fresh, may_roll, applied, alive
+            )
         )
     for i in range(spec.replicas, REPLICAS_MAX):
         for gone in (
@@ -174,6 +201,7 @@ async def _apply_replica(
     fresh: bool,
     may_roll: Callable[[], bool],
     applied: _Applied,
+    alive: _Alive,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """Replica `i`'s index drive (created once: its spec is immutable once bound) and
     Deployment, as they are now."""
@@ -186,6 +214,7 @@ async def _apply_replica(
         applied.conflicts += [_conflict(c, i) for c in taken]
         return None, None
     if actual_claim is None:
+        await alive()
         actual_claim = await ctx.cluster.create(claim)
         applied.done.append(f"PersistentVolumeClaim {owner.replica(i)} created")
     moving = children.must_move(spec.placement, current, observe.node(pods))
@@ -198,7 +227,7 @@ async def _apply_replica(
             applied.rollout = "started" if may_roll() else "held"
         if applied.rollout == "held":
             return actual_claim, current
-    return actual_claim, await _apply(ctx, manifest, current, applied.done)
+    return actual_claim, await _apply(ctx, manifest, current, applied.done, alive)
 
 
 def _owned(child: Mapping[str, Any], owner: children.Owner) -> bool:
@@ -224,10 +253,16 @@ def _conflict(child: Mapping[str, Any], replica: int) -> str:
 
 
 async def _apply(
-    ctx: Context, manifest: dict[str, Any], found: dict[str, Any] | None, done: list[str]
+    ctx: Context,
+    manifest: dict[str, Any],
+    found: dict[str, Any] | None,
+    done: list[str],
+    alive: _Alive,
 ) -> dict[str, Any] | None:
     if not children.needs_apply(manifest, found):
         return found
+    if found is None:
+        await alive()
     verb = "created" if found is None else "updated"
     if found is not None and _hash(found) == _hash(manifest):
         verb = "repaired"  # the wish is the same: someone changed a field

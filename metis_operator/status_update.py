@@ -21,6 +21,15 @@ from metis_operator.status_compose import merge_patch
 log = logging.getLogger("metis_operator")
 
 
+class Gone(Exception):
+    """The base is gone, going (deleted, waiting on another's finalizer) or its kind is (the
+    CRD deleted): nothing more is written of it or for it, children included."""
+
+
+def being_deleted(body: Mapping[str, Any]) -> bool:
+    return bool((body.get("metadata") or {}).get("deletionTimestamp"))
+
+
 @dataclasses.dataclass(frozen=True)
 class Event:
     """A core/v1 Event to post about the base: `kind` is Normal or Warning."""
@@ -77,9 +86,14 @@ async def apply(ctx: Context, base: Written, update: StatusUpdate) -> None:
         patch = merge_patch(base.previous(), new)
         if patch:
             namespace, name = update.key
-            await ctx.cluster.merge_patch(
-                identity.path(namespace, name) + "/status", {"status": patch}
-            )
+            try:
+                await ctx.cluster.merge_patch(
+                    identity.path(namespace, name) + "/status", {"status": patch}
+                )
+            except kube.ApiError as e:
+                if e.status == 404:
+                    raise Gone(f"its status cannot be written: {e}") from None
+                raise
         base.status = new
     for line in update.lines:
         report.say(update.key, line.message, **line.fields)

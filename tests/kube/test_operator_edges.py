@@ -1,7 +1,8 @@
 """The operator's edges on the real control plane: `kubectl explain` documents every
 field of a base, each base gets a NetworkPolicy and a token Secret, and both installs
 (cluster-wide, and one namespace with a Role) are accepted by the API server, the
-namespaced one running an operator that needs no cluster-wide right.
+namespaced one running an operator that needs no cluster-wide right; a base being
+deleted, or whose CRD was, is never written to again.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ import yaml
 from metis_dev.plane import ControlPlane
 from metis_dev.process import free_port, wait_for
 from tests.kube.operator_support import (
+    CRD,
     ROOT,
     Operator,
+    install,
     kb,
+    kb_path,
     make_drive,
     model_service,
     wait_state,
@@ -32,12 +36,12 @@ from tests.kube.operator_support import (
 from tests.support import processes
 from tests.support.model_server import ModelServer
 
-CRD = ROOT / "crds" / "knowledgebase.yaml"
+CRD_FILE = ROOT / "crds" / "knowledgebase.yaml"
 OVERLAY = ROOT / "manifests" / "overlays" / "namespaced"
 
 
 def _schema() -> dict[str, Any]:
-    (version,) = yaml.safe_load(CRD.read_text())["spec"]["versions"]
+    (version,) = yaml.safe_load(CRD_FILE.read_text())["spec"]["versions"]
     return dict(version["schema"]["openAPIV3Schema"])
 
 
@@ -267,3 +271,135 @@ def test_a_single_namespace_install_runs_with_a_role_only(
         assert "nowhere" in status["reason"]
     finally:
         processes.stop(proc)
+
+
+# --------------------------------------------------------------------------- a base going
+
+
+CHILD_KINDS = (
+    "/api/v1/namespaces/{ns}/configmaps",
+    "/api/v1/namespaces/{ns}/services",
+    "/api/v1/namespaces/{ns}/secrets",
+    "/api/v1/namespaces/{ns}/persistentvolumeclaims",
+    "/apis/apps/v1/namespaces/{ns}/deployments",
+    "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+)
+
+
+def owned(kube: ControlPlane, ns: str, uids: set[str]) -> list[str]:
+    """Every object of the namespace a base of `uids` owns, as kind/name."""
+    api, found = kube.rest(), []
+    for collection in CHILD_KINDS:
+        for item in api.get(collection.format(ns=ns))["items"]:
+            meta = item["metadata"]
+            if {r["uid"] for r in meta.get("ownerReferences") or []} & uids:
+                found.append(f"{collection.rsplit('/', 1)[1]}/{meta['name']}")
+    return sorted(found)
+
+
+def bases_made(
+    kube: ControlPlane, ns: str, models: ModelServer, tmp: Path, *names: str
+) -> set[str]:
+    """Bases `names` with every child made; their uids."""
+    model_service(kube, ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
+    (tmp / "docs").mkdir()
+    make_drive(kube, ns, "docs", tmp / "docs")
+    uids = set()
+    for name in names:
+        body = kb(name, {"sources": [{"drive": "docs"}], "embedding": {"deployment": "minilm"}})
+        kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(body))
+        uids.add(kube.rest().get(kb_path(ns, name))["metadata"]["uid"])
+    wait_for(
+        lambda: len(owned(kube, ns, uids)) == 6 * len(names),
+        timeout=90,
+        what="every child of the bases",
+    )
+    return uids
+
+
+def reconciled(operator: Operator) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in operator.metrics().splitlines()
+        if line.startswith("metis_operator_reconciliations_total{")
+    )
+
+
+def tracked(operator: Operator, ns: str, name: str) -> bool:
+    """Whether the operator still keeps a loop for the base (its state gauge)."""
+    return f'knowledgebase="{name}",namespace="{ns}"' in operator.metrics()
+
+
+def test_a_base_being_deleted_is_never_written_to_again(
+    kube: ControlPlane, operator: Operator, models: ModelServer, namespace: str, tmp_path: Path
+) -> None:
+    """Held by another controller's finalizer, the base lingers with a deletionTimestamp:
+    its children are not made again and its status is not written, while the operator
+    keeps turning (the other base's loop)."""
+    ns, api = namespace, kube.rest()
+    uids = bases_made(kube, ns, models, tmp_path, "going", "staying")
+    path = kb_path(ns, "going")
+    kube.kubectl(
+        "patch",
+        "kb",
+        "going",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"metadata":{"finalizers":["example.com/hold"]}}',
+    )
+    kube.kubectl("delete", "kb", "going", "-n", ns, "--wait=false")
+    wait_for(
+        lambda: not tracked(operator, ns, "going"),
+        timeout=30,
+        what="the operator to forget the base being deleted",
+        alive=operator.check_alive,
+    )
+    before = api.get(path)
+    assert before["metadata"]["deletionTimestamp"]
+    kube.kubectl("delete", "configmap", "metis-going", "-n", ns)
+    turns = reconciled(operator)
+    wait_for(
+        lambda: reconciled(operator) >= turns + 6,
+        timeout=60,
+        what="six more turns of the other base's loop",
+        alive=operator.check_alive,
+    )
+    after = api.get(path)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert "configmaps/metis-going" not in owned(kube, ns, uids)
+    assert "configmaps/metis-staying" in owned(kube, ns, uids)
+    kube.kubectl(
+        "patch", "kb", "going", "-n", ns, "--type=merge", "-p", '{"metadata":{"finalizers":null}}'
+    )
+
+
+def test_deleting_the_crd_leaves_no_loop_and_no_child_once_the_kind_is_back(
+    kube: ControlPlane, operator: Operator, models: ModelServer, namespace: str, tmp_path: Path
+) -> None:
+    """The kind goes with every base (an issue-30 finding: loops kept making children after
+    each collection and writing statuses that failed). The operator forgets every base
+    and writes nothing for them. Kubernetes' garbage collector cannot tell a base of a kind
+    that is gone from one it cannot reach, so it keeps the children until the kind is
+    served again (kubernetes/kubernetes#102641, as intended there); then it removes them,
+    and the operator, which knows no base, makes none again."""
+    ns = namespace
+    uids = bases_made(kube, ns, models, tmp_path, "first", "second")
+    try:
+        kube.kubectl("delete", "crd", CRD, "--timeout=120s")
+        wait_for(
+            lambda: not tracked(operator, ns, "first") and not tracked(operator, ns, "second"),
+            timeout=60,
+            what="the operator to forget both bases",
+            alive=operator.check_alive,
+        )
+    finally:
+        install(kube)
+    wait_for(
+        lambda: owned(kube, ns, uids) == [],
+        timeout=120,
+        what="the garbage collector to remove every child once the kind is served",
+        alive=operator.check_alive,
+    )
+    operator.check_alive()
