@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast lint lock crd kube promtool lua-health browser node-packages images demo \
+.PHONY: test test-fast lint lock crd kube promtool lua-health helm kubeconform browser \
+	node-packages images demo \
 	demo-indexer bench clean
 
 # Installed from the lock (requirements/, written by `make lock`): every package at its pinned
@@ -41,10 +42,11 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 
 # crds/knowledgebase.yaml from the models of metis_operator/api (tests/operator/test_crd.py
-# fails when the committed file differs).
+# fails when the committed file differs), and its copy in the chart (tests/unit/test_chart.py).
 crd: $(STAMP)
 	$(PY) -m metis_operator.api.crd > crds/knowledgebase.yaml.new
 	mv crds/knowledgebase.yaml.new crds/knowledgebase.yaml
+	cp crds/knowledgebase.yaml charts/metis/crds/knowledgebase.yaml
 
 # The local cluster's binaries, built from Go modules once per machine (metis_dev/README.md).
 kube:
@@ -60,6 +62,15 @@ promtool:
 # the tests of manifests/argocd/health.lua run it.
 lua-health:
 	bash tools/lua-health/build.sh > /dev/null
+
+# helm and kubeconform from their Go modules pinned in tools/helm and tools/kubeconform (cached
+# under ~/.cache/metis/<tool>/<version>; built only when missing): the chart's tests
+# (tests/unit/test_chart.py, tests/kube/test_helm.py) run them.
+helm:
+	bash tools/helm/build.sh > /dev/null
+
+kubeconform:
+	bash tools/kubeconform/build.sh > /dev/null
 
 # The console's tests run headless Chromium from Debian's packages (as root, as CI runs).
 browser:
@@ -89,7 +100,7 @@ demo-indexer: $(STAMP)
 	$(PY) examples/indexer_demo.py
 
 # The whole suite: the control-plane tests beside all the others (tools/test.sh).
-test: $(STAMP) kube promtool lua-health browser node-packages lint
+test: $(STAMP) kube promtool lua-health helm kubeconform browser node-packages lint
 	bash tools/test.sh
 
 test-fast: $(STAMP)
