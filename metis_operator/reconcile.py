@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from metis_indexer.config import IndexerConfig
-from metis_operator import children, indexer_client, kube, observe, status_compose
+from metis_operator import children, index_drive, indexer_client, kube, observe, status_compose
 from metis_operator.api import identity
 from metis_operator.api.spec import (
     REPLICAS_MAX,
@@ -139,6 +139,8 @@ class _Applied:
     rollout: str = ""
     conflicts: list[str] = dataclasses.field(default_factory=list)
     """Children another base owns under the names this one's would take."""
+    drive_notes: list[str] = dataclasses.field(default_factory=list)
+    """Index claims that cannot grow to what the base's memory holds, and why."""
 
 
 async def _apply_children(
@@ -205,7 +207,10 @@ async def _apply_replica(
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """Replica `i`'s index drive (created once: its spec is immutable once bound) and
     Deployment, as they are now."""
-    claim = children.index_claim(owner, ctx.settings, i)
+    size = index_drive.size_gib(
+        spec.placement.memory_gb, spec.vectors, ctx.settings.indexer.index_storage
+    )
+    claim = children.index_claim(owner, ctx.settings, i, size)
     actual_claim = await _read(ctx, "PersistentVolumeClaim", claim, fresh)
     wish = children.deployment(owner, spec, ctx.settings, replica=i)
     current = await _read(ctx, "Deployment", wish, fresh)
@@ -217,6 +222,8 @@ async def _apply_replica(
         await alive()
         actual_claim = await ctx.cluster.create(claim)
         applied.done.append(f"PersistentVolumeClaim {owner.replica(i)} created")
+    elif observe.claim_bound(actual_claim):
+        actual_claim = await _grow(ctx, actual_claim, size, fresh, applied)
     moving = children.must_move(spec.placement, current, observe.node(pods))
     deployment = children.deployment(owner, spec, ctx.settings, replica=i, moving=moving)
     annotations = deployment["metadata"].setdefault("annotations", {})
@@ -228,6 +235,44 @@ async def _apply_replica(
         if applied.rollout == "held":
             return actual_claim, current
     return actual_claim, await _apply(ctx, manifest, current, applied.done, alive)
+
+
+async def _grow(
+    ctx: Context, claim: dict[str, Any], size_gib: int, fresh: bool, applied: _Applied
+) -> dict[str, Any]:
+    """A bound index claim asked to grow to `size_gib` when it asks less (a larger
+    `memory_gb`, int8 vectors); where the API server refuses (its StorageClass does not
+    allow expansion), the refusal is a warning of the base, asked again at a resync."""
+    requested = (
+        ((claim.get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage")
+    )
+    if not index_drive.grows(requested, size_gib):
+        return claim
+    meta = claim["metadata"]
+    key, wanted = (meta["namespace"], meta["name"]), f"{size_gib}Gi"
+    refused = ctx.refused_growth.get(key)
+    if refused is not None and refused[0] == size_gib and not fresh:
+        applied.drive_notes.append(refused[1])
+        return claim
+    patch = {"spec": {"resources": {"requests": {"storage": wanted}}}}
+    try:
+        grown = await ctx.cluster.merge_patch(kube.manifest_path(claim), patch)
+    except kube.ApiError as e:
+        if e.status not in (403, 422):
+            raise
+        note = (
+            f"index drive {meta['name']} has {requested}, the base's memory holds what needs "
+            f"{wanted}, and the claim cannot grow ({e.message}): use a StorageClass that "
+            "allows expansion, or set METIS_INDEX_STORAGE for new drives"
+        )
+        ctx.refused_growth[key] = (size_gib, note)
+        applied.drive_notes.append(note)
+        return claim
+    ctx.refused_growth.pop(key, None)
+    applied.done.append(
+        f"PersistentVolumeClaim {meta['name']} asked to grow {requested} → {wanted}"
+    )
+    return dict(grown)
 
 
 def _owned(child: Mapping[str, Any], owner: children.Owner) -> bool:
@@ -417,6 +462,7 @@ async def run(
             ),
             shared_machines=observe.shared_machines(everyone),
             conflicts=tuple(applied.conflicts),
+            drive_notes=tuple(applied.drive_notes),
         )
     )
     return dataclasses.replace(outcome, applied=tuple(applied.done), rollout=applied.rollout)

@@ -39,10 +39,10 @@ class IndexerSettings:
     one loopback."""
 
     index_storage: str = _env("METIS_INDEX_STORAGE", "10Gi")
-    """Size asked for each base's own drive (PVC `metis-<name>`), a Kubernetes
-    quantity. An index takes about 12 KB a chunk at 1024 dimensions (a million int8
-    chunks: 6.9 GB of SQLite and a 5.2 GB load snapshot, bench/results/search-million.md):
-    10 GiB holds about 850,000 chunks. Read when the drive is created, never changed after."""
+    """The least each base's own drive (PVC `metis-<name>`) asks for, a Kubernetes
+    quantity. A drive's size follows what the base's memory holds (`index_drive.size_gib`:
+    2 GiB of float32 vectors, about 350,000 chunks, ask 10 GiB); a larger `memory_gb`
+    expands the claim where its StorageClass allows it."""
 
     storage_class: str = _env("METIS_STORAGE_CLASS", "")
     """StorageClass of the index drives; empty: the cluster's default."""

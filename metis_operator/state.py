@@ -150,6 +150,8 @@ class Observation:
     """Machines that run two replicas or more (`observe.shared_machines`)."""
     conflicts: tuple[str, ...] = ()
     """Children of this base's names that another base owns."""
+    drive_notes: tuple[str, ...] = ()
+    """Index claims that cannot grow to what the base's memory holds, and why."""
     unknown_fields: tuple[str, ...] = ()
     """Spec fields this operator does not know (a newer CRD's): kept, and without effect."""
 

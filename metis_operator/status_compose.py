@@ -14,11 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from metis_indexer.schema import StatusAnswer
-from metis_operator import quality
+from metis_operator import index_drive, quality
 from metis_operator.api.status_types import (
     Chunking,
     Chunks,
     Condition,
+    Drive,
     Embedding,
     Evaluation,
     IndexTotals,
@@ -26,6 +27,7 @@ from metis_operator.api.status_types import (
     Observed,
     Replicas,
 )
+from metis_operator.index_drive import GIB
 from metis_operator.state import (
     Model,
     ModelCheck,
@@ -49,6 +51,8 @@ EMBEDDING_CONDITION = "EmbeddingModelAvailable"
 """True when the embedding model's Service answers as an embedding model."""
 RERANKER_CONDITION = "RerankerAvailable"
 """True when the reranker's Service answers as a reranker; absent without one."""
+DRIVE_CONDITION = "DriveFilling"
+"""True while the index drive is 80 % full or more; absent while no indexer has said."""
 
 INDEX_TOTALS = (
     "documents",
@@ -99,7 +103,29 @@ def conditions(
     ]
     if with_reranker:
         out.append(_model_condition(RERANKER_CONDITION, o.reranker, generation))
+    drive = o.indexer.drive if o.indexer is not None else None
+    if drive is not None:
+        full = index_drive.filling(drive.used_bytes, drive.size_bytes)
+        reason = "AboveThreshold" if full is not None else "BelowThreshold"
+        out.append(_condition(DRIVE_CONDITION, full is not None, reason, drive_note(o), generation))
     return out
+
+
+def _bytes(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / (1 << 20):.1f} MiB"
+
+
+def drive_note(o: Observation) -> str:
+    """What a drive 80 % full or more says; empty below that."""
+    drive = o.indexer.drive if o.indexer is not None else None
+    if drive is None or (full := index_drive.filling(drive.used_bytes, drive.size_bytes)) is None:
+        return ""
+    return (
+        f"index drive {o.index_drive} is {full:.0%} full ({_bytes(drive.used_bytes)} of "
+        f"{_bytes(drive.size_bytes)}): a full drive stops indexing; give the base more "
+        "placement.memory_gb (its drive grows with it where the StorageClass allows), or a "
+        "larger METIS_INDEX_STORAGE for new drives"
+    )
 
 
 def evaluated(previous: KnowledgeBaseStatus) -> list[Condition]:
@@ -148,6 +174,9 @@ def warnings(o: Observation) -> list[str]:
             f"{', '.join(o.unknown_fields)}: not known to this operator (a newer CRD's field): "
             "kept, and without effect until an operator that knows it runs"
         )
+    out += o.drive_notes
+    if note := drive_note(o):
+        out.append(note)
     unlisted: dict[str, int] = {}
     for w in o.indexer.warnings if o.indexer else []:
         m = _UNLISTED.match(w)
@@ -199,6 +228,15 @@ def _chunking(ix: StatusAnswer) -> Chunking | None:
     return Chunking(answering=answering, next=following, done=c.done, total=c.total)
 
 
+def _drive(ix: StatusAnswer | None) -> Drive | None:
+    if ix is None or ix.drive is None or ix.drive.size_bytes <= 0:
+        return None
+    d = ix.drive
+    return Drive(
+        size_gib=round(d.size_bytes / GIB, 1), used_percent=int(100 * d.used_bytes / d.size_bytes)
+    )
+
+
 def compose(
     previous: Mapping[str, Any],
     verdict: Verdict,
@@ -224,6 +262,7 @@ def compose(
         indexed_revisions=dict(sorted(indexed.items())) if indexed else None,
         warnings=warnings(o) or None,
         replicas=Replicas(wanted=o.replicas, answering=o.answering),
+        drive=_drive(ix),
     )
     progress = None
     if ix is not None and ix.embedding is not None and ix.embedding.next is not None:

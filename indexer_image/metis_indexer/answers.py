@@ -16,7 +16,7 @@ from metis_indexer import notes, peers, rechunk
 from metis_indexer.config import IndexerConfig
 from metis_indexer.configured import Configured
 from metis_indexer.errors import BadRequest, Refusal, Unavailable
-from metis_indexer.index import store
+from metis_indexer.index import folders, store
 from metis_indexer.index.memory import Index
 from metis_indexer.ingest.runner import now
 from metis_indexer.metrics import Metrics
@@ -56,6 +56,8 @@ class Answers:
         self._passes = passes
         self.metrics = metrics
         """Where the API counts its requests and searches."""
+        metrics.drive_used.set_function(lambda: (self.drive() or {}).get("used_bytes", 0))
+        metrics.drive_size.set_function(lambda: (self.drive() or {}).get("size_bytes", 0))
         self.recent = RecentSearches()
         """How the searches of the last minute were answered (an evaluation's are not
         counted: they ask every way, the ones a base lacks a model for included)."""
@@ -167,8 +169,13 @@ class Answers:
                 "vectors_from_peers": self._passes.vectors_from_peers,
                 "vectors_from_model": self._passes.vectors_from_model,
                 "vectors_kept": self._passes.vectors_kept,
+                "drive": self.drive(),
             }
         )
+
+    def drive(self) -> dict[str, int] | None:
+        use = folders.drive_use(self._configured.config.index_dir)
+        return None if use is None else {"used_bytes": use[0], "size_bytes": use[1]}
 
     def empty_warning(self) -> str:
         """What a search that finds nothing says, by how far the passes got."""

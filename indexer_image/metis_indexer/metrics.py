@@ -32,6 +32,8 @@ class Metrics:
     vectors_from_peers: Counter
     vectors_from_model: Counter
     vectors_kept: Counter
+    drive_used: Gauge
+    drive_size: Gauge
 
     @classmethod
     def create(cls) -> Metrics:
@@ -72,6 +74,16 @@ class Metrics:
                 "Duration of finished passes.",
                 registry=r,
                 buckets=(0.1, 1, 5, 15, 60, 300, 900, 3600, 14400),
+            ),
+            drive_used=Gauge(
+                "metis_index_drive_used_bytes",
+                "Bytes in use on the index drive (read when scraped).",
+                registry=r,
+            ),
+            drive_size=Gauge(
+                "metis_index_drive_size_bytes",
+                "The index drive's size in bytes (read when scraped).",
+                registry=r,
             ),
             index_rebuilds=Counter(
                 "metis_index_rebuilds_total",

@@ -326,6 +326,15 @@ class Searches(BaseModel):
     """The words of the most frequent fallback or failure (shortened); null when none."""
 
 
+class DriveUse(BaseModel):
+    """The index drive: what is in use and its size, in bytes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    used_bytes: int
+    size_bytes: int
+
+
 class StatusAnswer(BaseModel):
     """`GET /v1/status`: what the operator reads to write a base's status.
 
@@ -375,6 +384,8 @@ class StatusAnswer(BaseModel):
     vectors_kept: int = 0
     """Passages of a new chunking's index whose vectors the index it replaces held (cut
     the same), since the indexer started."""
+    drive: DriveUse | None = None
+    """The index drive's use; null where it cannot be read."""
 
     @classmethod
     def read(cls, answer: object) -> StatusAnswer:

@@ -113,6 +113,17 @@ class Replicas(_Status):
     )
 
 
+class Drive(_Status):
+    size_gib: float | None = Field(
+        default=None, description="The index drive's size, in GiB (one decimal)."
+    )
+    used_percent: int | None = Field(
+        default=None,
+        description="How much of it is in use, in whole percent (so the status is not "
+        "rewritten for every few bytes written). From 80, the base warns (DriveFilling).",
+    )
+
+
 class Observed(_Status):
     index: IndexTotals | None = Field(
         default=None, description="Its index, as the indexer reports it (GET /v1/status)."
@@ -140,6 +151,11 @@ class Observed(_Status):
     )
     replicas: Replicas | None = Field(
         default=None, description="Its replicas: those asked for, and those answering."
+    )
+    drive: Drive | None = Field(
+        default=None,
+        description="Its index drive, as its indexer sees it (the first replica's); absent "
+        "while no indexer answers.",
     )
 
 

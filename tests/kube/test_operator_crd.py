@@ -129,6 +129,7 @@ def test_the_manifests_install_an_admitted_least_privilege_operator(
     # and the disruption budget once one replica is left.
     assert can("delete", "deployments.apps", "-n", "team-a")
     assert can("delete", "persistentvolumeclaims", "-n", "team-a")
+    assert can("patch", "persistentvolumeclaims", "-n", "team-a"), "a drive grows with memory"
     assert can("delete", "poddisruptionbudgets.policy", "-n", "team-a")
     assert not can("delete", "services", "-n", "team-a")
     assert not can("delete", "configmaps", "-n", "team-a")

@@ -20,6 +20,9 @@ import pytest
 from aiohttp import web
 
 from metis_indexer.documents import FailReason
+from metis_indexer.schema import StatusAnswer
+from metis_operator import status_compose
+from metis_operator.state import Observation
 from tests.support.model_server import ModelServer, start_model_server
 from tests.support.processes import Process, free_port, indexer, running, wait_ready
 
@@ -216,11 +219,20 @@ def test_a_full_index_drive_waits_with_its_reason_and_resumes(small_drive, tmp_p
         assert full["reason"].startswith("the index drive is full (")
         assert full["reason"].endswith(" MB free); indexing resumes when there is room")
         assert "rollback" not in full["reason"]
+        drive = full["drive"]
+        assert drive["size_bytes"] == 400 * 1024 and drive["used_bytes"] >= 0.8 * 400 * 1024
+        metrics = p.get("/metrics").text
+        assert "metis_index_drive_size_bytes 409600.0" in metrics
+        # The base's warning and condition, as the operator derives them from this answer.
+        o = Observation(indexer=StatusAnswer.read(full), index_drive="metis-peps")
+        [warning] = [w for w in status_compose.warnings(o) if w.startswith("index drive")]
+        assert warning.startswith("index drive metis-peps is ") and " MiB of 0.4 MiB)" in warning
         answer = p.post("/v1/search", {"query": "enhancement proposal", "mode": "keyword"})
         assert answer.status_code == 200, "what is indexed is still answered"
         subprocess.run(["mount", "-o", "remount,size=64m", str(small_drive)], check=True)
         status = wait_ready(p)
         assert (status["documents"], status["failed"]) == (60, 0), "no document failed for it"
+        assert status["drive"]["size_bytes"] == 64 * 1024 * 1024, "read at each answer"
 
 
 # -- a model that stops answering ---------------------------------------------------------

@@ -65,9 +65,10 @@ ones. Secrets are read by name, never listed or watched. */}}
 - apiGroups: [""]
   resources: [configmaps, services]
   verbs: [get, list, watch, create, patch]
+# patch: an index drive grows with the base's memory (metis_operator/index_drive.py).
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]

@@ -128,3 +128,14 @@ def _built(index_dir: Path) -> list[str]:
 
 def _own_files(index_dir: Path) -> list[Path]:
     return [path for pattern in OWN_FILES for path in index_dir.glob(pattern) if path.is_file()]
+
+
+def drive_use(index_dir: Path) -> tuple[int, int] | None:
+    """Bytes in use on the index drive and its size, as a writer without root's reserve
+    sees them (statvfs); None where it cannot be read."""
+    try:
+        fs = os.statvfs(index_dir)
+    except OSError:
+        return None
+    size = fs.f_blocks * fs.f_frsize
+    return size - fs.f_bavail * fs.f_frsize, size
