@@ -24,20 +24,20 @@ from tests.kube.conftest import fresh_namespace
 from tests.kube.operator_support import Operator, get_kb, kb, wait_state
 from tests.kube.pods import StandInPods, port_of
 from tests.kube.test_operator_lifecycle import apply_kb, write_documents
+from tests.support import go_tools
 from tests.support.model_server import ModelServer
 from tests.unit.test_argocd_health_lua import (
     CONFIG_MAP,
     KEY,
     SCRIPT,
     argo_health,
-    build_lua_health,
 )
 
 
 @pytest.fixture(scope="module")
 def lua_health() -> Path:
     """Built (or skipped) as the unit test does: it needs Go once, not a cluster."""
-    return build_lua_health()
+    return go_tools.built("lua-health")
 
 
 @pytest.fixture

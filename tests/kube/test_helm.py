@@ -35,6 +35,7 @@ from tests.kube.conftest import fresh_namespace
 from tests.kube.operator_support import CRD, Operator, get_kb, kb, kb_path, wait_state
 from tests.kube.pods import StandInPods, port_of
 from tests.kube.test_operator_lifecycle import apply_kb, children, reconciliations, write_documents
+from tests.support import go_tools
 from tests.support.model_server import start_model_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,15 +55,7 @@ def plane(kube_binaries: Path) -> Iterator[ControlPlane]:
 @pytest.fixture(scope="module")
 def helm_binary() -> Path:
     """helm from tools/helm/build.sh (built once a machine, minutes; then cached)."""
-    built = subprocess.run(
-        ["bash", str(ROOT / "tools" / "helm" / "build.sh")],
-        capture_output=True,
-        text=True,
-        timeout=3000,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr
-    return Path(built.stdout.strip())
+    return go_tools.built("helm")
 
 
 class Helm:

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import go_tools
+
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "manifests" / "monitoring" / "component" / "rules.yaml"
 UNIT_TESTS = Path(__file__).with_name("rules_test.yaml")
@@ -28,15 +30,7 @@ def alerts() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def promtool() -> Path:
     """promtool, built the first time on a machine (minutes), then taken from the cache."""
-    built = subprocess.run(
-        ["bash", str(ROOT / "tools" / "promtool" / "build.sh")],
-        capture_output=True,
-        text=True,
-        timeout=3000,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr
-    return Path(built.stdout.strip())
+    return go_tools.built("promtool")
 
 
 @pytest.fixture

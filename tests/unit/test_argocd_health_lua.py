@@ -7,8 +7,6 @@ tests/kube/test_argocd_health.py runs it on bases of a real control plane. No cl
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,31 +16,17 @@ import yaml
 
 from metis_operator import status_compose
 from metis_operator.state import Observation, State, Verdict
+from tests.support import go_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "manifests" / "argocd" / "health.lua"
 CONFIG_MAP = ROOT / "manifests" / "argocd" / "argocd-cm.yaml"
-BUILD = ROOT / "tools" / "lua-health" / "build.sh"
 KEY = "resource.customizations.health.metis.astraeus.io_KnowledgeBase"
 """Argo CD's key for a group's kind: resource.customizations.health.<group>_<kind>."""
 INDEXING = Path(__file__).with_name("argocd_health_indexing.json")
 """A base Indexing, as the API server served it in a run of tests/kube/test_argocd_health.py's
 fixtures (the stand-in kubelet, 300 documents, read while the pass ran; managedFields left
 out): too short-lived to be caught there every run, so its status is checked here."""
-
-
-def build_lua_health() -> Path:
-    """lua-health, built by its build.sh the first time on a machine (seconds), then taken
-    from the cache; the test skips where it is not built and Go is missing to build it."""
-    built = subprocess.run(
-        ["bash", str(BUILD)], capture_output=True, text=True, timeout=600, check=False
-    )
-    if built.returncode != 0 and shutil.which(os.environ.get("GO", "go")) is None:
-        pytest.skip(
-            f"lua-health is not built and Go is missing to build it: {built.stderr.strip()}"
-        )
-    assert built.returncode == 0, built.stderr
-    return Path(built.stdout.strip())
 
 
 def argo_health(binary: Path, obj: dict[str, Any], script: Path = SCRIPT) -> dict[str, str]:
@@ -61,7 +45,7 @@ def argo_health(binary: Path, obj: dict[str, Any], script: Path = SCRIPT) -> dic
 
 @pytest.fixture(scope="session")
 def lua_health() -> Path:
-    return build_lua_health()
+    return go_tools.built("lua-health")
 
 
 def base(status: dict[str, Any] | None, generation: int = 3) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from metis_dev.build import ensure_binaries
+from tests.support import go_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "metis"
@@ -69,31 +70,14 @@ VALUE_SETS: dict[str, list[str]] = {
 # --------------------------------------------------------------------------- tools
 
 
-def build_tool(name: str) -> Path:
-    """tools/<name>/build.sh's binary: built the first time on a machine (helm: minutes,
-    kubeconform: seconds), then taken from the cache; the test skips where it is not built
-    and Go is missing to build it."""
-    built = subprocess.run(
-        ["bash", str(ROOT / "tools" / name / "build.sh")],
-        capture_output=True,
-        text=True,
-        timeout=3000,
-        check=False,
-    )
-    if built.returncode != 0 and shutil.which(os.environ.get("GO", "go")) is None:
-        pytest.skip(f"{name} is not built and Go is missing to build it: {built.stderr.strip()}")
-    assert built.returncode == 0, built.stderr
-    return Path(built.stdout.strip())
-
-
 @pytest.fixture(scope="module")
 def helm() -> Path:
-    return build_tool("helm")
+    return go_tools.built("helm")
 
 
 @pytest.fixture(scope="module")
 def kubeconform() -> Path:
-    return build_tool("kubeconform")
+    return go_tools.built("kubeconform")
 
 
 def run(argv: list[str | Path], **kw: Any) -> str:
