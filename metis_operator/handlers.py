@@ -138,7 +138,8 @@ class Runner:
                 continue
             try:
                 served = await self.ctx.cluster.get(path) is not None
-            except (kube.ApiError, OSError):
+            except Exception as e:  # the next look asks again; this loop must not end
+                log.warning("cannot tell whether %s is served: %s", identity.API_VERSION, e)
                 continue
             if not served:
                 log.warning(
