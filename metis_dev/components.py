@@ -42,7 +42,8 @@ DEFAULT_CONTROLLERS: tuple[str, ...] = (
     "persistentvolumeclaim-protection-controller",
     "disruption-controller",
 )
-SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_CIDR = "10.0.0.0/16"
+"""Room for a Service per base of the scale benchmark (1,000 bases; a /24 held 254)."""
 SERVICE_IP = "10.0.0.1"
 """The `kubernetes` Service's address in SERVICE_CIDR, named in the serving certificate."""
 

@@ -64,6 +64,11 @@ are annotations under the group."""
 log = logging.getLogger("metis_operator")
 REQUEST_TIMEOUT = 3600
 """Seconds kopf keeps trying a request (reindex, evaluate) before it gives it up."""
+READY_POLLS = 3
+"""A Ready base's indexer is asked every third poll interval (30 s at the default): what
+changes a Ready base (its spec, a drive's revision, its pods) wakes its loop at once;
+only a change the indexer finds by itself (a rescan that reads) shows this much later.
+At 1,000 bases the polls were the operator's main work."""
 KIND_LOOKS = 3
 """Poll intervals between two looks whether the KnowledgeBase kind is still served (30 s
 at the default interval)."""
@@ -91,6 +96,8 @@ class Base:
     resynced: float = dataclasses.field(default_factory=time.monotonic)
     judging: asyncio.Task[None] | None = None
     """The evaluation after a change of retrieval settings, while it runs (quality.py)."""
+    ready: bool = False
+    """Whether its last turn found it Ready: its indexer is then asked less often."""
     unevaluable: str | None = None
     """Retrieval settings whose evaluation the indexer refused (no evaluation set)."""
 
@@ -189,7 +196,8 @@ class Runner:
             except Exception:
                 log.exception("reconciling %s/%s failed", *base.key, extra=report.about(base.key))
             try:
-                await asyncio.wait_for(base.wake.wait(), timeout=interval)
+                wait = interval * (READY_POLLS if base.ready else 1)
+                await asyncio.wait_for(base.wake.wait(), timeout=wait)
                 trigger = "change"
             except TimeoutError:
                 trigger = "timer"
@@ -215,6 +223,7 @@ class Runner:
                     )
                 await status_update.apply(ctx, base, announce_state(body, previous, outcome))
         base.deps = outcome.deps
+        base.ready = outcome.verdict.state is State.READY
         self.follow_rollout(base.key, outcome)
         self.record_metrics(base.key, outcome)
         self.start_quality_check(base, body, outcome)
@@ -380,8 +389,18 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.enabled = False  # Events are ours, from metis-operator
     ours: Settings = memo.config
     cluster = await asyncio.to_thread(kube.Cluster.connect, ours.runtime.field_manager)
-    http = httpx.AsyncClient(timeout=ours.reach.timeout_seconds)
-    probers = Probers(http, interval=ours.poll.probe_seconds, grace=ours.poll.model_grace_seconds)
+    # Indexers: a connection per poll, none kept (a base is asked again after the pool
+    # would have closed it), and none waiting for a free one: at 1,000 bases, httpx's pool
+    # of 100 kept the polls queued and spent most of the loop's time matching them to
+    # connections (bench/results/operator-kwok.md).
+    polls = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    http = httpx.AsyncClient(timeout=ours.reach.timeout_seconds, limits=polls)
+    # The model probes have a client of their own: polls never queue ahead of them, which
+    # read a busy operator as a model that does not answer.
+    probing = httpx.AsyncClient(timeout=ours.reach.timeout_seconds)
+    probers = Probers(
+        probing, interval=ours.poll.probe_seconds, grace=ours.poll.model_grace_seconds
+    )
     memo.context = Context(ours, cluster, http, Metrics.create(), Cache(), probers)
     memo.runner = Runner(memo.context)
     memo.following_kind = asyncio.create_task(memo.runner.follow_kind(), name="the kind")

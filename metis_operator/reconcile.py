@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from metis_indexer.config import IndexerConfig
@@ -106,6 +106,19 @@ async def _read(ctx: Context, kind: str, manifest: Mapping[str, Any], fresh: boo
     return ctx.cache.child(kind, meta["namespace"], meta["name"])
 
 
+class Refused(Exception):
+    """The API server would not take a child (its kind and name, then its words): the base
+    says so in its state rather than in the operator's log alone."""
+
+
+async def _refusing(what: str, call: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """`call`'s answer; its ApiError as Refused, naming `what` was refused."""
+    try:
+        return dict(await call)
+    except kube.ApiError as e:
+        raise Refused(f"{what} ({e.message})") from e
+
+
 @dataclasses.dataclass
 class _Alive:
     """Asks the API server, once a turn and only before a child is created, whether the
@@ -160,7 +173,8 @@ async def _apply_children(
     if fresh or key not in ctx.tokens:
         if await ctx.cluster.get(kube.manifest_path(token)) is None:
             await alive()
-            await ctx.cluster.create(token)  # once: a new token would lock the operator out
+            # Once: a new token would lock the operator out.
+            await _refusing(f"Secret {owner.child}", ctx.cluster.create(token))
             applied.done.append(f"Secret {owner.child} created")
         ctx.tokens.add(key)
     shared = [
@@ -220,7 +234,8 @@ async def _apply_replica(
         return None, None
     if actual_claim is None:
         await alive()
-        actual_claim = await ctx.cluster.create(claim)
+        what = f"PersistentVolumeClaim {owner.replica(i)}"
+        actual_claim = await _refusing(what, ctx.cluster.create(claim))
         applied.done.append(f"PersistentVolumeClaim {owner.replica(i)} created")
     elif observe.claim_bound(actual_claim):
         actual_claim = await _grow(ctx, actual_claim, size, fresh, applied)
@@ -311,8 +326,10 @@ async def _apply(
     verb = "created" if found is None else "updated"
     if found is not None and _hash(found) == _hash(manifest):
         verb = "repaired"  # the wish is the same: someone changed a field
-    done.append(f"{manifest['kind']} {manifest['metadata']['name']} {verb}")
-    return dict(await ctx.cluster.apply(manifest))
+    what = f"{manifest['kind']} {manifest['metadata']['name']}"
+    applied = await _refusing(what, ctx.cluster.apply(manifest))
+    done.append(f"{what} {verb}")
+    return applied
 
 
 async def _remove(
@@ -432,9 +449,12 @@ async def run(
         revisions=inputs.revisions,
         peers=[address] if spec.replicas > 1 else [],
     ).model_copy(update={"generation": generation})
-    applied = await _apply_children(
-        ctx, owner, spec, config, generation=generation, fresh=fresh, may_roll=may_roll
-    )
+    try:
+        applied = await _apply_children(
+            ctx, owner, spec, config, generation=generation, fresh=fresh, may_roll=may_roll
+        )
+    except Refused as e:
+        return done(dataclasses.replace(o, refused=str(e)))
     (claim, deployment), *others = applied.replicas
     everyone = ctx.cache.pods(owner.namespace, owner.name)
     replicas = children.by_replica(everyone)

@@ -150,6 +150,9 @@ class Observation:
     """Machines that run two replicas or more (`observe.shared_machines`)."""
     conflicts: tuple[str, ...] = ()
     """Children of this base's names that another base owns."""
+    refused: str | None = None
+    """A child the API server would not take (a quota, a full Service range, a webhook),
+    and its words: nothing after it was applied this turn."""
     drive_notes: tuple[str, ...] = ()
     """Index claims that cannot grow to what the base's memory holds, and why."""
     unknown_fields: tuple[str, ...] = ()
@@ -291,6 +294,8 @@ def _replacement(o: Observation) -> Verdict | None:
 
 
 def _pending(o: Observation) -> str | None:
+    if o.refused:
+        return f"the API server refused {o.refused}; tried again at every turn"
     if o.unlisted_drives:
         return "; ".join(
             f"drive {d} waits for its data source's first listing" for d in o.unlisted_drives

@@ -403,3 +403,39 @@ def test_deleting_the_crd_leaves_no_loop_and_no_child_once_the_kind_is_back(
         alive=operator.check_alive,
     )
     operator.check_alive()
+
+
+def test_a_child_the_api_server_refuses_is_the_bases_state(
+    kube: ControlPlane, operator: Operator, models: ModelServer, namespace: str, tmp_path: Path
+) -> None:
+    """A quota of no more Services: the base is Pending, its reason the API server's words
+    (not a base without a status and an error in the operator's log alone); it goes on
+    once the quota is lifted."""
+    ns, api = namespace, kube.rest()
+    model_service(kube, ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
+    (tmp_path / "docs").mkdir()
+    make_drive(kube, ns, "docs", tmp_path / "docs")
+    quota = {"metadata": {"name": "no-services"}, "spec": {"hard": {"services": "0"}}}
+    api.post(f"/api/v1/namespaces/{ns}/resourcequotas", quota)
+    wait_for(
+        lambda: (
+            "services"
+            in (
+                api.get(f"/api/v1/namespaces/{ns}/resourcequotas/no-services").get("status") or {}
+            ).get("used", {})
+        ),
+        timeout=30,
+        what="the quota in force",
+    )
+    body = kb("handbook", {"sources": [{"drive": "docs"}], "embedding": {"deployment": "minilm"}})
+    kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(body))
+    status = wait_state(kube, ns, "handbook", "Pending", timeout=60, alive=operator.check_alive)
+    assert status["reason"].startswith("the API server refused Service metis-handbook (")
+    assert "exceeded quota" in status["reason"]
+    api.delete(f"/api/v1/namespaces/{ns}/resourcequotas/no-services")
+    wait_for(
+        lambda: api.get(f"/api/v1/namespaces/{ns}/services/metis-handbook"),
+        timeout=60,
+        what="the Service once the quota is lifted",
+        alive=operator.check_alive,
+    )

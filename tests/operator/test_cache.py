@@ -85,3 +85,14 @@ def test_a_token_is_decoded_and_nothing_else_is_a_token() -> None:
     assert cache.token({"data": {"token": encoded}}) == "s3cret"
     assert cache.token({"data": {}}) is None
     assert cache.token({"data": {"token": "%%%"}}) is None
+
+
+def test_a_bases_pods_are_read_by_the_base_not_by_a_scan_of_the_namespace() -> None:
+    """At 1,000 bases, filtering the namespace's pods for each base was a tenth of the
+    operator's work: pods are indexed by (namespace, "instance", base)."""
+    pod = obj("metis-wiki-7d9f-x", labels={**cache.INDEXER_PODS, cache.INSTANCE_LABEL: "wiki"})
+    assert set(cache.index_keys("pods", pod)) == {("team", cache.INSTANCE, "wiki")}
+    store = cache.Cache()
+    store.bind({"metis_pods": {("team", cache.INSTANCE, "wiki"): [pod]}})
+    assert store.pods("team", "wiki") == [pod]
+    assert store.pods("team", "handbook") == []

@@ -153,6 +153,13 @@ CASES = [
         "its index drive metis-hb is not bound to a volume yet",
     ),
     (
+        "a-child-refused",
+        given(refused="Service metis-hb (Internal error occurred: failed to allocate a serviceIP)"),
+        State.PENDING,
+        "the API server refused Service metis-hb (Internal error occurred: failed to allocate a "
+        "serviceIP); tried again at every turn",
+    ),
+    (
         "pod-cannot-be-created",
         given(pod=None, pod_failure="exceeded quota: mem"),
         State.PENDING,
