@@ -82,8 +82,15 @@ def test_a_larger_memory_grows_the_index_drive_where_its_class_allows(
                 what=f"the claim asked to grow to {wanted}",
                 alive=operator.check_alive,
             )
-            assert "PersistentVolumeClaim metis-handbook asked to grow 10Gi" in operator.log(
-                100_000
+            # Said after the turn's status write: a moment after the claim grew.
+            wait_for(
+                lambda: (
+                    "PersistentVolumeClaim metis-handbook asked to grow 10Gi"
+                    in operator.log(100_000)
+                ),
+                timeout=30,
+                what="the growth said in the log",
+                alive=operator.check_alive,
             )
         else:
 
