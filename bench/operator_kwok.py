@@ -490,18 +490,8 @@ class Bench:
         api, args = self.api, self.args
         assert api is not None
         self.namespaces = [f"kb-{i:02d}" for i in range(args.namespaces)]
+        self.made_namespaces(self.namespaces)
         for ns in self.namespaces:
-            api.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-        for ns in self.namespaces:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    api.request("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.5)
             folder = self.work / "drives" / ns
             folder.mkdir(parents=True)
             make_drive(self.kube, ns, "docs", folder)
@@ -516,14 +506,13 @@ class Bench:
         ]
         print(f"  {len(volumes)} index volumes in {api.bulk('POST', volumes):.1f} s", flush=True)
 
-    def pad(self) -> float:
-        """10,000 (--padding) objects of other apps in other namespaces."""
-        api, n = self.api, self.args.padding
+    def made_namespaces(self, names: Sequence[str]) -> None:
+        """Namespaces made, each once its default service account exists (pods need it)."""
+        api = self.api
         assert api is not None
-        spaces = [f"other-{i:02d}" for i in range(10)]
-        for ns in spaces:
+        for ns in names:
             api.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-        for ns in spaces:  # pods need the namespace's default service account
+        for ns in names:
             deadline = time.monotonic() + 60
             while True:
                 try:
@@ -533,6 +522,13 @@ class Bench:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.5)
+
+    def pad(self) -> float:
+        """10,000 (--padding) objects of other apps in other namespaces."""
+        api, n = self.api, self.args.padding
+        assert api is not None
+        spaces = [f"other-{i:02d}" for i in range(10)]
+        self.made_namespaces(spaces)
         blob = "x" * 1024
         items: list[tuple[str, Any]] = []
         pods = n // 5
