@@ -4,6 +4,7 @@ by annotation (reindex, evaluate). The answers are the indexer's own models
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -30,8 +31,32 @@ def url(ctx: Context, owner: children.Owner) -> str:
     return ctx.settings.url(owner.child, owner.namespace, ctx.settings.indexer.port)
 
 
-async def status(ctx: Context, owner: children.Owner) -> tuple[StatusAnswer | None, str | None]:
-    """The indexer's `GET /v1/status`, or why it did not answer."""
+STOPPING_TRIES = 5
+"""How often a status poll asks again while only a stopping pod answers it."""
+STOPPING_PAUSE = 0.5
+"""Seconds between those tries: kube-proxy learns a pod is going away a moment late."""
+
+
+async def status(
+    ctx: Context, owner: children.Owner, *, replaced: bool = False
+) -> tuple[StatusAnswer | None, str | None]:
+    """The indexer's `GET /v1/status`, or why it did not answer. `replaced`: the base's
+    newest pod is ready beside one going away, so an answer from a stopping indexer is the
+    old pod's (its Service still routes to it a moment): ask again, and never read the
+    old pod's generation as the base's."""
+    for attempt in range(STOPPING_TRIES):
+        if attempt:
+            await asyncio.sleep(STOPPING_PAUSE)
+        answer, error = await _status(ctx, owner)
+        if answer is None or not (replaced and answer.stopping):
+            return answer, error
+    return None, (
+        f"only its stopping pod answered through its Service ({STOPPING_TRIES} tries): "
+        "the Service does not reach its replacement yet"
+    )
+
+
+async def _status(ctx: Context, owner: children.Owner) -> tuple[StatusAnswer | None, str | None]:
     try:
         answer = await ctx.http.get(f"{url(ctx, owner)}/v1/status")
         answer.raise_for_status()

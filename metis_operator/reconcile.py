@@ -461,9 +461,11 @@ async def run(
     pods = replicas.get(0, [])
     seen = dt.datetime.now(dt.UTC)
     pod = observe.pod_view(pods, seen)
+    old = observe.old_pod_view(pods, seen)
     indexer, error = (None, None)
     if pod is not None and pod.running and not pod.terminating:
-        indexer, error = await indexer_client.status(ctx, owner)
+        replaced = pod.ready and old is not None
+        indexer, error = await indexer_client.status(ctx, owner, replaced=replaced)
     outcome = done(
         dataclasses.replace(
             o,
@@ -472,7 +474,7 @@ async def run(
             replacing=observe.replacing(deployment),
             change=observe.change(deployment, pods),
             pod=pod,
-            old=observe.old_pod_view(pods, seen),
+            old=old,
             indexer=indexer,
             indexer_error=error,
             replicas=spec.replicas,

@@ -236,7 +236,8 @@ async def search(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    return answer(request.app[answers_key].status())
+    stopping = request.app[indexer_key].stopping
+    return answer(request.app[answers_key].status().model_copy(update={"stopping": stopping}))
 
 
 async def documents(request: web.Request) -> web.Response:

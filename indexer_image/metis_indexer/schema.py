@@ -386,6 +386,10 @@ class StatusAnswer(BaseModel):
     the same), since the indexer started."""
     drive: DriveUse | None = None
     """The index drive's use; null where it cannot be read."""
+    stopping: bool = False
+    """It got SIGTERM: it answers reads for its drain while its replacement takes over,
+    and its Service may still send a request to it a moment after that replacement is
+    ready (kube-proxy learns late). A status client wants the replacement's answer."""
 
     @classmethod
     def read(cls, answer: object) -> StatusAnswer:

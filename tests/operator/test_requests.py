@@ -16,6 +16,7 @@ from metis_operator.context import Context
 from metis_operator.metrics import Metrics
 from metis_operator.prober import Probers
 from metis_operator.settings import load
+from tests.operator.answers import STARTED
 
 OWNER = Owner("handbook", "team", "u-1")
 
@@ -72,3 +73,58 @@ def test_the_token_of_the_bases_secret_is_sent() -> None:
 )
 def test_no_header_without_a_token(secret: dict[str, Any] | None, status: int) -> None:
     assert "authorization" not in ask(Secrets(secret, status)).headers
+
+
+def poll(answers: list[dict[str, Any]], *, replaced: bool) -> tuple[Any, str | None, int]:
+    """`indexer_client.status` against a Service whose answers come in this order (the
+    last repeated): what it read, why not, and how many requests it made. Mocked: which
+    endpoint kube-proxy picks in the moment it still routes to a stopping pod cannot be
+    made to happen on purpose on a real node."""
+    asked: list[httpx.Request] = []
+
+    def service(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        return httpx.Response(200, json=answers[min(len(asked), len(answers)) - 1])
+
+    async def scenario() -> tuple[Any, str | None]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(service)) as http:
+            settings = load({"METIS_URL_TEMPLATE": "http://{name}.{namespace}:{port}"})
+            ctx = Context(
+                settings,
+                Secrets(None),  # type: ignore[arg-type]
+                http,
+                Metrics.create(),
+                Cache(),
+                Probers(http, interval=60, grace=20),
+            )
+            return await indexer_client.status(ctx, OWNER, replaced=replaced)
+
+    indexer_client.STOPPING_PAUSE, pause = 0.0, indexer_client.STOPPING_PAUSE
+    try:
+        answer, error = asyncio.run(scenario())
+    finally:
+        indexer_client.STOPPING_PAUSE = pause
+    return answer, error, len(asked)
+
+
+OLD = {**STARTED, "phase": "ready", "generation": 2, "documents": 12, "stopping": True}
+NEW = {**STARTED, "phase": "ready", "generation": 3, "documents": 13}
+
+
+def test_a_replaced_bases_status_is_its_replacements_not_the_stopping_pods() -> None:
+    answer, error, asked = poll([OLD, OLD, NEW], replaced=True)
+    assert (answer.generation, answer.documents, error, asked) == (3, 13, None, 3)
+
+
+def test_only_the_stopping_pod_answering_is_said_not_read_as_the_base() -> None:
+    answer, error, asked = poll([OLD], replaced=True)
+    assert answer is None and asked == indexer_client.STOPPING_TRIES
+    assert error == (
+        "only its stopping pod answered through its Service (5 tries): "
+        "the Service does not reach its replacement yet"
+    )
+
+
+def test_a_stopping_pod_with_no_replacement_ready_is_the_base() -> None:
+    answer, _, asked = poll([OLD, NEW], replaced=False)
+    assert (answer.generation, answer.stopping, asked) == (2, True, 1)

@@ -66,6 +66,7 @@ def test_a_stopping_indexer_answers_every_read_refuses_writes_then_exits_0(tmp_p
     with running(p):
         wait_ready(p)
         assert not lock_is_free(index_dir), "the writer holds its lock"
+        assert p.get("/v1/status").json()["stopping"] is False
         refused = signal_and_wait_for_the_drain(p)
         assert refused.json() == {
             "error": {
@@ -83,7 +84,8 @@ def test_a_stopping_indexer_answers_every_read_refuses_writes_then_exits_0(tmp_p
         found = p.post("/v1/search", QUESTION)
         assert found.status_code == 200 and found.json()["results"]
         assert found.headers["Connection"] == "close", "a client's next request goes elsewhere"
-        assert p.get("/v1/status").json()["documents"] == 6
+        status = p.get("/v1/status").json()
+        assert (status["documents"], status["stopping"]) == (6, True)
         assert p.get("/v1/documents").json()["total"] == 6
         assert "vacation" in " ".join(c.text for c in mcp_search(p).content).lower()
         assert p.proc is not None
