@@ -5,8 +5,10 @@ the operator's ConfigMaps and indexer pods: cache.py) and keeps them in memory. 
 change of any of them wakes the bases it concerns (`cache.affected`); each base has
 one loop of its own (`Runner`), which reconciles it when woken, else every
 `poll.interval_seconds` (the indexer's `GET /v1/status` over HTTP, everything else
-from the cache) and reads its children from the API server every
-`poll.resync_seconds`. The loops are the operator's own tasks, not kopf timers, so a
+from the cache). Every `poll.resync_seconds` one LIST per kind of child checks the
+cache against the API server (drift.py): a base whose children differ reads them
+afresh at once; each base reads them by name every `poll.full_resync_seconds` too,
+spread over that time. The loops are the operator's own tasks, not kopf timers, so a
 base carries no finalizer: deleting it, or the CRD with bases present, completes at
 once, and the garbage collector removes the children by their owner references.
 
@@ -25,6 +27,7 @@ import copy
 import dataclasses
 import datetime
 import logging
+import random
 import re
 import time
 from collections.abc import Awaitable, Mapping
@@ -33,9 +36,11 @@ from typing import Any, TypeVar
 import httpx
 import kopf
 
+from metis_indexer.schema import StatusAnswer
 from metis_operator import (
     cache,
     children,
+    drift,
     indexer_client,
     kube,
     quality,
@@ -68,7 +73,8 @@ READY_POLLS = 3
 """A Ready base's indexer is asked every third poll interval (30 s at the default): what
 changes a Ready base (its spec, a drive's revision, its pods) wakes its loop at once;
 only a change the indexer finds by itself (a rescan that reads) shows this much later.
-At 1,000 bases the polls were the operator's main work."""
+At 1,000 bases the polls were the operator's main work; such a poll that finds the
+indexer's answer unchanged is all of that turn (`Runner.unchanged`)."""
 KIND_LOOKS = 3
 """Poll intervals between two looks whether the KnowledgeBase kind is still served (30 s
 at the default interval)."""
@@ -91,13 +97,17 @@ class Base:
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     status: dict[str, Any] | None = None
-    deps: Deps | None = None
     task: asyncio.Task[None] | None = None
     resynced: float = dataclasses.field(default_factory=time.monotonic)
+    """When it last read its children from the API server (a start spreads it back)."""
+    drifted: bool = False
+    """The drift check found its children other than the cache holds them."""
     judging: asyncio.Task[None] | None = None
     """The evaluation after a change of retrieval settings, while it runs (quality.py)."""
     ready: bool = False
     """Whether its last turn found it Ready: its indexer is then asked less often."""
+    answer: StatusAnswer | None = None
+    """Its indexer's answer as its last turn read it."""
     unevaluable: str | None = None
     """Retrieval settings whose evaluation the indexer refused (no evaluation set)."""
 
@@ -115,6 +125,7 @@ class Runner:
         self.ctx = ctx
         self.bases: dict[Key, Base] = {}
         self.rolling: set[Key] = set()
+        self.dependents = cache.Dependents()
         ctx.probers.wake = self.wake
 
     def seen(self, body: Mapping[str, Any], deleted: bool) -> None:
@@ -127,7 +138,12 @@ class Runner:
             return
         base = self.bases.get(key)
         if base is None:
-            base = self.bases[key] = Base(key, copy.deepcopy(dict(body)))
+            # The bases' full resyncs spread over the period, not made together.
+            spread = random.uniform(0, self.ctx.settings.poll.full_resync_seconds)
+            base = self.bases[key] = Base(
+                key, copy.deepcopy(dict(body)), resynced=time.monotonic() - spread
+            )
+            self.dependents.set(key, Deps(key[0]))  # only its own children before its first look
             base.task = asyncio.create_task(self._loop(base), name=f"base {key[0]}/{key[1]}")
         else:
             base.body = copy.deepcopy(dict(body))
@@ -157,8 +173,43 @@ class Runner:
                 for key in list(self.bases):
                     self.forget(key)
 
+    async def follow_drift(self) -> None:
+        """Every `poll.resync_seconds`, list each kind of child (one request per kind for
+        every base, narrowed to the operator's label) and wake, to read theirs afresh,
+        the bases whose children differ from the cache. A failed look is tried at the
+        next; this loop must not end."""
+        while True:
+            await asyncio.sleep(self.ctx.settings.poll.resync_seconds)
+            if not self.bases or not self.ctx.cache.bound:
+                continue
+            try:
+                found = await self.drifted()
+            except Exception as e:
+                log.warning("cannot check the cache against the API server: %s", e)
+                continue
+            for key in found & set(self.bases):
+                self.bases[key].drifted = True
+                report.say(key, "its children differ from the watch cache: read afresh")
+            self.wake(found)
+
+    async def drifted(self) -> set[Key]:
+        """The bases whose children the API server holds otherwise than the cache."""
+        namespaces = self.ctx.settings.runtime.namespaces or (None,)
+        listed: drift.Seen = {}
+        for kind in drift.KINDS:
+            for namespace in namespaces:
+                answer = await self.ctx.cluster.call(
+                    "GET", drift.list_path(kind, namespace), query={"labelSelector": drift.SELECTOR}
+                )
+                listed |= drift.seen(kind.kind, (answer or {}).get("items") or [])
+        cached: drift.Seen = {}
+        for kind in drift.KINDS:
+            cached |= drift.seen(kind.kind, self.ctx.cache.every(kind.kind))
+        return drift.drifted(listed, cached)
+
     def forget(self, key: Key) -> None:
         base = self.bases.pop(key, None)
+        self.dependents.drop(key)
         for task in (base.task, base.judging) if base is not None else ():
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
@@ -174,10 +225,6 @@ class Runner:
             base = self.bases.get(key)
             if base is not None:
                 base.wake.set()
-
-    def deps(self) -> dict[Key, Deps]:
-        """What each base read last (only its own children before its first look)."""
-        return {k: b.deps or Deps(k[0]) for k, b in self.bases.items()}
 
     async def _loop(self, base: Base) -> None:
         interval = self.ctx.settings.poll.interval_seconds
@@ -195,12 +242,29 @@ class Runner:
                 return
             except Exception:
                 log.exception("reconciling %s/%s failed", *base.key, extra=report.about(base.key))
+            trigger = await self.next_turn(base, interval)
+
+    async def next_turn(self, base: Base, interval: float) -> str:
+        """Wait for the base's next turn: a change wakes it; else its timer, past which a
+        Ready base whose indexer answers as before waits again (nothing else changes a
+        Ready base unwoken)."""
+        while True:
             try:
                 wait = interval * (READY_POLLS if base.ready else 1)
                 await asyncio.wait_for(base.wake.wait(), timeout=wait)
-                trigger = "change"
+                return "change"
             except TimeoutError:
-                trigger = "timer"
+                if not (base.ready and await self.unchanged(base)):
+                    return "timer"
+
+    async def unchanged(self, base: Base) -> bool:
+        """Whether the indexer answers as it did at the base's last turn (one request)."""
+        if base.answer is None:
+            return False
+        answer, _ = await indexer_client.status(self.ctx, children.Owner.of(base.body))
+        same = answer == base.answer
+        self.ctx.metrics.polls.labels(changed=str(not same).lower()).inc()
+        return same
 
     async def reconcile(self, base: Base, trigger: str) -> None:
         """One turn of the loop: the status written once with what is said of it, then
@@ -222,18 +286,22 @@ class Runner:
                         ctx, body, previous, fresh=fresh, may_roll=lambda: self.turn(base.key)
                     )
                 await status_update.apply(ctx, base, announce_state(body, previous, outcome))
-        base.deps = outcome.deps
+        if self.bases.get(base.key) is base:
+            self.dependents.set(base.key, outcome.deps)
         base.ready = outcome.verdict.state is State.READY
+        base.answer = outcome.indexer
         self.follow_rollout(base.key, outcome)
         self.record_metrics(base.key, outcome)
         self.start_quality_check(base, body, outcome)
 
     def resync_due(self, base: Base) -> bool:
         """Whether this turn reads the children from the API server rather than the
-        cache (every `poll.resync_seconds`); the clock restarts when it does."""
-        if time.monotonic() - base.resynced < self.ctx.settings.poll.resync_seconds:
+        cache: the drift check found them changed, or its full resync is due; the clock
+        restarts when it does."""
+        full = time.monotonic() - base.resynced >= self.ctx.settings.poll.full_resync_seconds
+        if not (full or base.drifted):
             return False
-        base.resynced = time.monotonic()
+        base.resynced, base.drifted = time.monotonic(), False
         return True
 
     def turn(self, key: Key) -> bool:
@@ -404,6 +472,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.context = Context(ours, cluster, http, Metrics.create(), Cache(), probers)
     memo.runner = Runner(memo.context)
     memo.following_kind = asyncio.create_task(memo.runner.follow_kind(), name="the kind")
+    memo.following_drift = asyncio.create_task(memo.runner.follow_drift(), name="drift")
     memo.context.metrics.serve(ours.runtime.metrics_port)
 
 
@@ -426,7 +495,7 @@ def _waker(plural: str) -> Any:
     async def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         runner: Runner | None = memo.get("runner")
         if runner is not None:
-            runner.wake(cache.affected(runner.deps(), plural, body))
+            runner.wake(cache.affected(runner.dependents, plural, body))
 
     return changed
 

@@ -1,5 +1,6 @@
 """The operator's Prometheus metrics, in a registry of its own (tests start several):
-reconciliations started and failed (by trigger), how long one takes, and
+reconciliations started and failed (by trigger), how long one takes, the timer polls
+of Ready bases' indexers (by whether the answer changed), and
 `metis_operator_knowledge_bases{state}`, the bases per state (every state listed,
 0 too, so a dashboard's series never vanish), and `metis_knowledge_base_state{namespace,
 knowledgebase, state}`, 1 for each base's state and 0 for the others (kube-state-metrics'
@@ -20,6 +21,7 @@ from metis_operator.state import State
 class Metrics:
     registry: CollectorRegistry
     reconciliations: Counter
+    polls: Counter
     errors: Counter
     seconds: Histogram
     bases: Gauge
@@ -38,6 +40,13 @@ class Metrics:
                 "metis_operator_reconciliations",
                 "Reconciliations of a base",
                 ["trigger"],
+                registry=r,
+            ),
+            polls=Counter(
+                "metis_operator_indexer_polls",
+                "Timer polls of a Ready base's indexer; changed=false: the answer was the "
+                "last turn's, and nothing else was done",
+                ["changed"],
                 registry=r,
             ),
             errors=Counter(

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from metis_indexer.config import IndexerConfig
+from metis_indexer.schema import StatusAnswer
 from metis_operator import children, index_drive, indexer_client, kube, observe, status_compose
 from metis_operator.api import identity
 from metis_operator.api.spec import (
@@ -45,6 +46,8 @@ class Outcome:
     rollout: str = ""
     """A rollout of the operator's own (a new image or setting): "held" while it waits
     for its turn, "started" when this reconciliation started it."""
+    indexer: StatusAnswer | None = None
+    """The indexer's answer this reconciliation read, if it asked."""
 
 
 def now() -> str:
@@ -487,7 +490,9 @@ async def run(
             drive_notes=tuple(applied.drive_notes),
         )
     )
-    return dataclasses.replace(outcome, applied=tuple(applied.done), rollout=applied.rollout)
+    return dataclasses.replace(
+        outcome, applied=tuple(applied.done), rollout=applied.rollout, indexer=indexer
+    )
 
 
 def _outcome(

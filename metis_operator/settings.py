@@ -84,8 +84,15 @@ class PollSettings:
     A change of the base or of anything it depends on wakes it at once besides."""
 
     resync_seconds: float = _env("METIS_RESYNC_SECONDS", 300.0)
-    """Seconds between two reads of a base's children from the API server itself
-    rather than the cache: a repair of anything a watch may have missed."""
+    """Seconds between two checks that the cache holds what the API server holds of the
+    operator's children (one LIST per kind for all bases, drift.py): a base whose
+    children differ reads them from the API server itself at once, a repair of anything
+    a watch may have missed."""
+
+    full_resync_seconds: float = _env("METIS_FULL_RESYNC_SECONDS", 36000.0)
+    """Seconds between two reads of each base's children and Secret by name from the API
+    server, whatever the check found (the Secret is not listed); the bases' reads are
+    spread over that time, not made together."""
 
     probe_seconds: float = _env("METIS_PROBE_SECONDS", 60.0)
     """Seconds between two cheap calls (`GET /v1/models`) to each model Service, one

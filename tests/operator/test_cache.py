@@ -8,13 +8,14 @@ from typing import Any
 from metis_operator import cache
 from metis_operator.cache import Deps
 
-BASES = {
-    ("team", "handbook"): Deps(
-        "team", frozenset({"docs"}), frozenset({"minilm"}), ({"app": "minilm"},)
-    ),
-    ("team", "wiki"): Deps("team", frozenset({"wiki"}), frozenset({"bge"})),
-    ("other", "handbook"): Deps("other", frozenset({"docs"}), frozenset({"minilm"})),
-}
+HANDBOOK = Deps("team", frozenset({"docs"}), frozenset({"minilm"}), ({"app": "minilm"},))
+BASES = cache.Dependents.of(
+    {
+        ("team", "handbook"): HANDBOOK,
+        ("team", "wiki"): Deps("team", frozenset({"wiki"}), frozenset({"bge"})),
+        ("other", "handbook"): Deps("other", frozenset({"docs"}), frozenset({"minilm"})),
+    }
+)
 
 
 def obj(name: str, ns: str = "team", **meta: Any) -> dict[str, Any]:
@@ -96,3 +97,14 @@ def test_a_bases_pods_are_read_by_the_base_not_by_a_scan_of_the_namespace() -> N
     store.bind({"metis_pods": {("team", cache.INSTANCE, "wiki"): [pod]}})
     assert store.pods("team", "wiki") == [pod]
     assert store.pods("team", "handbook") == []
+
+
+def test_what_a_base_reads_now_wakes_it_not_what_it_read_before_nor_a_forgotten_base() -> None:
+    bases = cache.Dependents.of({("team", "handbook"): HANDBOOK})
+    model = {**obj("minilm"), "spec": {"template": {"metadata": {"labels": {"app": "minilm"}}}}}
+    bases.set(("team", "handbook"), Deps("team", frozenset({"wiki"}), frozenset({"bge"})))
+    assert cache.affected(bases, "persistentvolumeclaims", obj("docs")) == set()
+    assert cache.affected(bases, "deployments", model) == set()
+    assert cache.affected(bases, "persistentvolumeclaims", obj("wiki")) == {("team", "handbook")}
+    bases.drop(("team", "handbook"))
+    assert cache.affected(bases, "persistentvolumeclaims", obj("wiki")) == set()
