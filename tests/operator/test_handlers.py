@@ -10,6 +10,7 @@ import datetime
 
 import kopf
 import pytest
+from kopf import Resource
 
 from metis_operator import cache, handlers
 from metis_operator.api import identity
@@ -107,3 +108,21 @@ def test_a_reconciliation_says_what_it_did_then_its_new_state() -> None:
     assert [line.message for line in again.lines] == [
         "rolling out the operator's change (an image or setting)"
     ]
+
+
+def test_the_kinds_watched_by_label_are_narrowed_by_the_api_server() -> None:
+    settings = kopf.OperatorSettings()
+    handlers.narrow_watches(settings)
+    selectors = settings.watching.label_selectors
+
+    def asked(group: str, plural: str, kind: str) -> list[str]:
+        resource = Resource(group, "v1", plural, kind=kind, namespaced=True)
+        return list(selectors.collect(resource))
+
+    assert asked("", "pods", "Pod") == ["app.kubernetes.io/name=metis-indexer"]
+    assert asked("", "configmaps", "ConfigMap") == ["app.kubernetes.io/managed-by=metis-operator"]
+    assert asked("policy", "poddisruptionbudgets", "PodDisruptionBudget") == [
+        "app.kubernetes.io/managed-by=metis-operator"
+    ]
+    # Drives, model Services and their workloads are read by name: never narrowed.
+    assert asked("", "services", "Service") == asked("apps", "deployments", "Deployment") == []
