@@ -262,7 +262,7 @@ class Runner:
         if base.answer is None:
             return False
         answer, _ = await indexer_client.status(self.ctx, children.Owner.of(base.body))
-        same = answer == base.answer
+        same = answer is not None and same_answer(answer, base.answer)
         self.ctx.metrics.polls.labels(changed=str(not same).lower()).inc()
         return same
 
@@ -376,6 +376,21 @@ class Runner:
             )
         finally:
             base.judging = None
+
+
+def same_answer(a: StatusAnswer, b: StatusAnswer) -> bool:
+    """Whether two answers of an indexer say the same to the status: its drive's use is
+    read to the whole percent, as the status shows it (a drive a node shares with others,
+    local-path's, changes by some bytes at every look)."""
+    return _coarse(a) == _coarse(b)
+
+
+def _coarse(a: StatusAnswer) -> StatusAnswer:
+    d = a.drive
+    if d is None or d.size_bytes <= 0:
+        return a
+    percent = 100 * d.used_bytes // d.size_bytes
+    return a.model_copy(update={"drive": d.model_copy(update={"used_bytes": percent})})
 
 
 def reconcile_paused(body: Mapping[str, Any], previous: Mapping[str, Any]) -> StatusUpdate:

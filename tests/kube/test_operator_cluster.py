@@ -29,6 +29,7 @@ from tests.kube.operator_support import (
     install,
     kb,
     kb_path,
+    looks,
     make_drive,
     model_service,
     state_events,
@@ -63,11 +64,7 @@ def apply_kb(kube: ControlPlane, namespace: str, body: dict[str, Any]) -> None:
 
 
 def reconciliations(op: Operator) -> float:
-    total = 0.0
-    for line in op.metrics().splitlines():
-        if line.startswith("metis_operator_reconciliations_total{"):
-            total += float(line.split()[-1])
-    return total
+    return looks(op)
 
 
 def looked_again(op: Operator, times: int = 3) -> None:

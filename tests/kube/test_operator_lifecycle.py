@@ -32,6 +32,7 @@ from tests.kube.operator_support import (
     kb,
     kb_path,
     kstatus,
+    looks,
     make_drive,
     model_service,
     state_events,
@@ -506,11 +507,8 @@ def test_a_base_indexes_answers_and_follows_changes(
 
 
 def reconciliations(op: Operator) -> float:
-    """Timer reconciliations the running operator process has made."""
-    for line in op.metrics().splitlines():
-        if line.startswith('metis_operator_reconciliations_total{trigger="timer"}'):
-            return float(line.split()[-1])
-    return 0.0
+    """The looks the running operator process's timer has made (`looks`)."""
+    return looks(op, timer=True)
 
 
 def test_restarting_the_operator_creates_nothing_twice_and_does_not_flap(

@@ -74,3 +74,11 @@ def test_a_base_not_ready_turns_at_its_timer_without_a_poll_of_its_own() -> None
 def test_a_change_wakes_a_ready_base_between_polls() -> None:
     trigger, polls, asked = turn([READY], ready=True, wake_after=0.1)
     assert trigger == "change" and asked >= 1 and polls == {"false": float(asked)}
+
+
+def test_the_drive_counts_to_the_whole_percent_as_the_status_shows_it() -> None:
+    used = {**READY, "drive": {"used_bytes": 50_000, "size_bytes": 1_000_000}}
+    answer = indexer_status(**used)
+    for bytes_used, same in ((50_000, True), (59_999, True), (60_000, False)):
+        other = indexer_status(**{**used, "drive": {"used_bytes": bytes_used, "size_bytes": 10**6}})
+        assert handlers.same_answer(answer, other) is same, bytes_used
