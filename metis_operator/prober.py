@@ -105,8 +105,10 @@ class Prober:
         return found
 
     async def _loop(self) -> None:
+        # The verdict its bases were last woken for, not the one before this probe: the
+        # grace ends between two probes, so the verdict turns while the loop sleeps.
+        said: Result | None = None
         while True:
-            before = verdict(self.history, time.monotonic(), self.grace)
             try:
                 await self.probe_once()
             except Exception as e:  # a prober that died would leave its bases waiting
@@ -114,7 +116,8 @@ class Prober:
                 self._failed(f"the probe failed: {e!r}", time.monotonic())
             self._first.set()
             after = verdict(self.history, time.monotonic(), self.grace)
-            if after != before:
+            if after != said:
+                said = after
                 self.on_change()
             failing = self.history.failing_since is not None
             await asyncio.sleep(min(self.interval, 2.0) if failing else self.interval)

@@ -130,3 +130,36 @@ def test_one_prober_per_service_shared_by_bases() -> None:
             await asyncio.sleep(0)
 
     asyncio.run(scenario())
+
+
+def test_a_model_that_stops_wakes_its_bases_once_the_grace_is_over() -> None:
+    """The grace ends while the prober sleeps between two probes: its bases are woken
+    then all the same (a Ready base is otherwise not looked at again unless its indexer's
+    answer changes)."""
+
+    async def scenario() -> list[object]:
+        server = Model_()
+        woken: list[object] = []
+        async with httpx.AsyncClient(transport=httpx.MockTransport(server)) as http:
+            p = Prober(
+                http,
+                "http://m",
+                "embedding model",
+                interval=0.05,
+                grace=0.12,
+                on_change=lambda: woken.append(prober.verdict(p.history, 1e12, 0.12)),
+                name="team/m",
+            )
+            p.start()
+            try:
+                async with asyncio.timeout(5):
+                    while not woken:
+                        await asyncio.sleep(0.01)
+                    server.slow = 10**9  # it stops answering for good
+                    while len(woken) < 2:
+                        await asyncio.sleep(0.01)
+            finally:
+                p.stop()
+        return [w[0] for w in woken]  # type: ignore[index]
+
+    assert asyncio.run(scenario()) == [Model.AVAILABLE, Model.NOT_ANSWERING]
