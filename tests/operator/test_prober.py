@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -75,19 +76,26 @@ class Model_:
         return httpx.Response(404)
 
 
+def model_prober(
+    http: httpx.AsyncClient, *, interval: float, grace: float, on_change: Callable[[], None]
+) -> Prober:
+    """A prober of the embedding model Service team/m at http://m."""
+    return Prober(
+        http,
+        "http://m",
+        "embedding model",
+        interval=interval,
+        grace=grace,
+        on_change=on_change,
+        name="team/m",
+    )
+
+
 def test_a_slow_answer_does_not_flip_and_idle_probes_are_cheap() -> None:
     async def scenario() -> None:
         server = Model_()
         async with httpx.AsyncClient(transport=httpx.MockTransport(server)) as http:
-            p = Prober(
-                http,
-                "http://m",
-                "embedding model",
-                interval=60,
-                grace=20,
-                on_change=lambda: None,
-                name="team/m",
-            )
+            p = model_prober(http, interval=60, grace=20, on_change=lambda: None)
             await p.probe_once()
             assert prober.verdict(p.history, 0, 20) == (Model.AVAILABLE, "serves m (3 dimensions)")
             first = len(server.calls)
@@ -141,14 +149,11 @@ def test_a_model_that_stops_wakes_its_bases_once_the_grace_is_over() -> None:
         server = Model_()
         woken: list[object] = []
         async with httpx.AsyncClient(transport=httpx.MockTransport(server)) as http:
-            p = Prober(
+            p = model_prober(
                 http,
-                "http://m",
-                "embedding model",
                 interval=0.05,
                 grace=0.12,
                 on_change=lambda: woken.append(prober.verdict(p.history, 1e12, 0.12)),
-                name="team/m",
             )
             p.start()
             try:
