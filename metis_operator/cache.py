@@ -64,7 +64,12 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
 
 
-def _ours(obj: Mapping[str, Any]) -> bool:
+def selector(labels: Mapping[str, str]) -> str:
+    """Labels as an API server's `labelSelector`."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def ours(obj: Mapping[str, Any]) -> bool:
     labels = _meta(obj).get("labels") or {}
     return all(labels.get(k) == v for k, v in MANAGED.items())
 
@@ -74,7 +79,7 @@ def slim(plural: str, obj: Mapping[str, Any]) -> dict[str, Any]:
     child, only its kind, name, replicas and pod labels."""
     meta = {k: v for k, v in _meta(obj).items() if k != "managedFields"}
     kind = {"deployments": "Deployment", "statefulsets": "StatefulSet"}.get(plural)
-    if kind and not _ours(obj):
+    if kind and not ours(obj):
         spec = obj.get("spec") or {}
         labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
         return {

@@ -16,14 +16,13 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from metis_operator import children, kube
+from metis_operator import cache, kube
 
 Key = tuple[str, str]
 Seen = dict[tuple[str, str, str], tuple[str, Key]]
 """(kind, namespace, name) → (resourceVersion, the base it is a child of)."""
 
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-SELECTOR = f"app.kubernetes.io/managed-by={children.MANAGER}"
+SELECTOR = cache.selector(cache.MANAGED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +55,8 @@ def seen(kind: str, objects: Iterable[Mapping[str, Any]]) -> Seen:
     out: Seen = {}
     for obj in objects:
         meta = obj.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        base = labels.get(INSTANCE_LABEL)
-        if labels.get("app.kubernetes.io/managed-by") != children.MANAGER or not base:
+        base = (meta.get("labels") or {}).get(cache.INSTANCE_LABEL)
+        if not cache.ours(obj) or not base:
             continue
         ns = meta.get("namespace", "")
         out[(kind, ns, meta.get("name", ""))] = (str(meta.get("resourceVersion", "")), (ns, base))

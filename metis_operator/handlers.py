@@ -379,18 +379,13 @@ class Runner:
 
 
 def same_answer(a: StatusAnswer, b: StatusAnswer) -> bool:
-    """Whether two answers of an indexer say the same to the status: its drive's use is
-    read to the whole percent, as the status shows it (a drive a node shares with others,
+    """Whether two answers of an indexer say the same to the status: its drive's use as
+    the status shows it, to the whole percent (a drive a node shares with others,
     local-path's, changes by some bytes at every look)."""
-    return _coarse(a) == _coarse(b)
-
-
-def _coarse(a: StatusAnswer) -> StatusAnswer:
-    d = a.drive
-    if d is None or d.size_bytes <= 0:
-        return a
-    percent = 100 * d.used_bytes // d.size_bytes
-    return a.model_copy(update={"drive": d.model_copy(update={"used_bytes": percent})})
+    unread = {"drive": None}
+    return status_compose.drive(a) == status_compose.drive(b) and a.model_copy(
+        update=unread
+    ) == b.model_copy(update=unread)
 
 
 def reconcile_paused(body: Mapping[str, Any], previous: Mapping[str, Any]) -> StatusUpdate:
@@ -499,8 +494,9 @@ def narrow_watches(settings: kopf.OperatorSettings) -> None:
     them derived no base in minutes, bench/results/operator-kwok.md)."""
     for w in cache.WATCHED:
         if w.labels:
-            selector = ",".join(f"{k}={v}" for k, v in sorted(w.labels.items()))
-            settings.watching.label_selectors[w.group, w.version, w.plural] = selector
+            settings.watching.label_selectors[w.group, w.version, w.plural] = cache.selector(
+                w.labels
+            )
 
 
 async def base_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:

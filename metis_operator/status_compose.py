@@ -228,7 +228,8 @@ def _chunking(ix: StatusAnswer) -> Chunking | None:
     return Chunking(answering=answering, next=following, done=c.done, total=c.total)
 
 
-def _drive(ix: StatusAnswer | None) -> Drive | None:
+def drive(ix: StatusAnswer | None) -> Drive | None:
+    """The index drive as the status shows it: its use to the whole percent."""
     if ix is None or ix.drive is None or ix.drive.size_bytes <= 0:
         return None
     d = ix.drive
@@ -262,7 +263,7 @@ def compose(
         indexed_revisions=dict(sorted(indexed.items())) if indexed else None,
         warnings=warnings(o) or None,
         replicas=Replicas(wanted=o.replicas, answering=o.answering),
-        drive=_drive(ix),
+        drive=drive(ix),
     )
     progress = None
     if ix is not None and ix.embedding is not None and ix.embedding.next is not None:
