@@ -37,21 +37,40 @@ class Watched:
     """One kind the operator watches: what kopf needs, and the index's kwarg name."""
 
     index: str
+    kind: str
     group: str
     version: str
     plural: str
     labels: Mapping[str, str] | None = None
 
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
 
 WATCHED = (
-    Watched("metis_claims", "", "v1", "persistentvolumeclaims"),
-    Watched("metis_services", "", "v1", "services"),
-    Watched("metis_deployments", "apps", "v1", "deployments"),
-    Watched("metis_statefulsets", "apps", "v1", "statefulsets"),
-    Watched("metis_configmaps", "", "v1", "configmaps", MANAGED),
-    Watched("metis_networkpolicies", "networking.k8s.io", "v1", "networkpolicies", MANAGED),
-    Watched("metis_disruptionbudgets", "policy", "v1", "poddisruptionbudgets", MANAGED),
-    Watched("metis_pods", "", "v1", "pods", INDEXER_PODS),
+    Watched("metis_claims", "PersistentVolumeClaim", "", "v1", "persistentvolumeclaims"),
+    Watched("metis_services", "Service", "", "v1", "services"),
+    Watched("metis_deployments", "Deployment", "apps", "v1", "deployments"),
+    Watched("metis_statefulsets", "StatefulSet", "apps", "v1", "statefulsets"),
+    Watched("metis_configmaps", "ConfigMap", "", "v1", "configmaps", MANAGED),
+    Watched(
+        "metis_networkpolicies",
+        "NetworkPolicy",
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        MANAGED,
+    ),
+    Watched(
+        "metis_disruptionbudgets",
+        "PodDisruptionBudget",
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        MANAGED,
+    ),
+    Watched("metis_pods", "Pod", "", "v1", "pods", INDEXER_PODS),
 )
 """Drives and model Services by name (any in the namespace may be named by a base),
 workloads (a child, or behind a model Service), and the operator's own ConfigMaps,
@@ -203,14 +222,18 @@ def affected(bases: Dependents, plural: str, obj: Mapping[str, Any]) -> set[Key]
     return {k for k in out if k in bases}
 
 
-CHILD_INDEX = {
-    "ConfigMap": "metis_configmaps",
-    "Service": "metis_services",
-    "Deployment": "metis_deployments",
-    "PersistentVolumeClaim": "metis_claims",
-    "NetworkPolicy": "metis_networkpolicies",
-    "PodDisruptionBudget": "metis_disruptionbudgets",
-}
+CHILD_KINDS = (
+    "ConfigMap",
+    "Service",
+    "PersistentVolumeClaim",
+    "NetworkPolicy",
+    "PodDisruptionBudget",
+    "Deployment",
+)
+CHILDREN = tuple(w for kind in CHILD_KINDS for w in WATCHED if w.kind == kind)
+"""The children the operator applies and the cache holds: not the base's Secret (the
+operator may not list Secrets; each base reads its own by name at a full resync)."""
+CHILD_INDEX = {w.kind: w.index for w in CHILDREN}
 """The index that holds each kind of child."""
 
 

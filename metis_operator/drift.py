@@ -12,7 +12,6 @@ them; only the bases whose children differ from the cache read theirs afresh.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,26 +24,7 @@ Seen = dict[tuple[str, str, str], tuple[str, Key]]
 SELECTOR = cache.selector(cache.MANAGED)
 
 
-@dataclasses.dataclass(frozen=True)
-class Kind:
-    kind: str
-    api_version: str
-    plural: str
-
-
-KINDS = (
-    Kind("ConfigMap", "v1", "configmaps"),
-    Kind("Service", "v1", "services"),
-    Kind("PersistentVolumeClaim", "v1", "persistentvolumeclaims"),
-    Kind("NetworkPolicy", "networking.k8s.io/v1", "networkpolicies"),
-    Kind("PodDisruptionBudget", "policy/v1", "poddisruptionbudgets"),
-    Kind("Deployment", "apps/v1", "deployments"),
-)
-"""The children the operator applies and the cache holds: not the base's Secret (the
-operator may not list Secrets; each base reads its own by name at a full resync)."""
-
-
-def list_path(kind: Kind, namespace: str | None) -> str:
+def list_path(kind: cache.Watched, namespace: str | None) -> str:
     """The collection to list: cluster-wide, or one namespace the operator serves."""
     return kube.path(kind.api_version, kind.plural, namespace)
 

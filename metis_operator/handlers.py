@@ -196,14 +196,14 @@ class Runner:
         """The bases whose children the API server holds otherwise than the cache."""
         namespaces = self.ctx.settings.runtime.namespaces or (None,)
         listed: drift.Seen = {}
-        for kind in drift.KINDS:
+        for kind in cache.CHILDREN:
             for namespace in namespaces:
                 answer = await self.ctx.cluster.call(
                     "GET", drift.list_path(kind, namespace), query={"labelSelector": drift.SELECTOR}
                 )
                 listed |= drift.seen(kind.kind, (answer or {}).get("items") or [])
         cached: drift.Seen = {}
-        for kind in drift.KINDS:
+        for kind in cache.CHILDREN:
             cached |= drift.seen(kind.kind, self.ctx.cache.every(kind.kind))
         return drift.drifted(listed, cached)
 

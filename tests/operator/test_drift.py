@@ -8,11 +8,8 @@ from typing import Any
 import pytest
 
 from metis_operator import drift, handlers
-from metis_operator.cache import CHILD_INDEX, Cache
-from metis_operator.context import Context
-from metis_operator.metrics import Metrics
-from metis_operator.prober import Probers
-from metis_operator.settings import load
+from metis_operator.cache import CHILD_INDEX
+from tests.operator.contexts import context
 
 OURS = {"app.kubernetes.io/managed-by": "metis-operator"}
 
@@ -81,14 +78,7 @@ class Lists:
 
 
 def runner(cluster: Lists, cached: dict[str, list[dict[str, Any]]], env: dict[str, str]) -> Any:
-    ctx = Context(
-        load(env),
-        cluster,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        Metrics.create(),
-        Cache(),
-        Probers(None, interval=60, grace=20),  # type: ignore[arg-type]
-    )
+    ctx = context(cluster=cluster, env=env)
     indices = {
         index: {
             (o["metadata"]["namespace"], o["metadata"]["name"]): [o] for o in cached.get(kind, [])

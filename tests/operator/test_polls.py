@@ -8,12 +8,8 @@ from typing import Any
 import httpx
 
 from metis_operator import handlers
-from metis_operator.cache import Cache
-from metis_operator.context import Context
-from metis_operator.metrics import Metrics
-from metis_operator.prober import Probers
-from metis_operator.settings import load
 from tests.operator.answers import STARTED, indexer_status
+from tests.operator.contexts import context
 
 READY = {**STARTED, "phase": "ready", "generation": 1, "documents": 3}
 BODY = {"metadata": {"name": "handbook", "namespace": "team", "uid": "u-1"}}
@@ -31,15 +27,7 @@ def turn(answers: list[dict[str, Any]], *, ready: bool, wake_after: float | None
 
     async def scenario() -> str:
         async with httpx.AsyncClient(transport=httpx.MockTransport(indexer)) as http:
-            env = {"METIS_URL_TEMPLATE": "http://{name}.{namespace}:{port}"}
-            ctx = Context(
-                load(env),
-                None,
-                http,
-                Metrics.create(),
-                Cache(),
-                Probers(http, interval=60, grace=20),
-            )
+            ctx = context(http)
             runner = handlers.Runner(ctx)
             base = handlers.Base(("team", "handbook"), BODY, ready=ready)
             base.answer = indexer_status(**READY)

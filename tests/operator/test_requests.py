@@ -10,13 +10,9 @@ import httpx
 import pytest
 
 from metis_operator import indexer_client, kube
-from metis_operator.cache import Cache
 from metis_operator.children import Owner
-from metis_operator.context import Context
-from metis_operator.metrics import Metrics
-from metis_operator.prober import Probers
-from metis_operator.settings import load
 from tests.operator.answers import STARTED
+from tests.operator.contexts import context
 
 OWNER = Owner("handbook", "team", "u-1")
 
@@ -44,15 +40,7 @@ def ask(cluster: Secrets) -> httpx.Request:
 
     async def scenario() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(indexer)) as http:
-            settings = load({"METIS_URL_TEMPLATE": "http://{name}.{namespace}:{port}"})
-            ctx = Context(
-                settings,
-                cluster,  # type: ignore[arg-type]
-                http,
-                Metrics.create(),
-                Cache(),
-                Probers(http, interval=60, grace=20),
-            )
+            ctx = context(http, cluster)
             await indexer_client.reindex(ctx, OWNER, full=True)
 
     asyncio.run(scenario())
@@ -88,15 +76,7 @@ def poll(answers: list[dict[str, Any]], *, replaced: bool) -> tuple[Any, str | N
 
     async def scenario() -> tuple[Any, str | None]:
         async with httpx.AsyncClient(transport=httpx.MockTransport(service)) as http:
-            settings = load({"METIS_URL_TEMPLATE": "http://{name}.{namespace}:{port}"})
-            ctx = Context(
-                settings,
-                Secrets(None),  # type: ignore[arg-type]
-                http,
-                Metrics.create(),
-                Cache(),
-                Probers(http, interval=60, grace=20),
-            )
+            ctx = context(http, Secrets(None))
             return await indexer_client.status(ctx, OWNER, replaced=replaced)
 
     indexer_client.STOPPING_PAUSE, pause = 0.0, indexer_client.STOPPING_PAUSE
