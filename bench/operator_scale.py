@@ -231,8 +231,8 @@ def main() -> int:
             work / "op",
             7700,
             poll_seconds=10,
+            url_template=router.template,
             env={
-                "METIS_URL_TEMPLATE": router.template,
                 "METIS_PROBE_SECONDS": "60",
                 "METIS_MODEL_GRACE_SECONDS": "20",
                 "METIS_LOG_FORMAT": "json",

@@ -170,6 +170,8 @@ class Operator:
         return self.workdir / "operator.log"
 
     def start(self) -> Operator:
+        if "METIS_URL_TEMPLATE" in self.env:
+            raise ValueError("set the operator's url_template, not METIS_URL_TEMPLATE in env")
         kubeconfig = self.kube.write_kubeconfig(
             self.workdir / "operator.kubeconfig",
             OPERATOR_USER,
