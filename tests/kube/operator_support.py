@@ -258,16 +258,15 @@ def looks(op: Operator, *, timer: bool = False) -> float:
     """The running operator process's looks at its bases: its reconciliations (only those
     its timer started, with `timer`) and the timer polls of a Ready base's indexer that
     found its answer unchanged, which end the turn there."""
-    total = 0.0
-    for line in op.metrics().splitlines():
-        counted = line.startswith('metis_operator_indexer_polls_total{changed="false"}') or (
-            line.startswith('metis_operator_reconciliations_total{trigger="timer"}')
-            if timer
-            else line.startswith("metis_operator_reconciliations_total{")
-        )
-        if counted:
-            total += float(line.split()[-1])
-    return total
+    counted = (
+        'metis_operator_indexer_polls_total{changed="false"}',
+        'metis_operator_reconciliations_total{trigger="timer"}'
+        if timer
+        else "metis_operator_reconciliations_total{",
+    )
+    return sum(
+        float(line.split()[-1]) for line in op.metrics().splitlines() if line.startswith(counted)
+    )
 
 
 def get_kb(kube: ControlPlane, namespace: str, name: str) -> dict[str, Any]:

@@ -32,9 +32,9 @@ from metis_dev.kubelet import Kubelet
 from metis_dev.plane import ControlPlane
 from metis_dev.process import wait_for
 from tests.kube.conftest import fresh_namespace
-from tests.kube.operator_support import CRD, Operator, get_kb, kb, kb_path, wait_state
+from tests.kube.operator_support import CRD, Operator, get_kb, kb, kb_path, looks, wait_state
 from tests.kube.pods import StandInPods, port_of
-from tests.kube.test_operator_lifecycle import apply_kb, children, reconciliations, write_documents
+from tests.kube.test_operator_lifecycle import apply_kb, children, write_documents
 from tests.support import go_tools
 from tests.support.model_server import start_model_server
 
@@ -223,9 +223,9 @@ def test_install_upgrade_and_uninstall_the_chart(
         operator.env["METIS_LOG_FORMAT"] = "json"
         operator.start()
         wait_for(
-            lambda: reconciliations(operator) >= 3,
+            lambda: looks(operator, timer=True) >= 3,
             timeout=60,
-            what="3 reconciliations by the new operator",
+            what="3 timer looks by the new operator",
             alive=operator.check_alive,
         )
         after = get_kb(plane, ns, "handbook")["status"]

@@ -63,17 +63,13 @@ def apply_kb(kube: ControlPlane, namespace: str, body: dict[str, Any]) -> None:
     kube.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body))
 
 
-def reconciliations(op: Operator) -> float:
-    return looks(op)
-
-
 def looked_again(op: Operator, times: int = 3) -> None:
-    """Wait until the operator has reconciled `times` more times."""
-    start = reconciliations(op)
+    """Wait until the operator has looked at its bases `times` more times (`looks`)."""
+    start = looks(op)
     wait_for(
-        lambda: reconciliations(op) >= start + times,
+        lambda: looks(op) >= start + times,
         timeout=60,
-        what=f"{times} more reconciliations",
+        what=f"{times} more looks",
         alive=op.check_alive,
     )
 

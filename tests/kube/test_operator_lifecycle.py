@@ -511,11 +511,6 @@ def test_a_base_indexes_answers_and_follows_changes(
         restarted.stop()
 
 
-def reconciliations(op: Operator) -> float:
-    """The looks the running operator process's timer has made (`looks`)."""
-    return looks(op, timer=True)
-
-
 def test_restarting_the_operator_creates_nothing_twice_and_does_not_flap(
     kube: ControlPlane,
     pods: Pods,
@@ -542,7 +537,7 @@ def test_restarting_the_operator_creates_nothing_twice_and_does_not_flap(
         events = state_events(kube, ns, "handbook")
         operator.stop(sig)
         operator.start()
-        wait_for(lambda: reconciliations(operator) >= 4, timeout=30, what="4 reconciliations")
+        wait_for(lambda: looks(operator, timer=True) >= 4, timeout=30, what="4 timer looks")
         assert get_kb(kube, ns, "handbook")["status"] == status
         assert state_events(kube, ns, "handbook") == events
 
