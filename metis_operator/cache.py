@@ -1,11 +1,14 @@
-"""What the operator reads from the API server, kept in memory by kopf's watches.
+"""What the operator reads from the API server, kept in memory.
 
-kopf indexes every watched kind (one watch per kind, not one request per base) and
-holds the operator's handlers back until each kind's first listing is in, so a
-reconciliation never sees a half-filled cache. This module says what is kept of each
-object (`slim`: children and drives whole, other workloads only what the scaled-to-zero
-warning needs), reads it back by name (`Cache`), and decides which bases an object's
-change concerns (`affected`), a pure function over plain data.
+One LIST per watched kind fills the cache before kopf's watches start, so no base is
+derived from a half-filled cache; then kopf's watch events (one watch per kind, not one
+request per base) keep it. Not kopf's own indices: they hold every handler back until
+each object has been indexed, and their readiness bookkeeping grew with the square of
+the objects (a new leader at 1,000 bases derived its first base 100 s after the old one
+died, bench/results/operator-kwok.md). This module says what is kept of each object
+(`slim`: children and drives whole, other workloads only what the scaled-to-zero warning
+needs), reads it back by name (`Cache`), and decides which bases an object's change
+concerns (`affected`), a pure function over plain data.
 """
 
 from __future__ import annotations
@@ -27,21 +30,20 @@ INDEXER_PODS = {"app.kubernetes.io/name": children.APP}
 TOKEN_KEY = "token"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 """The label naming an indexer pod's base."""
-INSTANCE = "instance"
-"""The middle of a pod's index key, (namespace, INSTANCE, base): apart from the
-(namespace, name) keys of the other kinds."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Watched:
-    """One kind the operator watches: what kopf needs, and the index's kwarg name."""
+    """One kind the operator watches: what kopf and a LIST need."""
 
-    index: str
     kind: str
     group: str
     version: str
     plural: str
     labels: Mapping[str, str] | None = None
+    child: bool = False
+    """The operator applies it for a base (the drift check lists it): not the base's
+    Secret, which the operator may not list; each base reads its own by name."""
 
     @property
     def api_version(self) -> str:
@@ -49,28 +51,14 @@ class Watched:
 
 
 WATCHED = (
-    Watched("metis_claims", "PersistentVolumeClaim", "", "v1", "persistentvolumeclaims"),
-    Watched("metis_services", "Service", "", "v1", "services"),
-    Watched("metis_deployments", "Deployment", "apps", "v1", "deployments"),
-    Watched("metis_statefulsets", "StatefulSet", "apps", "v1", "statefulsets"),
-    Watched("metis_configmaps", "ConfigMap", "", "v1", "configmaps", MANAGED),
-    Watched(
-        "metis_networkpolicies",
-        "NetworkPolicy",
-        "networking.k8s.io",
-        "v1",
-        "networkpolicies",
-        MANAGED,
-    ),
-    Watched(
-        "metis_disruptionbudgets",
-        "PodDisruptionBudget",
-        "policy",
-        "v1",
-        "poddisruptionbudgets",
-        MANAGED,
-    ),
-    Watched("metis_pods", "Pod", "", "v1", "pods", INDEXER_PODS),
+    Watched("PersistentVolumeClaim", "", "v1", "persistentvolumeclaims", child=True),
+    Watched("Service", "", "v1", "services", child=True),
+    Watched("Deployment", "apps", "v1", "deployments", child=True),
+    Watched("StatefulSet", "apps", "v1", "statefulsets"),
+    Watched("ConfigMap", "", "v1", "configmaps", MANAGED, child=True),
+    Watched("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies", MANAGED, child=True),
+    Watched("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", MANAGED, child=True),
+    Watched("Pod", "", "v1", "pods", INDEXER_PODS),
 )
 """Drives and model Services by name (any in the namespace may be named by a base),
 workloads (a child, or behind a model Service), and the operator's own ConfigMaps,
@@ -222,83 +210,98 @@ def affected(bases: Dependents, plural: str, obj: Mapping[str, Any]) -> set[Key]
     return {k for k in out if k in bases}
 
 
-CHILD_KINDS = (
-    "ConfigMap",
-    "Service",
-    "PersistentVolumeClaim",
-    "NetworkPolicy",
-    "PodDisruptionBudget",
-    "Deployment",
-)
-CHILDREN = tuple(w for kind in CHILD_KINDS for w in WATCHED if w.kind == kind)
-"""The children the operator applies and the cache holds: not the base's Secret (the
-operator may not list Secrets; each base reads its own by name at a full resync)."""
-CHILD_INDEX = {w.kind: w.index for w in CHILDREN}
-"""The index that holds each kind of child."""
+CHILDREN = tuple(w for w in WATCHED if w.child)
+CHILD_PLURAL = {w.kind: w.plural for w in CHILDREN}
+
+
+def _key(obj: Mapping[str, Any]) -> Key:
+    meta = _meta(obj)
+    return meta.get("namespace", ""), meta.get("name", "")
+
+
+def group(plural: str, obj: Mapping[str, Any]) -> Any:
+    """The second key `obj` is read by, None for none: a pod by its base (a base's pods
+    at once: a scan of the namespace's was a tenth of the operator's work at 1,000 bases),
+    a workload by its namespace (a model Service's workload found without a request)."""
+    ns, _ = _key(obj)
+    if plural == "pods":
+        return ns, (_meta(obj).get("labels") or {}).get(INSTANCE_LABEL, "")
+    if plural in ("deployments", "statefulsets"):
+        return ns
+    return None
 
 
 class Cache:
-    """Reads from kopf's indices (bound once the first handler call brings them)."""
+    """Each watched kind's objects (slim) by (namespace, name), and by `group`."""
 
     def __init__(self) -> None:
-        self._indices: Mapping[str, Any] = {}
+        self._objects: dict[str, dict[Key, dict[str, Any]]] = {w.plural: {} for w in WATCHED}
+        self._groups: dict[str, dict[Any, dict[Key, dict[str, Any]]]] = {
+            w.plural: {} for w in WATCHED
+        }
+        self._unconfirmed: set[tuple[str, Key]] = set()
+        """What the priming LISTs brought and no watch event has brought since."""
 
-    @property
-    def bound(self) -> bool:
-        return bool(self._indices)
+    def seen(self, plural: str, obj: Mapping[str, Any], deleted: bool = False) -> None:
+        """A watch event: it always wins over what a LIST brought before it."""
+        key = _key(obj)
+        self._unconfirmed.discard((plural, key))
+        old = self._objects[plural].pop(key, None)
+        if old is not None:
+            members = self._groups[plural].get(group(plural, old), {})
+            members.pop(key, None)
+            if not members:
+                self._groups[plural].pop(group(plural, old), None)
+        if deleted:
+            return
+        value = slim(plural, obj)
+        self._objects[plural][key] = value
+        if (g := group(plural, value)) is not None:
+            self._groups[plural].setdefault(g, {})[key] = value
 
-    def bind(self, kwargs: Mapping[str, Any]) -> None:
-        """Keep the live indices that kopf passes to every handler."""
-        self._indices = {w.index: kwargs[w.index] for w in WATCHED if w.index in kwargs}
+    def prime(self, kind: Watched, items: Iterable[Mapping[str, Any]]) -> None:
+        """One LIST's items (which carry no kind of their own), taken before kopf's watch
+        of the kind starts: its events then bring each again, or newer."""
+        for item in items:
+            self.seen(kind.plural, {"apiVersion": kind.api_version, "kind": kind.kind, **item})
+            self._unconfirmed.add((kind.plural, _key(item)))
 
-    def _all(self, index: str, key: Any) -> Iterable[dict[str, Any]]:
-        store = self._indices[index].get(key)
-        return list(store) if store is not None else []
+    def drop_unconfirmed(self) -> int:
+        """Forget what a priming LIST brought and no watch event has since: an object
+        deleted between that LIST and the watch's own listing, which sends no deletion.
+        Called once the watches have surely listed (at the first drift check)."""
+        ghosts = list(self._unconfirmed)
+        for plural, key in ghosts:
+            self.seen(plural, {"metadata": {"namespace": key[0], "name": key[1]}}, deleted=True)
+        return len(ghosts)
 
-    def _one(self, index: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return next(iter(self._all(index, (namespace, name))), None)
+    def _one(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._objects[plural].get((namespace, name))
 
     def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._one("metis_claims", namespace, name)
+        return self._one("persistentvolumeclaims", namespace, name)
 
     def service(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._one("metis_services", namespace, name)
+        return self._one("services", namespace, name)
 
     def configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._one("metis_configmaps", namespace, name)
+        return self._one("configmaps", namespace, name)
 
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._one("metis_deployments", namespace, name)
+        return self._one("deployments", namespace, name)
 
     def child(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._one(CHILD_INDEX[kind], namespace, name)
+        return self._one(CHILD_PLURAL[kind], namespace, name)
 
     def every(self, kind: str) -> list[dict[str, Any]]:
-        """Every object of a child's kind the cache holds (a workload twice: by name and
-        by namespace), the operator's and others'."""
-        return [obj for store in self._indices[CHILD_INDEX[kind]].values() for obj in store]
+        """Every object of a child's kind the cache holds, the operator's and others'."""
+        return list(self._objects[CHILD_PLURAL[kind]].values())
 
     def pods(self, namespace: str, instance: str) -> list[dict[str, Any]]:
-        return list(self._all("metis_pods", (namespace, INSTANCE, instance)))
+        return list(self._groups["pods"].get((namespace, instance), {}).values())
 
     def workloads(self, namespace: str) -> list[dict[str, Any]]:
         return [
-            *self._all("metis_deployments", ("*", namespace)),
-            *self._all("metis_statefulsets", ("*", namespace)),
+            *self._groups["deployments"].get(namespace, {}).values(),
+            *self._groups["statefulsets"].get(namespace, {}).values(),
         ]
-
-
-def index_keys(plural: str, obj: Mapping[str, Any]) -> dict[Any, dict[str, Any]]:
-    """The index entries of `obj`: by (namespace, name); pods by their base instead (a
-    base's pods at once: a scan of the namespace's was a tenth of the operator's work at
-    1,000 bases), and workloads also by ("*", namespace), to list a namespace's without a
-    request."""
-    meta = _meta(obj)
-    ns, name = meta.get("namespace", ""), meta.get("name", "")
-    value = slim(plural, obj)
-    keys: dict[Any, dict[str, Any]] = {(ns, name): value}
-    if plural == "pods":
-        keys = {(ns, INSTANCE, (meta.get("labels") or {}).get(INSTANCE_LABEL, "")): value}
-    if plural in ("deployments", "statefulsets"):
-        keys[("*", ns)] = value
-    return keys

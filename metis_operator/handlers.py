@@ -1,7 +1,8 @@
 """The kopf handlers, and the loop that looks after each base.
 
 kopf watches the bases and what decides them (drives, model Services, workloads,
-the operator's ConfigMaps and indexer pods: cache.py) and keeps them in memory. A
+the operator's ConfigMaps and indexer pods: cache.py), kept in memory from one LIST per
+kind made at startup, before the watches start (`prime`), and the watches' events. A
 change of any of them wakes the bases it concerns (`cache.affected`); each base has
 one loop of its own (`Runner`), which reconciles it when woken, else every
 `poll.interval_seconds` (the indexer's `GET /v1/status` over HTTP, everything else
@@ -79,6 +80,8 @@ each); such a poll that finds the indexer's answer unchanged is all of that turn
 KIND_LOOKS = 3
 """Poll intervals between two looks whether the KnowledgeBase kind is still served (30 s
 at the default interval)."""
+PRIME_RETRY_SECONDS = 2.0
+"""How soon a LIST that fills the cache at startup is tried again."""
 PAUSED_RETRY_SECONDS = 30.0
 """How often a request made while the base is paused looks whether the pause ended: each
 look is a write of kopf's progress annotation, so not at every poll."""
@@ -181,7 +184,11 @@ class Runner:
         next; this loop must not end."""
         while True:
             await asyncio.sleep(self.ctx.settings.poll.resync_seconds)
-            if not self.bases or not self.ctx.cache.bound:
+            if ghosts := self.ctx.cache.drop_unconfirmed():
+                log.info(
+                    "%d object(s) listed at startup were gone before the watches began", ghosts
+                )
+            if not self.bases:
                 continue
             try:
                 found = await self.drifted()
@@ -482,10 +489,32 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         probing, interval=ours.poll.probe_seconds, grace=ours.poll.model_grace_seconds
     )
     memo.context = Context(ours, cluster, http, Metrics.create(), Cache(), probers)
+    await prime(memo.context)
     memo.runner = Runner(memo.context)
     memo.following_kind = asyncio.create_task(memo.runner.follow_kind(), name="the kind")
     memo.following_drift = asyncio.create_task(memo.runner.follow_drift(), name="drift")
     memo.context.metrics.serve(ours.runtime.metrics_port)
+
+
+async def prime(ctx: Context) -> None:
+    """One LIST per watched kind (per namespace served) into the cache, tried until it
+    succeeds: kopf starts its watches only once the startup handlers are done, so every
+    watch event comes after these LISTs and overrides what they brought."""
+    namespaces = ctx.settings.runtime.namespaces or (None,)
+    started = time.monotonic()
+    for kind in cache.WATCHED:
+        query = {"labelSelector": cache.selector(kind.labels)} if kind.labels else {}
+        for namespace in namespaces:
+            while True:
+                try:
+                    path = drift.list_path(kind, namespace)
+                    answer = await ctx.cluster.call("GET", path, query=query)
+                    break
+                except Exception as e:  # nothing runs before the cache is whole
+                    log.warning("cannot list %s yet: %s", kind.plural, e)
+                    await asyncio.sleep(PRIME_RETRY_SECONDS)
+            ctx.cache.prime(kind, (answer or {}).get("items") or [])
+    log.info("cache filled in %.1f s", time.monotonic() - started)
 
 
 def narrow_watches(settings: kopf.OperatorSettings) -> None:
@@ -500,26 +529,17 @@ def narrow_watches(settings: kopf.OperatorSettings) -> None:
             )
 
 
-async def base_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+async def base_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A base appeared, changed or went: its loop starts, wakes or stops."""
-    ctx: Context = memo.context
-    if not ctx.cache.bound:
-        ctx.cache.bind(kwargs)
     memo.runner.seen(body, deleted=event.get("type") == "DELETED")
 
 
-def _indexer(plural: str) -> Any:
-    def index(body: kopf.Body, **_: Any) -> dict[Any, dict[str, Any]]:
-        return cache.index_keys(plural, body)
-
-    return index
-
-
-def _waker(plural: str) -> Any:
-    async def changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        runner: Runner | None = memo.get("runner")
-        if runner is not None:
-            runner.wake(cache.affected(runner.dependents, plural, body))
+def _follower(plural: str) -> Any:
+    async def changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        """The cache takes the change, then the bases it concerns wake."""
+        memo.context.cache.seen(plural, body, deleted=event.get("type") == "DELETED")
+        runner: Runner = memo.runner
+        runner.wake(cache.affected(runner.dependents, plural, body))
 
     return changed
 
@@ -639,10 +659,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     kopf.on.startup(registry=registry)(configure)
     for w in cache.WATCHED:
         kind = {"group": w.group, "version": w.version, "plural": w.plural}
-        kopf.index(**kind, registry=registry, id=w.index, labels=w.labels)(_indexer(w.plural))
-        kopf.on.event(**kind, registry=registry, id=f"{w.index}_changed", labels=w.labels)(
-            _waker(w.plural)
-        )
+        kopf.on.event(**kind, registry=registry, id=w.plural, labels=w.labels)(_follower(w.plural))
     kopf.on.event(**on, id="base")(base_event)
     kopf.on.create(**on)(created)
     for annotation, fn in ((identity.REINDEX, reindex), (identity.EVALUATE, evaluate)):

@@ -66,8 +66,10 @@ def test_a_workload_that_is_not_a_child_is_kept_slim() -> None:
         "metadata": {"name": "minilm", "namespace": "team"},
         "spec": {"replicas": 0, "template": {"metadata": {"labels": {"app": "minilm"}}}},
     }
-    keys = cache.index_keys("deployments", deployment)
-    assert set(keys) == {("team", "minilm"), ("*", "team")}
+    store = cache.Cache()
+    store.seen("deployments", deployment)
+    assert store.workloads("team") == [cache.slim("deployments", deployment)]
+    assert store.workloads("wiki") == []
 
 
 def test_a_child_is_kept_whole_but_for_managed_fields() -> None:
@@ -90,13 +92,34 @@ def test_a_token_is_decoded_and_nothing_else_is_a_token() -> None:
 
 def test_a_bases_pods_are_read_by_the_base_not_by_a_scan_of_the_namespace() -> None:
     """At 1,000 bases, filtering the namespace's pods for each base was a tenth of the
-    operator's work: pods are indexed by (namespace, "instance", base)."""
-    pod = obj("metis-wiki-7d9f-x", labels={**cache.INDEXER_PODS, cache.INSTANCE_LABEL: "wiki"})
-    assert set(cache.index_keys("pods", pod)) == {("team", cache.INSTANCE, "wiki")}
+    operator's work: pods are kept by (namespace, base) too."""
+    labels = {**cache.INDEXER_PODS, cache.INSTANCE_LABEL: "wiki"}
+    pod = obj("metis-wiki-7d9f-x", labels=labels)
     store = cache.Cache()
-    store.bind({"metis_pods": {("team", cache.INSTANCE, "wiki"): [pod]}})
+    store.seen("pods", pod)
     assert store.pods("team", "wiki") == [pod]
     assert store.pods("team", "handbook") == []
+    moved = obj("metis-wiki-7d9f-x", labels={**labels, cache.INSTANCE_LABEL: "handbook"})
+    store.seen("pods", moved)
+    assert (store.pods("team", "wiki"), store.pods("team", "handbook")) == ([], [moved])
+    store.seen("pods", moved, deleted=True)
+    assert store.pods("team", "handbook") == []
+
+
+def test_a_watch_event_wins_over_the_startup_list_and_what_no_event_confirms_goes() -> None:
+    """The LISTs fill the cache before kopf's watches start; the watches' own listing
+    then brings each object again, or newer, and sends no deletion for one deleted
+    between the two."""
+    kind = next(w for w in cache.WATCHED if w.plural == "persistentvolumeclaims")
+    store = cache.Cache()
+    store.prime(kind, [obj("wiki", resourceVersion="1"), obj("gone", resourceVersion="2")])
+    wiki = store.claim("team", "wiki")
+    assert wiki is not None and wiki["kind"] == "PersistentVolumeClaim", "a LIST's items lack it"
+    store.seen("persistentvolumeclaims", obj("wiki", resourceVersion="3"))
+    assert store.drop_unconfirmed() == 1
+    assert store.claim("team", "gone") is None
+    assert store.claim("team", "wiki") == obj("wiki", resourceVersion="3")
+    assert store.drop_unconfirmed() == 0
 
 
 def test_what_a_base_reads_now_wakes_it_not_what_it_read_before_nor_a_forgotten_base() -> None:

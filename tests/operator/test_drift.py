@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from metis_operator import drift, handlers
-from metis_operator.cache import CHILD_INDEX
+from metis_operator import cache, drift, handlers
+from metis_operator.cache import CHILD_PLURAL
 from tests.operator.contexts import context
 
 OURS = {"app.kubernetes.io/managed-by": "metis-operator"}
@@ -79,13 +79,9 @@ class Lists:
 
 def runner(cluster: Lists, cached: dict[str, list[dict[str, Any]]], env: dict[str, str]) -> Any:
     ctx = context(cluster=cluster, env=env)
-    indices = {
-        index: {
-            (o["metadata"]["namespace"], o["metadata"]["name"]): [o] for o in cached.get(kind, [])
-        }
-        for kind, index in CHILD_INDEX.items()
-    }
-    ctx.cache.bind({**indices, "metis_pods": {}, "metis_statefulsets": {}})
+    for kind in CHILD_PLURAL:
+        for o in cached.get(kind, []):
+            ctx.cache.seen(CHILD_PLURAL[kind], o)
     return handlers.Runner(ctx)
 
 
@@ -105,12 +101,12 @@ def test_one_list_a_kind_finds_the_bases_whose_children_changed_unseen() -> None
     found = asyncio.run(runner(cluster, cached, {}).drifted())
     assert found == {("team", "b"), ("team", "c")}
     assert [path for _, path, _ in cluster.asked] == [
-        "/api/v1/configmaps",
-        "/api/v1/services",
         "/api/v1/persistentvolumeclaims",
+        "/api/v1/services",
+        "/apis/apps/v1/deployments",
+        "/api/v1/configmaps",
         "/apis/networking.k8s.io/v1/networkpolicies",
         "/apis/policy/v1/poddisruptionbudgets",
-        "/apis/apps/v1/deployments",
     ]
     assert {q["labelSelector"] for _, _, q in cluster.asked} == {
         "app.kubernetes.io/managed-by=metis-operator"
@@ -122,7 +118,10 @@ def test_a_namespaced_operator_lists_each_namespace_it_serves() -> None:
     asyncio.run(runner(cluster, {}, {"METIS_NAMESPACES": "team,wiki"}).drifted())
     paths = [path for _, path, _ in cluster.asked]
     assert len(paths) == 12
-    assert paths[:2] == ["/api/v1/namespaces/team/configmaps", "/api/v1/namespaces/wiki/configmaps"]
+    assert paths[:2] == [
+        "/api/v1/namespaces/team/persistentvolumeclaims",
+        "/api/v1/namespaces/wiki/persistentvolumeclaims",
+    ]
 
 
 def test_a_drifted_base_reads_afresh_once_and_a_full_resync_comes_in_its_time() -> None:
@@ -133,3 +132,32 @@ def test_a_drifted_base_reads_afresh_once_and_a_full_resync_comes_in_its_time() 
     assert r.resync_due(base) and not r.resync_due(base)
     base.resynced -= 3600
     assert r.resync_due(base) and not r.resync_due(base)
+
+
+def test_the_cache_is_filled_by_one_list_a_kind_before_the_watches_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new leader derives each base from a whole cache as soon as its event comes; a
+    LIST that fails is tried again, for nothing may run on a half-filled cache."""
+
+    class Flaky(Lists):
+        async def call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+            answer = await super().call(method, path, **kw)
+            if len(self.asked) == 1:
+                raise OSError("connection refused")
+            return answer
+
+    monkeypatch.setattr(handlers, "PRIME_RETRY_SECONDS", 0.0)
+    pod = child("metis-a-x", "a", "4", **{"app.kubernetes.io/name": "metis-indexer"})
+    cluster = Flaky({"/api/v1/configmaps": [child("metis-a", "a", "1")], "/api/v1/pods": [pod]})
+    ctx = context(cluster=cluster, env={})
+    asyncio.run(handlers.prime(ctx))
+    paths = [path for _, path, _ in cluster.asked]
+    assert paths[0] == paths[1], "the failed LIST is tried again"
+    assert len(paths) == len(cache.WATCHED) + 1
+    selectors = {path: q.get("labelSelector") for _, path, q in cluster.asked}
+    assert selectors["/api/v1/pods"] == "app.kubernetes.io/name=metis-indexer"
+    assert selectors["/api/v1/services"] is None, "a model Service may be anyone's"
+    config = ctx.cache.configmap("team", "metis-a")
+    assert config is not None and config["kind"] == "ConfigMap"
+    assert [p["metadata"]["name"] for p in ctx.cache.pods("team", "a")] == ["metis-a-x"]
