@@ -56,7 +56,7 @@ from metis_operator.context import Context
 from metis_operator.metrics import Metrics
 from metis_operator.prober import Probers
 from metis_operator.settings import Settings
-from metis_operator.state import State
+from metis_operator.state import Observation, State
 from metis_operator.status_update import Event, StatusUpdate
 
 DEFAULT_K = 10
@@ -112,6 +112,8 @@ class Base:
     """Whether its last turn found it Ready: its indexer is then asked less often."""
     answer: StatusAnswer | None = None
     """Its indexer's answer as its last turn read it."""
+    observation: Observation | None = None
+    """What its last turn derived its state from."""
     unevaluable: str | None = None
     """Retrieval settings whose evaluation the indexer refused (no evaluation set)."""
 
@@ -149,6 +151,8 @@ class Runner:
             )
             self.dependents.set(key, Deps(key[0]))  # only its own children before its first look
             base.task = asyncio.create_task(self._loop(base), name=f"base {key[0]}/{key[1]}")
+        elif _version(body) and _version(body) == _version(base.body):
+            return  # the same object again (a watch's listing after the startup LIST's)
         else:
             base.body = copy.deepcopy(dict(body))
         base.wake.set()
@@ -288,16 +292,29 @@ class Runner:
                 return
             if status_compose.is_paused(previous):
                 report.say(base.key, "resumed")
+
+            async def early(outcome: reconcile.Outcome) -> dict[str, Any]:
+                await status_update.apply(ctx, base, announce_state(body, previous, outcome))
+                return base.previous()
+
             with ctx.metrics.errors.labels(trigger=trigger).count_exceptions():
                 with ctx.metrics.seconds.time():
                     outcome = await reconcile.run(
-                        ctx, body, previous, fresh=fresh, may_roll=lambda: self.turn(base.key)
+                        ctx,
+                        body,
+                        previous,
+                        fresh=fresh,
+                        may_roll=lambda: self.turn(base.key),
+                        last=base.observation,
+                        early=early,
                     )
-                await status_update.apply(ctx, base, announce_state(body, previous, outcome))
+                # After an early write, what this turn says is against what that wrote.
+                await status_update.apply(ctx, base, announce_state(body, base.previous(), outcome))
         if self.bases.get(base.key) is base:
             self.dependents.set(base.key, outcome.deps)
         base.ready = outcome.verdict.state is State.READY
         base.answer = outcome.indexer
+        base.observation = outcome.observation
         self.follow_rollout(base.key, outcome)
         self.record_metrics(base.key, outcome)
         self.start_quality_check(base, body, outcome)
@@ -458,6 +475,10 @@ def evaluated(
     return update
 
 
+def _version(body: Mapping[str, Any]) -> str | None:
+    return (body.get("metadata") or {}).get("resourceVersion")
+
+
 def _key(body: Mapping[str, Any]) -> Key:
     return body["metadata"]["namespace"], body["metadata"]["name"]
 
@@ -489,32 +510,49 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         probing, interval=ours.poll.probe_seconds, grace=ours.poll.model_grace_seconds
     )
     memo.context = Context(ours, cluster, http, Metrics.create(), Cache(), probers)
-    await prime(memo.context)
     memo.runner = Runner(memo.context)
+    await prime(memo.context, memo.runner)
     memo.following_kind = asyncio.create_task(memo.runner.follow_kind(), name="the kind")
     memo.following_drift = asyncio.create_task(memo.runner.follow_drift(), name="drift")
     memo.context.metrics.serve(ours.runtime.metrics_port)
 
 
-async def prime(ctx: Context) -> None:
-    """One LIST per watched kind (per namespace served) into the cache, tried until it
-    succeeds: kopf starts its watches only once the startup handlers are done, so every
-    watch event comes after these LISTs and overrides what they brought."""
+async def prime(ctx: Context, runner: Runner) -> None:
+    """One LIST per watched kind (per namespace served) into the cache, then one of the
+    bases, whose loops start at once: a new leader derives its bases without waiting for
+    kopf to pass every watched object through its watches (7,000 at 1,000 bases). kopf
+    starts its watches only once the startup handlers are done, so every watch event
+    comes after these LISTs and overrides what they brought; a base listed here and
+    deleted before kopf's own listing finds itself gone at its first write."""
     namespaces = ctx.settings.runtime.namespaces or (None,)
     started = time.monotonic()
     for kind in cache.WATCHED:
         query = {"labelSelector": cache.selector(kind.labels)} if kind.labels else {}
         for namespace in namespaces:
-            while True:
-                try:
-                    path = drift.list_path(kind, namespace)
-                    answer = await ctx.cluster.call("GET", path, query=query)
-                    break
-                except Exception as e:  # nothing runs before the cache is whole
-                    log.warning("cannot list %s yet: %s", kind.plural, e)
-                    await asyncio.sleep(PRIME_RETRY_SECONDS)
-            ctx.cache.prime(kind, (answer or {}).get("items") or [])
-    log.info("cache filled in %.1f s", time.monotonic() - started)
+            items = await _listed(ctx, drift.list_path(kind, namespace), query)
+            ctx.cache.prime(kind, items)
+    bases = 0
+    for namespace in namespaces:
+        path = kube.path(identity.API_VERSION, identity.PLURAL, namespace)
+        for item in await _listed(ctx, path, {}):
+            runner.seen({"apiVersion": identity.API_VERSION, "kind": identity.KIND, **item}, False)
+            bases += 1
+    log.info("cache filled and %d base(s) started in %.1f s", bases, time.monotonic() - started)
+
+
+async def _listed(ctx: Context, path: str, query: Mapping[str, str]) -> list[dict[str, Any]]:
+    """A LIST's items, tried until it succeeds: nothing runs before the cache is whole.
+    None of a kind not served (the CRD not installed yet: kopf's watch finds the bases
+    once it is)."""
+    while True:
+        try:
+            answer = await ctx.cluster.call("GET", path, query=dict(query))
+            return list((answer or {}).get("items") or [])
+        except Exception as e:
+            if isinstance(e, kube.ApiError) and e.status == 404:
+                return []
+            log.warning("cannot list %s yet: %s", path, e)
+            await asyncio.sleep(PRIME_RETRY_SECONDS)
 
 
 def narrow_watches(settings: kopf.OperatorSettings) -> None:

@@ -134,11 +134,12 @@ def test_a_drifted_base_reads_afresh_once_and_a_full_resync_comes_in_its_time() 
     assert r.resync_due(base) and not r.resync_due(base)
 
 
-def test_the_cache_is_filled_by_one_list_a_kind_before_the_watches_start(
+def test_the_cache_is_filled_and_the_bases_started_by_one_list_a_kind_before_any_watch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A new leader derives each base from a whole cache as soon as its event comes; a
-    LIST that fails is tried again, for nothing may run on a half-filled cache."""
+    """A new leader derives each base from a whole cache without waiting for kopf's
+    watches; a LIST that fails is tried again, for nothing may run on a half-filled
+    cache."""
 
     class Flaky(Lists):
         async def call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
@@ -149,15 +150,51 @@ def test_the_cache_is_filled_by_one_list_a_kind_before_the_watches_start(
 
     monkeypatch.setattr(handlers, "PRIME_RETRY_SECONDS", 0.0)
     pod = child("metis-a-x", "a", "4", **{"app.kubernetes.io/name": "metis-indexer"})
-    cluster = Flaky({"/api/v1/configmaps": [child("metis-a", "a", "1")], "/api/v1/pods": [pod]})
+    base = {"metadata": {"name": "a", "namespace": "team", "resourceVersion": "5"}}
+    cluster = Flaky(
+        {
+            "/api/v1/configmaps": [child("metis-a", "a", "1")],
+            "/api/v1/pods": [pod],
+            "/apis/metis.astraeus.io/v1/knowledgebases": [base],
+        }
+    )
     ctx = context(cluster=cluster, env={})
-    asyncio.run(handlers.prime(ctx))
+
+    async def scenario() -> set[tuple[str, str]]:
+        runner = handlers.Runner(ctx)
+        await handlers.prime(ctx, runner)
+        started = set(runner.bases)
+        assert runner.bases[("team", "a")].body["kind"] == "KnowledgeBase"
+        runner.forget(("team", "a"))
+        return started
+
+    assert asyncio.run(scenario()) == {("team", "a")}, "its loop starts from the LIST"
     paths = [path for _, path, _ in cluster.asked]
     assert paths[0] == paths[1], "the failed LIST is tried again"
-    assert len(paths) == len(cache.WATCHED) + 1
+    assert len(paths) == len(cache.WATCHED) + 2
+    assert paths[-1] == "/apis/metis.astraeus.io/v1/knowledgebases"
     selectors = {path: q.get("labelSelector") for _, path, q in cluster.asked}
     assert selectors["/api/v1/pods"] == "app.kubernetes.io/name=metis-indexer"
     assert selectors["/api/v1/services"] is None, "a model Service may be anyone's"
     config = ctx.cache.configmap("team", "metis-a")
     assert config is not None and config["kind"] == "ConfigMap"
     assert [p["metadata"]["name"] for p in ctx.cache.pods("team", "a")] == ["metis-a-x"]
+
+
+def test_the_same_version_of_a_base_again_does_not_wake_it() -> None:
+    """kopf's listing brings again every base the startup LIST started: at 1,000 bases,
+    a second turn for each while the new leader derives them."""
+
+    async def scenario() -> list[bool]:
+        runner = handlers.Runner(context(cluster=Lists({}), env={}))
+        woken = []
+        for version in ("1", "1", "2"):
+            body = {"metadata": {"name": "a", "namespace": "team", "resourceVersion": version}}
+            runner.seen(body, deleted=False)
+            base = runner.bases[("team", "a")]
+            woken.append(base.wake.is_set())
+            base.wake.clear()
+        runner.forget(("team", "a"))
+        return woken
+
+    assert asyncio.run(scenario()) == [True, False, True]
