@@ -40,6 +40,7 @@ from metis_indexer.model_watch import WAIT_FIRST, WAIT_MAX, ModelWatch
 from metis_indexer.models.clients import EmbeddingClient, ModelRefused, ModelUnavailable
 from metis_indexer.notebook import Notebook
 from metis_indexer.progress import Progress
+from metis_indexer.search import hybrid
 
 log = logging.getLogger("metis.indexer")
 
@@ -96,6 +97,8 @@ class Passes:
         """The sources' listings that have not returned, on the pass's file threads: one
         a source at most, however often the pass is tried again."""
         self.answering: restage.Answering | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
+        """Models let go of whose clients close once the searches still asking them end."""
         """The model whose vectors answer while a new one's are made (questions are embedded
         by it); None while the configured model's do."""
         self.passed = False
@@ -485,16 +488,23 @@ class Passes:
         return answering
 
     async def close(self) -> None:
-        """Let go of the client of the model that answers while a new one's are made, and
-        of the peers' client."""
+        """Let go of the client of the model that answers while a new one's are made (and
+        of those let go of before: at once), and of the peers' client."""
         await self._drop_answering()
+        for task in self._retiring:
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
         await self._peers.close()
 
     async def _drop_answering(self) -> None:
+        """Questions go to the configured model from now on; a search that asked the
+        old one a moment ago still waits for its answer, so its client closes later."""
         answering, self.answering = self.answering, None
         self._progress.changing = ""
         if answering is not None:
-            await answering.close()
+            task = asyncio.create_task(answering.retire(hybrid.MODEL_TIMEOUT))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
 
     async def _answered_by_configured(self) -> None:
         """The configured model's vectors are the index's: it answers, the index records

@@ -11,6 +11,7 @@ staging where it stopped.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 
@@ -197,3 +198,12 @@ class Answering:
     async def close(self) -> None:
         if self.client is not None:
             await self.client.close()
+
+    async def retire(self, after: float) -> None:
+        """Close the client once the searches that took it before the switch are over
+        (each waits `after` seconds at most for its model), or at once when cancelled:
+        closed under a search's request, that search was answered by words only."""
+        try:
+            await asyncio.sleep(after)
+        finally:
+            await self.close()

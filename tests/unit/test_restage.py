@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from metis_indexer import restage
 from metis_indexer.config import EmbeddingConfig
 from metis_indexer.index.memory import IndexSettings
@@ -49,3 +51,29 @@ def test_the_answering_endpoint_round_trips_through_the_meta():
     assert restage.recorded_endpoint({}) is None
     assert restage.recorded_endpoint({restage.ANSWERING: "{not json"}) is None
     assert restage.staged_model(restage.staging_meta(OLD)) == "old-model|384"
+
+
+def test_a_model_let_go_of_closes_after_the_searches_asking_it_or_at_once_at_exit() -> None:
+    """A search that asked the old model just before the switch waits for its answer:
+    closing the client under it made it a search by words only (a ReadError)."""
+
+    class Client:
+        closed_at: float | None = None
+
+        async def close(self) -> None:
+            self.closed_at = asyncio.get_running_loop().time()
+
+    async def scenario() -> tuple[float, bool]:
+        loop = asyncio.get_running_loop()
+        late, early = Client(), Client()
+        start = loop.time()
+        await restage.Answering(OLD, None, late, None, 0).retire(0.2)  # type: ignore[arg-type]
+        task = asyncio.create_task(restage.Answering(OLD, None, early, None, 0).retire(60))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert late.closed_at is not None
+        return late.closed_at - start, early.closed_at is not None
+
+    waited, closed_at_exit = asyncio.run(scenario())
+    assert waited >= 0.2 and closed_at_exit
