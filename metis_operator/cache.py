@@ -247,11 +247,11 @@ class Cache:
         key = _key(obj)
         self._unconfirmed.discard((plural, key))
         old = self._objects[plural].pop(key, None)
-        if old is not None:
-            members = self._groups[plural].get(group(plural, old), {})
+        if old is not None and (was := group(plural, old)) is not None:
+            members = self._groups[plural][was]
             members.pop(key, None)
             if not members:
-                self._groups[plural].pop(group(plural, old), None)
+                del self._groups[plural][was]
         if deleted:
             return
         value = slim(plural, obj)

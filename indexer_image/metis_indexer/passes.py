@@ -97,10 +97,10 @@ class Passes:
         """The sources' listings that have not returned, on the pass's file threads: one
         a source at most, however often the pass is tried again."""
         self.answering: restage.Answering | None = None
-        self._retiring: set[asyncio.Task[None]] = set()
-        """Models let go of whose clients close once the searches still asking them end."""
         """The model whose vectors answer while a new one's are made (questions are embedded
         by it); None while the configured model's do."""
+        self._retiring: set[asyncio.Task[None]] = set()
+        """Models let go of whose clients close once the searches still asking them end."""
         self.passed = False
         """Whether the index has had one whole pass (recorded in it: a restart keeps it)."""
         self.held = peers.HeldVectors()
@@ -176,7 +176,7 @@ class Passes:
         document again. The caller holds the index's writer lock."""
         log.error("the index is damaged (%s): moving it aside and rebuilding it", error)
         aside = await asyncio.to_thread(self.index.store.move_aside)
-        await self._drop_answering()
+        self._drop_answering()
         config = self._configured.config
         self.index = Index(self.index.folder, config.vectors)
         await asyncio.to_thread(self.index.load)
@@ -476,7 +476,7 @@ class Passes:
             or answering.model != held.model
             or answering.epoch != self.index.vectors_epoch
         ):
-            await self._drop_answering()
+            self._drop_answering()
             client: EmbeddingClient | None = None
             if endpoint is not None:
                 client = embedding_client(endpoint, self._configured.config.embedding_batch)
@@ -490,18 +490,23 @@ class Passes:
     async def close(self) -> None:
         """Let go of the client of the model that answers while a new one's are made (and
         of those let go of before: at once), and of the peers' client."""
-        await self._drop_answering()
+        if (answering := self._release_answering()) is not None:
+            await answering.close()  # not by a task: one cancelled before it starts never runs
         for task in self._retiring:
             task.cancel()
         await asyncio.gather(*self._retiring, return_exceptions=True)
         await self._peers.close()
 
-    async def _drop_answering(self) -> None:
-        """Questions go to the configured model from now on; a search that asked the
-        old one a moment ago still waits for its answer, so its client closes later."""
+    def _release_answering(self) -> restage.Answering | None:
+        """Questions go to the configured model from now on."""
         answering, self.answering = self.answering, None
         self._progress.changing = ""
-        if answering is not None:
+        return answering
+
+    def _drop_answering(self) -> None:
+        """A search that asked the old model a moment ago still waits for its answer, so
+        its client closes later."""
+        if (answering := self._release_answering()) is not None:
             task = asyncio.create_task(answering.retire(hybrid.MODEL_TIMEOUT))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
@@ -509,7 +514,7 @@ class Passes:
     async def _answered_by_configured(self) -> None:
         """The configured model's vectors are the index's: it answers, the index records
         its endpoint, and vectors staged for another model are forgotten."""
-        await self._drop_answering()
+        self._drop_answering()
         meta = await asyncio.to_thread(self.index.store.meta)
         if restage.staged_model(meta) is not None:
             await asyncio.to_thread(self.index.store.end_staging, restage.STAGING)
@@ -567,7 +572,7 @@ class Passes:
             if made is None:
                 return False
             calls += made
-        await self._drop_answering()
+        self._drop_answering()
         log.info(
             "switched to the vectors of embedding model %s: %d chunks embedded in %.1f s",
             settings.model,
