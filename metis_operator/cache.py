@@ -241,11 +241,24 @@ class Cache:
         }
         self._unconfirmed: set[tuple[str, Key]] = set()
         """What the priming LISTs brought and no watch event has brought since."""
+        self._written: dict[tuple[str, Key], tuple[str, Key]] = {}
+        """A child's version as the operator's own apply left it, and the base that applied
+        it (`written`)."""
 
-    def seen(self, plural: str, obj: Mapping[str, Any], deleted: bool = False) -> None:
-        """A watch event: it always wins over what a LIST brought before it."""
+    def written(self, plural: str, obj: Mapping[str, Any], base: Key) -> None:
+        """`obj` as `base`'s apply of it answered: its watch event tells that base nothing
+        new (the turn that applied it saw the answer). Each apply's event woke its base
+        for a turn that found nothing: two a change while 100 bases changed at once
+        (bench/results/operator-kwok.md)."""
+        self._written[(plural, _key(obj))] = (_meta(obj).get("resourceVersion", ""), base)
+
+    def seen(self, plural: str, obj: Mapping[str, Any], deleted: bool = False) -> Key | None:
+        """A watch event: it always wins over what a LIST brought before it. The base that
+        wrote this very version of it, if one did (`written`)."""
         key = _key(obj)
         self._unconfirmed.discard((plural, key))
+        version, writer = self._written.pop((plural, key), ("", None))
+        mine = writer if not deleted and version == _meta(obj).get("resourceVersion") else None
         old = self._objects[plural].pop(key, None)
         if old is not None and (was := group(plural, old)) is not None:
             members = self._groups[plural][was]
@@ -253,11 +266,12 @@ class Cache:
             if not members:
                 del self._groups[plural][was]
         if deleted:
-            return
+            return None
         value = slim(plural, obj)
         self._objects[plural][key] = value
         if (g := group(plural, value)) is not None:
             self._groups[plural].setdefault(g, {})[key] = value
+        return mine
 
     def prime(self, kind: Watched, items: Iterable[Mapping[str, Any]]) -> None:
         """One LIST's items (which carry no kind of their own), taken before kopf's watch

@@ -62,9 +62,15 @@ cores × 5 connections) made 100 bases changing together queue behind six thread
 cores (bench/results/operator-kwok.md)."""
 
 
+STATUS_CALLS = 8
+"""Threads of their own for status writes: a status is what a user waits on, and while a
+hundred bases changed at once a base's status write queued behind the other bases'
+applies and Events (bench/results/operator-kwok.md)."""
+
+
 def _configuration() -> client.Configuration:
     configuration = client.Configuration()
-    configuration.connection_pool_maxsize = CALLS_AT_ONCE
+    configuration.connection_pool_maxsize = CALLS_AT_ONCE + STATUS_CALLS
     return configuration
 
 
@@ -146,6 +152,7 @@ class Cluster:
         self._timeout = timeout
         self.manager = manager
         self._threads = ThreadPoolExecutor(CALLS_AT_ONCE, thread_name_prefix="kube")
+        self._status_threads = ThreadPoolExecutor(STATUS_CALLS, thread_name_prefix="kube-status")
 
     @classmethod
     def connect(cls, manager: str = "metis-operator") -> Cluster:
@@ -242,9 +249,11 @@ class Cluster:
 
     async def call(self, method: str, url_path: str, **kw: Any) -> Any:
         """`request` in one of the cluster's own threads (not the loop's default pool,
-        which other blocking work shares)."""
+        which other blocking work shares); a status write in one of those kept for them."""
         work = functools.partial(self.request, method, url_path, **kw)
-        return await asyncio.get_running_loop().run_in_executor(self._threads, work)
+        status = method == "PATCH" and url_path.endswith("/status")
+        threads = self._status_threads if status else self._threads
+        return await asyncio.get_running_loop().run_in_executor(threads, work)
 
     async def get(self, url_path: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""

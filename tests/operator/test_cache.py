@@ -131,3 +131,20 @@ def test_what_a_base_reads_now_wakes_it_not_what_it_read_before_nor_a_forgotten_
     assert cache.affected(bases, "persistentvolumeclaims", obj("wiki")) == {("team", "handbook")}
     bases.drop(("team", "handbook"))
     assert cache.affected(bases, "persistentvolumeclaims", obj("wiki")) == set()
+
+
+def test_the_event_of_a_bases_own_apply_is_no_news_to_it_but_a_later_one_is() -> None:
+    store = cache.Cache()
+    base = ("team", "handbook")
+    applied = obj("metis-handbook", resourceVersion="7")
+    store.written("configmaps", applied, base)
+    assert store.seen("configmaps", applied) == base
+    assert store.seen("configmaps", obj("metis-handbook", resourceVersion="8")) is None
+    # An apply whose answer comes after its own event: the next event is news.
+    store.seen("configmaps", obj("metis-handbook", resourceVersion="9"))
+    store.written("configmaps", obj("metis-handbook", resourceVersion="9"), base)
+    assert store.seen("configmaps", obj("metis-handbook", resourceVersion="10")) is None
+    gone = obj("metis-handbook", resourceVersion="11")
+    store.written("configmaps", gone, base)
+    assert store.seen("configmaps", gone, deleted=True) is None
+    assert store.configmap("team", "metis-handbook") is None

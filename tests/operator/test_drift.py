@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import kopf
 import pytest
 
-from metis_operator import cache, drift, handlers
+from metis_operator import cache, children, drift, handlers
 from metis_operator.cache import CHILD_PLURAL
 from tests.operator.contexts import context
 
@@ -188,8 +189,7 @@ def test_the_same_version_of_a_base_again_does_not_wake_it() -> None:
     async def scenario() -> list[bool]:
         runner = handlers.Runner(context(cluster=Lists({}), env={}))
         woken = []
-        for version in ("1", "1", "2"):
-            body = {"metadata": {"name": "a", "namespace": "team", "resourceVersion": version}}
+        for body in (base_body("1"), base_body("1"), base_body("2", metadata__generation=2)):
             runner.seen(body, deleted=False)
             base = runner.bases[("team", "a")]
             woken.append(base.wake.is_set())
@@ -198,3 +198,99 @@ def test_the_same_version_of_a_base_again_does_not_wake_it() -> None:
         return woken
 
     assert asyncio.run(scenario()) == [True, False, True]
+
+
+def base_body(version: str, **changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {
+            "name": "a",
+            "namespace": "team",
+            "resourceVersion": version,
+            "generation": 1,
+            "annotations": {"team": "search"},
+        },
+        "spec": {"drives": ["docs"]},
+        "status": {"state": "Ready"},
+    }
+    for path, value in changes.items():
+        *parents, last = path.split("__")
+        node = body
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    return body
+
+
+@pytest.mark.parametrize(
+    ("changes", "wakes"),
+    [
+        ({"status": {"state": "Starting"}}, False),
+        ({"metadata__managedFields": [{"manager": "metis-operator"}]}, False),
+        (
+            {
+                "metadata__annotations": {
+                    "team": "search",
+                    f"{handlers.KOPF_PREFIX}/last-handled-configuration": "{}",
+                }
+            },
+            False,
+        ),
+        ({"spec": {"drives": ["docs", "wiki"]}, "metadata__generation": 2}, True),
+        ({"metadata__annotations": {"team": "search", "metis.astraeus.io/paused": "true"}}, True),
+        ({"metadata__labels": {"tier": "gold"}}, True),
+        ({"metadata__deletionTimestamp": "2026-12-06T00:00:00Z"}, True),
+    ],
+)
+def test_what_in_a_base_tells_its_loop_news(changes: dict[str, Any], wakes: bool) -> None:
+    assert handlers.tells_news(base_body("1"), base_body("2", **changes)) is wakes
+
+
+def test_a_base_is_not_woken_by_its_own_status_write() -> None:
+    """Each status write comes back as a watch event: no turn for it."""
+
+    async def scenario() -> list[bool]:
+        runner = handlers.Runner(context(cluster=Lists({}), env={}))
+        woken = []
+        bodies = [
+            base_body("1"),
+            base_body("2", status={"state": "Starting"}),
+            base_body("3", spec={"drives": ["wiki"]}, metadata__generation=2),
+        ]
+        for body in bodies:
+            runner.seen(body, deleted=False)
+            base = runner.bases[("team", "a")]
+            woken.append(base.wake.is_set())
+            base.wake.clear()
+        assert base.body["metadata"]["resourceVersion"] == "3"
+        runner.forget(("team", "a"))
+        return woken
+
+    assert asyncio.run(scenario()) == [True, False, True]
+
+
+def test_a_childs_event_wakes_the_bases_it_concerns_but_the_one_whose_apply_it_brings_back() -> (
+    None
+):
+    """The turn that applied a child saw the apply's answer: its watch event is no news to
+    that base (a turn that found nothing, two a change), though still to a base reading it
+    by name."""
+
+    async def scenario() -> list[set[tuple[str, str]]]:
+        ctx = context(cluster=Lists({}), env={})
+        runner = handlers.Runner(ctx)
+        mine, reader = ("team", "a"), ("team", "b")
+        runner.dependents.set(mine, cache.Deps("team"))
+        runner.dependents.set(reader, cache.Deps("team", services=frozenset({"metis-a"})))
+        woken: list[set[tuple[str, str]]] = []
+        runner.wake = lambda keys: woken.append(set(keys))  # type: ignore[method-assign]
+        memo = kopf.Memo(context=ctx, runner=runner)
+        follow = handlers._follower("services")
+        labels = {"app.kubernetes.io/name": children.APP}
+        service = child("metis-a", "a", "7", **labels)
+        ctx.cache.written("services", service, mine)
+        await follow(event={"type": "MODIFIED"}, body=service, memo=memo)
+        later = child("metis-a", "a", "8", **labels)
+        await follow(event={"type": "MODIFIED"}, body=later, memo=memo)
+        return woken
+
+    assert asyncio.run(scenario()) == [{("team", "b")}, {("team", "a"), ("team", "b")}]
