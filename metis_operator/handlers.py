@@ -82,6 +82,8 @@ KIND_LOOKS = 3
 at the default interval)."""
 PRIME_RETRY_SECONDS = 2.0
 """How soon a LIST that fills the cache at startup is tried again."""
+DRIFT_SETTLE_SECONDS = 2.0
+"""How long the drift check lets the watches catch up with its LISTs."""
 PAUSED_RETRY_SECONDS = 30.0
 """How often a request made while the base is paused looks whether the pause ended: each
 look is a write of kopf's progress annotation, so not at every poll."""
@@ -208,8 +210,11 @@ class Runner:
             self.wake(found)
 
     async def drifted(self) -> set[Key]:
-        """The bases whose children the API server holds otherwise than the cache."""
+        """The bases whose children the API server holds otherwise than the cache, and
+        which no watch event changed in the cache while the LISTs ran or in the
+        `DRIFT_SETTLE_SECONDS` after (a watch a moment behind the LIST is no miss)."""
         namespaces = self.ctx.settings.runtime.namespaces or (None,)
+        before = self.cached()
         listed: drift.Seen = {}
         for kind in cache.CHILDREN:
             for namespace in namespaces:
@@ -217,10 +222,14 @@ class Runner:
                     "GET", drift.list_path(kind, namespace), query={"labelSelector": drift.SELECTOR}
                 )
                 listed |= drift.seen(kind.kind, (answer or {}).get("items") or [])
-        cached: drift.Seen = {}
+        await asyncio.sleep(DRIFT_SETTLE_SECONDS)
+        return drift.drifted(listed, self.cached(), before)
+
+    def cached(self) -> drift.Seen:
+        out: drift.Seen = {}
         for kind in cache.CHILDREN:
-            cached |= drift.seen(kind.kind, self.ctx.cache.every(kind.kind))
-        return drift.drifted(listed, cached)
+            out |= drift.seen(kind.kind, self.ctx.cache.every(kind.kind))
+        return out
 
     def forget(self, key: Key) -> None:
         base = self.bases.pop(key, None)

@@ -15,6 +15,11 @@ from tests.operator.contexts import context
 OURS = {"app.kubernetes.io/managed-by": "metis-operator"}
 
 
+@pytest.fixture(autouse=True)
+def settle_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handlers, "DRIFT_SETTLE_SECONDS", 0.01)
+
+
 def child(name: str, base: str, version: str, ns: str = "team", **labels: str) -> dict[str, Any]:
     meta_labels = {**OURS, "app.kubernetes.io/instance": base, **labels}
     return {
@@ -112,6 +117,30 @@ def test_one_list_a_kind_finds_the_bases_whose_children_changed_unseen() -> None
     assert {q["labelSelector"] for _, _, q in cluster.asked} == {
         "app.kubernetes.io/managed-by=metis-operator"
     }
+
+
+def test_a_child_the_watch_brings_while_the_lists_run_is_no_drift() -> None:
+    """While 100 bases changed at once, a LIST a moment ahead of the watch made 57 bases
+    read their children afresh; a child no event changed meanwhile still counts."""
+    cluster = Lists(
+        {
+            "/api/v1/configmaps": [child("metis-a", "a", "5"), child("metis-b", "b", "9")],
+        }
+    )
+    found = runner(
+        cluster, {"ConfigMap": [child("metis-a", "a", "4"), child("metis-b", "b", "8")]}, {}
+    )
+
+    async def scenario() -> set[tuple[str, str]]:
+        checking = asyncio.ensure_future(found.drifted())
+        while not cluster.asked:
+            await asyncio.sleep(0)
+        # The watch brings metis-a's new version (and then a newer one) meanwhile.
+        found.ctx.cache.seen("configmaps", child("metis-a", "a", "5"))
+        found.ctx.cache.seen("configmaps", child("metis-a", "a", "6"))
+        return await checking
+
+    assert asyncio.run(scenario()) == {("team", "b")}
 
 
 def test_a_namespaced_operator_lists_each_namespace_it_serves() -> None:
