@@ -20,7 +20,7 @@ import json
 import math
 import secrets
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from metis_indexer.config import IndexerConfig
 from metis_operator.api import identity
@@ -274,6 +274,24 @@ def must_move(placement: Placement, actual: Mapping[str, Any] | None, node: str 
     return not fits
 
 
+class PodInputs(NamedTuple):
+    """What of a base's spec its indexer pod is made from: a change to anything else
+    reaches the running indexer through its ConfigMap, with no apply of the Deployment."""
+
+    drives: list[str]
+    placement: Placement
+    replicas: int
+
+    def digest(self) -> str:
+        """Tells a user's change of the pod from the operator's (`reconcile.operators_change`)."""
+        plain = [self.drives, self.placement.model_dump(mode="json"), self.replicas]
+        return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def pod_inputs(spec: KnowledgeBaseSpec) -> PodInputs:
+    return PodInputs(spec.drives, spec.placement, spec.replicas)
+
+
 def deployment(
     owner: Owner,
     spec: KnowledgeBaseSpec,
@@ -293,15 +311,16 @@ def deployment(
     replace the pod. Replica `replica` has its own index drive; every replica reads the
     one ConfigMap."""
     ix = settings.indexer
-    place = spec.placement
+    inputs = pod_inputs(spec)
+    drives, place = inputs.drives, inputs.placement
     memory = f"{place.memory_gb}Gi"
     volumes: list[dict[str, Any]] = [
         {"name": volume_name(d), "persistentVolumeClaim": {"claimName": d, "readOnly": True}}
-        for d in spec.drives
+        for d in drives
     ]
     mounts: list[dict[str, Any]] = [
         {"name": volume_name(d), "mountPath": f"{DRIVES_ROOT}/{d}", "readOnly": True}
-        for d in spec.drives
+        for d in drives
     ]
     volumes += [
         {"name": "index", "persistentVolumeClaim": {"claimName": owner.replica(replica)}},
@@ -356,15 +375,17 @@ def deployment(
     }
     if place.labels:
         pod["nodeSelector"] = dict(sorted(place.labels.items()))
-    if affinity := _affinity(owner.name, place.machines, settings, replica, spec.replicas):
+    if affinity := _affinity(owner.name, place.machines, settings, replica, inputs.replicas):
         pod["affinity"] = affinity
     picks = selector(owner.name)
     if replica:
         picks[REPLICA_LABEL] = str(replica)
+    meta = _meta(owner, "indexer", replica)
+    meta["annotations"] = {identity.POD_INPUTS_ANNOTATION: inputs.digest()}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(owner, "indexer", replica),
+        "metadata": meta,
         "spec": {
             "replicas": 1,
             "strategy": _strategy(settings, moving),

@@ -109,13 +109,13 @@ def rollout_allowed(key: tuple[str, str], rolling: set[tuple[str, str]], limit: 
 def operators_change(desired: Mapping[str, Any], actual: Mapping[str, Any] | None) -> bool:
     """Whether applying `desired` over `actual` replaces a running indexer for a
     reason of the operator's (image, settings), not the user's: the Deployment was
-    last applied for this very generation of the base (or before generations were
+    last applied for the same pod inputs of the base's spec (or before they were
     recorded), and its pod template would change."""
     if actual is None:
         return False
-    want = (desired["metadata"].get("annotations") or {}).get(identity.GENERATION_ANNOTATION)
+    want = (desired["metadata"].get("annotations") or {}).get(identity.POD_INPUTS_ANNOTATION)
     have = ((actual.get("metadata") or {}).get("annotations") or {}).get(
-        identity.GENERATION_ANNOTATION
+        identity.POD_INPUTS_ANNOTATION
     )
     template = desired["spec"]["template"]
     return (have is None or have == want) and not children.is_subset(
@@ -190,7 +190,6 @@ async def _apply_children(
     spec: KnowledgeBaseSpec,
     config: IndexerConfig,
     *,
-    generation: int,
     fresh: bool,
     may_roll: Callable[[], bool],
 ) -> _Applied:
@@ -222,9 +221,7 @@ async def _apply_children(
     for i in range(spec.replicas):
         mine = pods.get(i, [])
         applied.replicas.append(
-            await _apply_replica(
-                ctx, owner, spec, i, mine, generation, fresh, may_roll, applied, alive
-            )
+            await _apply_replica(ctx, owner, spec, i, mine, fresh, may_roll, applied, alive)
         )
     for i in range(spec.replicas, REPLICAS_MAX):
         for kind in ("Deployment", "PersistentVolumeClaim"):
@@ -247,7 +244,6 @@ async def _apply_replica(
     spec: KnowledgeBaseSpec,
     i: int,
     pods: list[dict[str, Any]],
-    generation: int,
     fresh: bool,
     may_roll: Callable[[], bool],
     applied: _Applied,
@@ -275,8 +271,6 @@ async def _apply_replica(
         actual_claim = await _grow(ctx, actual_claim, size, fresh, applied)
     moving = children.must_move(spec.placement, current, observe.node(pods))
     deployment = children.deployment(owner, spec, ctx.settings, replica=i, moving=moving)
-    annotations = deployment["metadata"].setdefault("annotations", {})
-    annotations[identity.GENERATION_ANNOTATION] = str(generation)
     manifest = children.with_hash(deployment)
     if children.needs_apply(manifest, current) and operators_change(manifest, current):
         if not applied.rollout:  # one turn for all the base's replicas
@@ -499,9 +493,7 @@ async def run(
         peers=[address] if spec.replicas > 1 else [],
     ).model_copy(update={"generation": generation})
     try:
-        applied = await _apply_children(
-            ctx, owner, spec, config, generation=generation, fresh=fresh, may_roll=may_roll
-        )
+        applied = await _apply_children(ctx, owner, spec, config, fresh=fresh, may_roll=may_roll)
     except Refused as e:
         return done(dataclasses.replace(o, refused=str(e)))
     (claim, deployment), *others = applied.replicas

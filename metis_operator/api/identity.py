@@ -24,8 +24,8 @@ REVISION = f"{GROUP}/revision"
 """On a drive's claim: the revision of the data it holds (a data source's)."""
 HASH_ANNOTATION = f"{GROUP}/applied-hash"
 """On each child: the hash of the manifest last applied."""
-GENERATION_ANNOTATION = f"{GROUP}/generation"
-"""On the Deployment: the base's generation it was applied for."""
+POD_INPUTS_ANNOTATION = f"{GROUP}/pod-inputs"
+"""On the Deployment: a hash of what of the base's spec its pod was made from."""
 
 
 def path(namespace: str, name: str) -> str:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from metis_operator import reconcile
-from metis_operator.api.identity import GENERATION_ANNOTATION
+from metis_operator import children, reconcile
+from metis_operator.api.identity import POD_INPUTS_ANNOTATION
+from metis_operator.api.spec import KnowledgeBaseSpec, Placement, parse
+from metis_operator.settings import IndexerSettings, Settings
 
 
-def deployment(generation: str | None, image: str) -> dict[str, Any]:
-    annotations = {GENERATION_ANNOTATION: generation} if generation else {}
+def deployment(inputs: str | None, image: str) -> dict[str, Any]:
+    annotations = {POD_INPUTS_ANNOTATION: inputs} if inputs else {}
     return {
         "metadata": {"annotations": annotations},
         "spec": {"template": {"spec": {"containers": [{"image": image}]}}},
@@ -30,5 +32,29 @@ def test_whose_change_it_is() -> None:
     assert not reconcile.operators_change(deployment("4", "indexer:2"), running)  # the user's
     assert not reconcile.operators_change(deployment("3", "indexer:1"), running)  # no rollout
     assert not reconcile.operators_change(deployment("3", "indexer:2"), None)  # a new base
-    # A Deployment from before generations were recorded: an upgrade of the operator.
+    # A Deployment from before its pod inputs were recorded: an upgrade of the operator.
     assert reconcile.operators_change(deployment("3", "indexer:2"), deployment(None, "indexer:1"))
+
+
+def test_whose_change_it_is_on_real_manifests() -> None:
+    """Only what of the spec makes the pod says a change is the user's: a new query
+    prefix leaves the Deployment as it was (nothing to apply; the ConfigMap carries
+    it), and a new image beside it is still the operator's rollout, held to the limit."""
+    owner = children.Owner("handbook", "team-a", "uid-1")
+    old = Settings(indexer=IndexerSettings(image="indexer:1", port=7700))
+    new = Settings(indexer=IndexerSettings(image="indexer:2", port=7700))
+
+    def spec(prefix: str = "", drives: tuple[str, ...] = ("docs",)) -> KnowledgeBaseSpec:
+        sources = [{"drive": d} for d in drives]
+        return parse(
+            "handbook",
+            {"sources": sources, "embedding": {"deployment": "minilm", "query_prefix": prefix}},
+        )
+
+    running = children.deployment(owner, spec(), old)
+    assert children.deployment(owner, spec("query: "), old) == running
+    assert reconcile.operators_change(children.deployment(owner, spec("query: "), new), running)
+    grown = spec(drives=("docs", "wiki"))
+    assert not reconcile.operators_change(children.deployment(owner, grown, new), running)
+    moved = spec().model_copy(update={"placement": Placement(memory_gb=8)})
+    assert not reconcile.operators_change(children.deployment(owner, moved, new), running)
