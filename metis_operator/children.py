@@ -284,8 +284,7 @@ class PodInputs(NamedTuple):
 
     def digest(self) -> str:
         """Tells a user's change of the pod from the operator's (`reconcile.operators_change`)."""
-        plain = [self.drives, self.placement.model_dump(mode="json"), self.replicas]
-        return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
+        return _digest([self.drives, self.placement.model_dump(mode="json"), self.replicas])
 
 
 def pod_inputs(spec: KnowledgeBaseSpec) -> PodInputs:
@@ -460,11 +459,15 @@ def network_policy(owner: Owner, settings: Settings, operator_namespace: str) ->
     }
 
 
+def _digest(plain: Any) -> str:
+    """A short hash of JSON-able data, the same for the same data in any key order."""
+    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def with_hash(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest, annotated with a hash of itself (without the annotation)."""
-    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
     meta = manifest["metadata"]
-    annotations = {**meta.get("annotations", {}), identity.HASH_ANNOTATION: digest}
+    annotations = {**meta.get("annotations", {}), identity.HASH_ANNOTATION: _digest(manifest)}
     return {**manifest, "metadata": {**meta, "annotations": annotations}}
 
 
