@@ -18,7 +18,11 @@ Each step of a base's loop collects the status it wants and what it says of it i
 changed, then the lines and the Events (one when the state changed). The user's
 requests (reindex, evaluate annotations) are kopf field handlers. A base annotated
 `metis.astraeus.io/paused: "true"` is left alone: its children are not touched and a
-Paused condition says so; a request made meanwhile runs when the pause ends.
+Paused condition says so (its one write); its loop then waits for a change without a
+timer (no poll of its indexer), and lets go of its model probers. A request made
+meanwhile is recorded on the base in an annotation of the operator's
+(`metis.astraeus.io/deferred-reindex`, `-evaluate`: written with kopf's own record of
+the request, in the same PATCH) and run by the base's loop when the pause ends.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import datetime
 import logging
 import random
 import re
@@ -84,9 +87,15 @@ PRIME_RETRY_SECONDS = 2.0
 """How soon a LIST that fills the cache at startup is tried again."""
 DRIFT_SETTLE_SECONDS = 2.0
 """How long the drift check lets the watches catch up with its LISTs."""
-PAUSED_RETRY_SECONDS = 30.0
-"""How often a request made while the base is paused looks whether the pause ended: each
-look is a write of kopf's progress annotation, so not at every poll."""
+DEFERRED = {
+    identity.REINDEX: identity.DEFERRED_REINDEX,
+    identity.EVALUATE: identity.DEFERRED_EVALUATE,
+}
+"""Each request annotation, and the operator's annotation that records its value when it
+was made while the base was paused."""
+UNHANDLED = (identity.PAUSED, *DEFERRED.values())
+"""Annotations kopf's record of what it handled leaves out: no handler of kopf's reads
+them, and each change of one was a write of that record (pausing, resuming, deferring)."""
 
 
 def paused(body: Mapping[str, Any]) -> bool:
@@ -118,6 +127,12 @@ class Base:
     """What its last turn derived its state from."""
     unevaluable: str | None = None
     """Retrieval settings whose evaluation the indexer refused (no evaluation set)."""
+    ran: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The deferred requests its loop ran or dropped (marker annotation → value), until
+    a body without that marker shows the removal arrived: an older body still carrying
+    it never runs it twice."""
+    trying: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Since when (monotonic) a deferred request's indexer does not answer it."""
 
     def previous(self) -> dict[str, Any]:
         """The status last written by this process, else the stored one."""
@@ -158,6 +173,8 @@ class Runner:
         else:
             news = tells_news(base.body, body)
             base.body = copy.deepcopy(dict(body))
+            annotations = _annotations(body)
+            base.ran = {m: v for m, v in base.ran.items() if annotations.get(m) == v}
             if not news:
                 return
         base.wake.set()
@@ -271,10 +288,12 @@ class Runner:
     async def next_turn(self, base: Base, interval: float) -> str:
         """Wait for the base's next turn: a change wakes it; else its timer, past which a
         Ready base whose indexer answers as before waits again (nothing else changes a
-        Ready base unwoken)."""
+        Ready base unwoken). A paused base whose pause is written has no timer: only a
+        change wakes it, the end of its pause among them."""
         while True:
             try:
-                wait = interval * (READY_POLLS if base.ready else 1)
+                at_rest = paused(base.body) and status_compose.is_paused(base.previous())
+                wait = timer_seconds(at_rest, base.ready, interval)
                 await asyncio.wait_for(base.wake.wait(), timeout=wait)
                 return "change"
             except TimeoutError:
@@ -294,14 +313,15 @@ class Runner:
         """One turn of the loop: the status written once with what is said of it, then
         what follows from the new state (rollout turns, metrics, a quality check)."""
         ctx = self.ctx
-        fresh = self.resync_due(base)
-        trigger = "resync" if fresh else trigger
-        ctx.metrics.reconciliations.labels(trigger=trigger).inc()
         async with base.lock:
             body, previous = copy.deepcopy(base.body), base.previous()
             if paused(body):
-                await status_update.apply(ctx, base, reconcile_paused(body, previous))
+                ctx.metrics.reconciliations.labels(trigger=trigger).inc()
+                await self.pause(base, body, previous)
                 return
+            fresh = self.resync_due(base)
+            trigger = "resync" if fresh else trigger
+            ctx.metrics.reconciliations.labels(trigger=trigger).inc()
             if status_compose.is_paused(previous):
                 report.say(base.key, "resumed")
 
@@ -330,6 +350,85 @@ class Runner:
         self.follow_rollout(base.key, outcome)
         self.record_metrics(base.key, outcome)
         self.start_quality_check(base, body, outcome)
+        await self.run_deferred(base)
+
+    async def pause(self, base: Base, body: Mapping[str, Any], previous: Mapping[str, Any]) -> None:
+        """A paused base's turn: the Paused condition written (once: then the status is
+        what it was), its model probers let go (another base naming them keeps them) and
+        a quality check under way stopped; no call to its indexer, no other write. The
+        caller holds the base's lock."""
+        await status_update.apply(self.ctx, base, reconcile_paused(body, previous))
+        self.ctx.probers.release(base.key, set())
+        if base.judging is not None:
+            base.judging.cancel()
+
+    async def run_deferred(self, base: Base) -> None:
+        """Run the requests made while the base was paused (`deferred_requests`), once its
+        pause has ended, then remove their markers in one write. A request its indexer
+        does not answer yet stays for the next turn, one poll interval later, until
+        `given_up` drops it."""
+        body = copy.deepcopy(base.body)
+        if paused(body):
+            return
+        annotations = _annotations(body)
+        due = deferred_requests(annotations, base.ran)
+        done = {marker: annotations[marker] for marker in due.clear}
+        for request, value in due.run.items():
+            marker, what = DEFERRED[request], request_what(request, value)
+            report.say(base.key, f"{what} asked while paused: run now", request="deferred")
+            try:
+                await self.run_request(body, request, value)
+            except indexer_client.IndexerError as e:
+                since = base.trying.setdefault(marker, time.monotonic())
+                dropped = None if not e.temporary else given_up(what, time.monotonic() - since)
+                if e.temporary and dropped is None:
+                    report.say(base.key, f"{what} not run yet: {e}", request="deferred")
+                    base.ready = False  # its next turn comes at the next interval
+                    continue
+                said = dropped or Event("Warning", "RequestRefused", "Request", str(e))
+                log.warning("%s/%s: %s", *base.key, said.message, extra=report.about(base.key))
+                await status_update.post_event(self.ctx, body, said)
+            base.trying.pop(marker, None)
+            base.ran[marker] = value
+            done[marker] = value
+        await self.unmark(base, done)
+
+    async def unmark(self, base: Base, done: Mapping[str, str]) -> None:
+        """Remove the markers of deferred requests done (marker → value) from the base, in
+        one merge patch; a marker that took another value meanwhile (a new request made
+        during a new pause) stays for the next turn."""
+        current = _annotations(base.body)
+        markers = [m for m, value in done.items() if current.get(m) == value]
+        if not markers:
+            return
+        patch = {"metadata": {"annotations": dict.fromkeys(markers)}}
+        try:
+            await self.ctx.cluster.merge_patch(identity.path(*base.key), patch)
+        except kube.ApiError as e:
+            if e.status == 404:
+                raise status_update.Gone(f"its annotations cannot be written: {e}") from None
+            raise
+        kept = {k: v for k, v in _annotations(base.body).items() if k not in markers}
+        base.body = {**base.body, "metadata": {**base.body["metadata"], "annotations": kept}}
+
+    async def run_request(self, body: Mapping[str, Any], request: str, value: str) -> None:
+        """Run the request `request` (an annotation: reindex or evaluate) of value
+        `value` on the base `body`: the indexer asked, the figures of an evaluation
+        written to the status, an Event posted. An IndexerError says why it did not run."""
+        ctx, owner = self.ctx, children.Owner.of(body)
+        if request == identity.REINDEX:
+            await indexer_client.reindex(ctx, owner, full=value.startswith("full"))
+            started = f"{request_what(request, value)} started"
+            await status_update.post_event(
+                ctx, body, Event("Normal", "Reindex", "Reindex", started)
+            )
+            return
+        found = _K.search(value)
+        figures = await indexer_client.evaluate(ctx, owner, k=int(found[1]) if found else DEFAULT_K)
+        figures[quality.RETRIEVAL] = quality.retrieval(body.get("spec") or {})
+        base = self.bases.get(_key(body)) or Base(_key(body), copy.deepcopy(dict(body)))
+        async with base.lock:
+            await status_update.apply(ctx, base, evaluated(body, base.previous(), figures))
 
     def resync_due(self, base: Base) -> bool:
         """Whether this turn reads the children from the API server rather than the
@@ -425,6 +524,66 @@ def same_answer(a: StatusAnswer, b: StatusAnswer) -> bool:
     ) == b.model_copy(update=unread)
 
 
+def timer_seconds(at_rest: bool, ready: bool, interval: float) -> float | None:
+    """How long a base's loop waits for a change before its timer turn: a Ready base
+    `READY_POLLS` intervals (then its indexer is asked whether anything changed), any
+    other one interval, a base at rest (paused, and its Paused condition written) for
+    ever (None: nothing but a change wakes it; its turn would write nothing and ask no
+    one). A paused base whose Paused write failed tries it again at the next interval."""
+    if at_rest:
+        return None
+    return interval * (READY_POLLS if ready else 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Due:
+    """What a base's loop does with the requests made while it was paused."""
+
+    run: dict[str, str]
+    """Request annotation → value: to run now."""
+    clear: tuple[str, ...]
+    """Markers to remove without running them: withdrawn (the request annotation removed
+    or changed since: kopf's handler ran the new value) or already run by this process."""
+
+
+def deferred_requests(annotations: Mapping[str, str], ran: Mapping[str, str]) -> Due:
+    """The requests recorded as made while the base was paused (`DEFERRED`'s markers),
+    as its annotations and what this process already ran (`Base.ran`) say. The caller
+    runs them only once the pause has ended."""
+    run: dict[str, str] = {}
+    clear: list[str] = []
+    for request, marker in DEFERRED.items():
+        value = annotations.get(marker)
+        if value is None:
+            continue
+        if annotations.get(request) == value and ran.get(marker) != value:
+            run[request] = value
+        else:
+            clear.append(marker)
+    return Due(run, tuple(clear))
+
+
+def given_up(what: str, trying_seconds: float) -> Event | None:
+    """A request deferred by a pause whose indexer has not answered it (not serving yet,
+    a replacement taking over) for `trying_seconds` since the pause ended: None while it
+    is tried again at each turn, the Warning that drops it after `REQUEST_TIMEOUT`, as
+    kopf gives up a request made outside a pause."""
+    if trying_seconds < REQUEST_TIMEOUT:
+        return None
+    message = (
+        f"{what} not run: its indexer did not take it in the {REQUEST_TIMEOUT // 60} minutes "
+        "after the pause ended; annotate it again"
+    )
+    return Event("Warning", "RequestDropped", "Request", message)
+
+
+def request_what(request: str, value: str) -> str:
+    """A request as the Events and lines name it."""
+    if request == identity.EVALUATE:
+        return "an evaluation"
+    return "a full reindex" if value.startswith("full") else "a pass"
+
+
 def reconcile_paused(body: Mapping[str, Any], previous: Mapping[str, Any]) -> StatusUpdate:
     """A paused base: its status as it was with a Paused condition, and a line when
     it was not paused yet."""
@@ -518,6 +677,10 @@ def _key(body: Mapping[str, Any]) -> Key:
     return body["metadata"]["namespace"], body["metadata"]["name"]
 
 
+def _annotations(body: Mapping[str, Any]) -> dict[str, str]:
+    return dict((body.get("metadata") or {}).get("annotations") or {})
+
+
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """kopf's records in annotations (the status is ours alone), and the shared context.
     What kopf records as handled leaves out the spec: kopf's handlers (creation, the
@@ -526,11 +689,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
     Nothing is closed at exit: the loops end with the process. No handler needs a
     finalizer; naming the one earlier versions added lets kopf remove it from them."""
-    settings.persistence.finalizer = identity.FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=KOPF_PREFIX, key="last-handled-configuration", ignored_fields=["spec"]
-    )
+    keep_records(settings)
     settings.posting.enabled = False  # Events are ours, from metis-operator
     narrow_watches(settings)
     ours: Settings = memo.config
@@ -553,6 +712,17 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     memo.following_kind = asyncio.create_task(memo.runner.follow_kind(), name="the kind")
     memo.following_drift = asyncio.create_task(memo.runner.follow_drift(), name="drift")
     memo.context.metrics.serve(ours.runtime.metrics_port)
+
+
+def keep_records(settings: kopf.OperatorSettings) -> None:
+    """kopf's records in annotations under `KOPF_PREFIX`; what it records as handled
+    leaves out the spec and the `UNHANDLED` annotations."""
+    settings.persistence.finalizer = identity.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
+    ignored = ["spec", *(("metadata", "annotations", a) for a in UNHANDLED)]
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=KOPF_PREFIX, key="last-handled-configuration", ignored_fields=ignored
+    )
 
 
 async def prime(ctx: Context, runner: Runner) -> None:
@@ -627,33 +797,16 @@ async def created(body: kopf.Body, **_: Any) -> None:
     report.say(_key(body), "created")
 
 
-def given_up_while_paused(what: str, waited_seconds: float) -> Event | None:
-    """What becomes of a request made while the base is paused: None while it waits for
-    the pause to end (kopf tries it again; the annotation stays), else, when kopf would
-    give it up before the next try, the Warning that says it was not run."""
-    if waited_seconds + PAUSED_RETRY_SECONDS < REQUEST_TIMEOUT:
-        return None
-    message = (
-        f"{what} not run: the base stayed paused for {REQUEST_TIMEOUT // 60} minutes; "
-        "annotate it again once the pause ends"
-    )
-    return Event("Warning", "RequestDropped", "Request", message)
-
-
-async def _wait_for_pause(
-    body: kopf.Body, memo: kopf.Memo, what: str, runtime: datetime.timedelta, retry: int
+async def _defer(
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, request: str, value: str
 ) -> None:
-    """A request on a paused base tried again until the pause ends (an Event says so
-    once), or dropped with a Warning when it waited too long."""
-    dropped = given_up_while_paused(what, runtime.total_seconds())
-    if dropped is not None:
-        log.warning("%s/%s: %s", *_key(body), dropped.message, extra=report.about(_key(body)))
-        await status_update.post_event(memo.context, body, dropped)
-        return
-    if not retry:
-        deferred = Event("Normal", "Deferred", "Request", f"{what} runs when the pause ends")
-        await status_update.post_event(memo.context, body, deferred)
-    raise kopf.TemporaryError(f"{what} waits for the pause to end", delay=PAUSED_RETRY_SECONDS)
+    """A request on a paused base, recorded on it for its loop to run when the pause
+    ends: its marker goes into kopf's own PATCH (its record of the request as handled),
+    no retry of kopf's meanwhile; an Event says so."""
+    what = request_what(request, value)
+    patch.metadata.annotations[DEFERRED[request]] = value
+    deferred = Event("Normal", "Deferred", "Request", f"{what} runs when the pause ends")
+    await status_update.post_event(memo.context, body, deferred)
 
 
 def _created(reason: kopf.Reason) -> bool:
@@ -664,53 +817,47 @@ def _created(reason: kopf.Reason) -> bool:
 async def reindex(
     new: str,
     body: kopf.Body,
+    patch: kopf.Patch,
     memo: kopf.Memo,
     reason: kopf.Reason,
     retry: int,
-    runtime: datetime.timedelta,
     **_: Any,
 ) -> None:
-    if _created(reason):
-        return
-    full = str(new).startswith("full")
-    what = "a full reindex" if full else "a pass"
-    if not retry:
-        report.say(_key(body), f"{what} asked ({identity.REINDEX}={new})", request="reindex")
-    if paused(body):
-        await _wait_for_pause(body, memo, what, runtime, retry)
-        return
-    await _ask(body, memo, indexer_client.reindex(memo.context, children.Owner.of(body), full=full))
-    started = Event("Normal", "Reindex", "Reindex", f"{what} started")
-    await status_update.post_event(memo.context, body, started)
+    await _request(identity.REINDEX, str(new), body, patch, memo, reason, retry)
 
 
 async def evaluate(
     new: str,
     body: kopf.Body,
+    patch: kopf.Patch,
     memo: kopf.Memo,
     reason: kopf.Reason,
     retry: int,
-    runtime: datetime.timedelta,
     **_: Any,
 ) -> None:
+    await _request(identity.EVALUATE, str(new), body, patch, memo, reason, retry)
+
+
+async def _request(
+    request: str,
+    value: str,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    reason: kopf.Reason,
+    retry: int,
+) -> None:
+    """A request annotation's new value: run now, or deferred while the base is paused."""
     if _created(reason):
         return
     if not retry:
-        report.say(
-            _key(body), f"an evaluation asked ({identity.EVALUATE}={new})", request="evaluate"
-        )
+        what = request_what(request, value)
+        report.say(_key(body), f"{what} asked ({request}={value})", request=request.split("/")[1])
     if paused(body):
-        await _wait_for_pause(body, memo, "an evaluation", runtime, retry)
+        await _defer(body, patch, memo, request, value)
         return
-    found = _K.search(str(new))
-    k = int(found[1]) if found else DEFAULT_K
-    ctx: Context = memo.context
-    figures = await _ask(body, memo, indexer_client.evaluate(ctx, children.Owner.of(body), k=k))
-    figures[quality.RETRIEVAL] = quality.retrieval(body.get("spec") or {})
     runner: Runner = memo.runner
-    base = runner.bases.get(_key(body)) or Base(_key(body), copy.deepcopy(dict(body)))
-    async with base.lock:
-        await status_update.apply(ctx, base, evaluated(body, base.previous(), figures))
+    await _ask(body, memo, runner.run_request(body, request, value))
 
 
 async def _ask(body: kopf.Body, memo: kopf.Memo, request: Awaitable[T]) -> T:

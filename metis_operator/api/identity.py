@@ -20,6 +20,12 @@ EVALUATE = f"{GROUP}/evaluate"
 """Annotation: a new value runs the evaluation set (`k=5` in it sets k; 10 by default)."""
 PAUSED = f"{GROUP}/paused"
 """Annotation: "true" leaves the base and its children untouched."""
+DEFERRED_REINDEX = f"{GROUP}/deferred-reindex"
+"""Annotation the operator writes: the value of a reindex asked while the base was
+paused, run when the pause ends (then removed)."""
+DEFERRED_EVALUATE = f"{GROUP}/deferred-evaluate"
+"""Annotation the operator writes: the value of an evaluation asked while the base was
+paused, run when the pause ends (then removed)."""
 REVISION = f"{GROUP}/revision"
 """On a drive's claim: the revision of the data it holds (a data source's)."""
 HASH_ANNOTATION = f"{GROUP}/applied-hash"

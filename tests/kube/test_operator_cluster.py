@@ -21,6 +21,7 @@ import pytest
 
 from metis_dev.plane import ControlPlane, gone
 from metis_dev.process import free_port, wait_for
+from metis_operator.api.identity import DEFERRED_REINDEX
 from tests.kube.operator_support import (
     CRD,
     Operator,
@@ -275,16 +276,18 @@ def test_a_paused_base_is_left_alone(
             what="the Event saying the pass waits for the pause to end",
         )
 
+        # Recorded on the base, not tried again by kopf while the pause lasts.
+        marked = get_kb(kube, ns, "handbook")["metadata"]["annotations"]
+        assert marked.get(DEFERRED_REINDEX) == "now", marked
+        assert requests_tried(get_kb(kube, ns, "handbook")) == []
+
         kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/paused-")
         wait_for(lambda: not gone(kube, cm), timeout=30, what="the ConfigMap to come back")
-        # Tried once the pause ends: kopf's record of the request then holds the
-        # indexer's answer (it has none yet, the base being Pending), not the pause.
+        # Run once the pause ends (the base being Pending, its indexer does not take it yet).
         wait_for(
-            lambda: any(
-                "pause" not in tried for tried in requests_tried(get_kb(kube, ns, "handbook"))
-            ),
+            lambda: "a pass asked while paused: run now" in op.log(200_000),
             timeout=60,
-            what="the pass to be tried once the pause ends",
+            what="the pass to be run once the pause ends",
         )
         wait_state(
             kube,

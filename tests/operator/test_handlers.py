@@ -4,12 +4,9 @@ each kind that decides a base; and what a reconciliation says, in order."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import datetime
 
 import kopf
-import pytest
 from kopf import Resource
 
 from metis_operator import cache, handlers
@@ -49,36 +46,6 @@ def test_the_pause_annotation() -> None:
 
     assert handlers.paused(body("true")) and handlers.paused(body("True"))
     assert not handlers.paused(body("false")) and not handlers.paused(body(None))
-
-
-def test_a_request_made_while_paused_waits_for_the_pause_to_end_then_is_dropped_aloud() -> None:
-    assert handlers.given_up_while_paused("a pass", 0) is None
-    last = handlers.REQUEST_TIMEOUT - handlers.PAUSED_RETRY_SECONDS
-    assert handlers.given_up_while_paused("a pass", last - 1) is None
-    dropped = handlers.given_up_while_paused("an evaluation", last)
-    assert dropped is not None and (dropped.kind, dropped.reason) == ("Warning", "RequestDropped")
-    assert dropped.message.startswith("an evaluation not run: the base stayed paused")
-
-
-def test_a_request_on_a_paused_base_is_tried_again_not_dropped() -> None:
-    """kopf records an annotation as handled when its handler returns: a paused base's
-    request must raise to be honoured when the pause ends."""
-    body = kopf.Body(
-        {"metadata": {"name": "hb", "namespace": "t", "annotations": {identity.PAUSED: "true"}}}
-    )
-    for fn in (handlers.reindex, handlers.evaluate):
-        with pytest.raises(kopf.TemporaryError) as raised:
-            asyncio.run(
-                fn(
-                    new="now",
-                    body=body,
-                    memo=kopf.Memo(),
-                    reason=kopf.Reason.UPDATE,
-                    retry=1,
-                    runtime=datetime.timedelta(seconds=10),
-                )
-            )
-        assert raised.value.delay == handlers.PAUSED_RETRY_SECONDS
 
 
 def test_a_reconciliation_says_what_it_did_then_its_new_state() -> None:
