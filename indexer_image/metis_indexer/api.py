@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import functools
 import hmac
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
 from aiohttp.http_exceptions import (
     ContentEncodingError,
     ContentLengthError,
@@ -35,7 +37,15 @@ from pydantic import BaseModel
 
 from metis_indexer import console, mcp, notes
 from metis_indexer.answers import Answers
-from metis_indexer.errors import BadRequest, Conflict, Refusal, TimedOut, Unauthorized
+from metis_indexer.errors import (
+    BadRequest,
+    Conflict,
+    Refusal,
+    TimedOut,
+    TooLarge,
+    Unauthorized,
+    UnsupportedEncoding,
+)
 from metis_indexer.schema import (
     TOKEN_HEADER,
     DocumentsPage,
@@ -68,6 +78,22 @@ log = logging.getLogger("metis.api")
 
 MAX_BODY = 64 * 1024
 """Bytes a request body may have: a 4,000-character question fits many times over."""
+ESCAPE_MAX = len(json.dumps("\U0001f600")) - 2
+"""Bytes of the longest JSON escape of one character: a character beyond the BMP as its
+surrogate pair, `\\ud83d\\ude00` (12)."""
+ID_ESCAPED = len(json.dumps("a")) - 2 + 5
+"""Bytes of an id's character escaped (`\\u0061`: 6)."""
+NOTE_BODY = (
+    MAX_BODY
+    + (notes.TEXT_MAX + notes.TITLE_MAX) * ESCAPE_MAX
+    + notes.REPLACES_MAX * (63 * ID_ESCAPED + len('"", '))
+)
+"""Bytes a note's body may have (and an MCP request's, which may carry one): the longest
+text and title a note may have with every character escaped as long as JSON escapes one,
+its replaced ids escaped too, and MAX_BODY of room for the keys, the spaces and an MCP
+envelope. The note's own bounds are counted in characters, however they were sent."""
+ENCODINGS = ("gzip", "deflate", *(("br",) if HAS_BROTLI else ()), *(("zstd",) if HAS_ZSTD else ()))
+"""The `Content-Encoding`s a body is decoded from (besides `identity`)."""
 BODY_SECONDS = 30.0
 """Seconds a body may take to arrive whole once its request has begun."""
 MAX_LINE = 8190
@@ -152,6 +178,12 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception:
         log.exception("error handling %s %s", request.method, request.path)
         response = error(500, "INTERNAL", "the indexer failed on this request; see its log")
+    if request.content.exception() is not None:
+        # A body that could not be decoded leaves the rest of the connection unreadable: the
+        # answer says so (Connection: close) and the connection ends after it, rather than
+        # a client's next request on it being cut.
+        response.force_close()
+        request.content.feed_eof()  # read no further: the connection closes
     route = request.match_info.route.name or "none"
     request.app[answers_key].metrics.requests.labels(route=route, code=response.status).inc()
     return response
@@ -175,16 +207,26 @@ def _http_error(request: web.Request, e: web.HTTPException) -> web.Response:
     return error(e.status, "INVALID_BODY" if e.status < 500 else "INTERNAL", e.reason)
 
 
-async def read_body(request: web.Request) -> bytes:
-    """The whole body, at most MAX_BODY bytes, within BODY_SECONDS: a client that sends
+async def read_body(request: web.Request, limit: int = MAX_BODY) -> bytes:
+    """The whole body, at most `limit` bytes, within BODY_SECONDS: a client that sends
     half a body holds one waiting request, not a worker, and not for ever. A body that
     cannot be decoded (a broken `Content-Encoding`, a chunked body cut short) is
-    INVALID_BODY naming why."""
-    if (request.content_length or 0) > MAX_BODY:  # refused before waiting for it
-        raise web.HTTPRequestEntityTooLarge(MAX_BODY, request.content_length or 0)
+    INVALID_BODY naming why; one in an encoding not decoded here, ENCODING_UNSUPPORTED
+    (read as it came, it would be taken for other words)."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity", *ENCODINGS):
+        raise UnsupportedEncoding(
+            "ENCODING_UNSUPPORTED",
+            f"the body's Content-Encoding {encoding[:40]!r} is not decoded here; send it in "
+            f"{', '.join(ENCODINGS)} or none",
+        )
+    if (request.content_length or 0) > limit:  # refused before waiting for it
+        raise _too_large(limit)
     try:
         async with asyncio.timeout(BODY_SECONDS):
-            return await request.read()
+            body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(limit) from None
     except TimeoutError:
         raise TimedOut(
             "REQUEST_TIMEOUT", f"the body did not arrive whole within {BODY_SECONDS:g} s"
@@ -196,6 +238,13 @@ async def read_body(request: web.Request) -> bytes:
         raise BadRequest(
             "INVALID_BODY", f"the body could not be read{said}: {_words(why)}"
         ) from None
+    if len(body) > limit:
+        raise _too_large(limit)
+    return body
+
+
+def _too_large(limit: int) -> TooLarge:
+    return TooLarge("INVALID_BODY", f"the body is larger than {limit} bytes")
 
 
 def _words(e: BaseException) -> str:
@@ -310,7 +359,7 @@ async def write_note(request: web.Request) -> web.Response:
     """A note kept on the base's drive and searchable when this returns: a write, so the
     token's when one is set."""
     request.app[costly_key].authorize(request)
-    req = parse_body(NoteRequest, await read_body(request))
+    req = parse_body(NoteRequest, await read_body(request, NOTE_BODY))
     refuse_while_stopping(request)
     note, new = await request.app[answers_key].write_note(req)
     return answer(note, status=201 if new else 200)
@@ -409,14 +458,19 @@ CODES = tuple(
             "NOTE_REPLACES_UNKNOWN",
             "NOTE_REPLACES_ITSELF",
             "NOTE_REPLACES_CYCLE",
+            "NOTE_REPLACES_TOO_DEEP",
+            "NOTE_UNREADABLE",
             "NOTES_REPLICATED",
+            "NOTES_DRIVE_FULL",
+            "ENCODING_UNSUPPORTED",
         )
     )
 )
 """Every code the indexer answers: the API's own, plus NOT_FOUND, METHOD_NOT_ALLOWED,
 UNAUTHORIZED, EVALUATION_RUNNING and INTERNAL; REQUEST_TIMEOUT (a body too slow);
 INVALID_REQUEST, URI_TOO_LONG and HEADERS_TOO_LARGE (what the HTTP parser refuses);
-FORBIDDEN and MISDIRECTED_REQUEST (the MCP transport's Origin and Host checks)."""
+ENCODING_UNSUPPORTED (a body's Content-Encoding not decoded here); FORBIDDEN and
+MISDIRECTED_REQUEST (the MCP transport's Origin and Host checks)."""
 
 
 def openapi_document(*, token: bool = False) -> dict[str, Any]:
@@ -443,6 +497,9 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
         return {"description": what, "content": {"application/json": {"schema": schema}}}
 
     too_large = err(f"The body is larger than {MAX_BODY} bytes", "INVALID_BODY")
+    encoding = err(
+        f"The body's Content-Encoding is none of {', '.join(ENCODINGS)}", "ENCODING_UNSUPPORTED"
+    )
     security: dict[str, Any] = {"security": [{"operatorToken": []}]} if token else {}
     unauthorized: dict[str, Any] = (
         {
@@ -504,6 +561,7 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
                         "200": ok("SearchAnswer", "The results"),
                         "400": err("The question or the body is refused", *SEARCH_400),
                         "413": too_large,
+                        "415": encoding,
                         "503": err(
                             "The index is not loaded, or mode dense without its model",
                             "KNOWLEDGE_BASE_NOT_READY",
@@ -542,6 +600,7 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
                             "STANDBY",
                         ),
                         "413": too_large,
+                        "415": encoding,
                     },
                 }
             },
@@ -560,6 +619,7 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
                             "STANDBY",
                         ),
                         "413": too_large,
+                        "415": encoding,
                         "503": err("Mode dense without its model", "EMBEDDING_MODEL_UNAVAILABLE"),
                     },
                 }
@@ -580,16 +640,23 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
                         **unauthorized,
                         "409": err(
                             "The notes held refuse the replacement (an unknown note, the note "
-                            "itself, a cycle); the base runs several replicas; a replacement "
-                            "is taking over, or this indexer is stopping",
+                            "itself, a cycle, a chain over "
+                            f"{notes.REPLACES_DEPTH_MAX} notes); the base runs several "
+                            "replicas; a replacement is taking over, or this indexer is stopping",
                             "NOTE_REPLACES_UNKNOWN",
                             "NOTE_REPLACES_ITSELF",
                             "NOTE_REPLACES_CYCLE",
+                            "NOTE_REPLACES_TOO_DEEP",
                             "NOTES_REPLICATED",
                             "STANDBY",
                         ),
-                        "413": too_large,
+                        "413": err(f"The body is larger than {NOTE_BODY} bytes", "INVALID_BODY"),
+                        "415": encoding,
                         "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY"),
+                        "507": err(
+                            "The index drive has no room for the note: nothing of it is kept",
+                            "NOTES_DRIVE_FULL",
+                        ),
                     },
                 },
                 "get": {
@@ -617,13 +684,19 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
                         "200": ok("NoteAnswer", "The note"),
                         "400": err("Not a note's id", "NOTE_ID_INVALID"),
                         "404": err("The base holds no such note", "NOTE_NOT_FOUND"),
+                        "409": err(
+                            "The note's Markdown is on the drive (and found by search) but its "
+                            "record cannot be read: DELETE removes it",
+                            "NOTE_UNREADABLE",
+                        ),
                         "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY"),
                     },
                 },
                 "delete": {
                     "summary": "Forget a note: it is removed from the drive and the index",
                     "description": "The notes it replaced hold again, unless another "
-                    "replaces them.",
+                    "replaces them. A note whose record cannot be read is removed too, "
+                    "answered with what its Markdown holds.",
                     **security,
                     "responses": {
                         "200": ok("NoteAnswer", "The note forgotten"),
@@ -657,6 +730,7 @@ def openapi_document(*, token: bool = False) -> dict[str, Any]:
                         "400": err("The body is refused", "INVALID_BODY"),
                         **unauthorized,
                         "413": too_large,
+                        "415": encoding,
                     },
                 }
             },
@@ -777,6 +851,13 @@ def parser_refusal(status: int, exc: BaseException | None) -> tuple[int, str, st
         if str(exc.args[1]) == str(MAX_FIELD):
             return 431, "HEADERS_TOO_LARGE", f"a header is longer than {MAX_FIELD:,} bytes"
         return 414, "URI_TOO_LONG", f"the request line is longer than {MAX_LINE:,} bytes"
+    if isinstance(exc, ContentEncodingError) and "can not decode" in _words(exc).lower():
+        return (
+            415,
+            "ENCODING_UNSUPPORTED",
+            f"the body's Content-Encoding is not decoded here ({_words(exc)}); send it in "
+            f"{', '.join(ENCODINGS)} or none",
+        )
     if isinstance(exc, ContentEncodingError):
         return 400, "INVALID_BODY", f"the body is not what its Content-Encoding says: {_words(exc)}"
     if isinstance(exc, TransferEncodingError | ContentLengthError):
@@ -836,7 +917,7 @@ def create_app(
     the routes that cost model time (None: they are open, as locally). `config_path`: the
     configuration file to follow; a change is applied while the app runs."""
     answers = indexer.answers
-    app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[errors], client_max_size=NOTE_BODY)
     app[answers_key] = answers
     app[costly_key] = Costly(token=token)
     app[indexer_key] = indexer
@@ -865,5 +946,6 @@ def create_app(
     app.on_response_prepare.append(closing)
     setup_routes(app)
     console.add_search_page(app, ask, answers.config.name)
-    mcp.mount(app, answers, functools.partial(searched, answers), read_body, write_refusal)
+    read_note = functools.partial(read_body, limit=NOTE_BODY)  # `remember` carries a note
+    mcp.mount(app, answers, functools.partial(searched, answers), read_note, write_refusal)
     return app

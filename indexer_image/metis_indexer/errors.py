@@ -10,9 +10,13 @@ The core raises these; the HTTP app's one middleware turns them into
      ├── Unauthorized          401  UNAUTHORIZED (a costly route without the operator's token)
      ├── NotFound              404  NOTE_NOT_FOUND
      ├── TimedOut              408  REQUEST_TIMEOUT (a body that did not arrive whole in time)
+     ├── TooLarge              413  INVALID_BODY (a body over its route's bound)
+     ├── UnsupportedEncoding   415  ENCODING_UNSUPPORTED (a Content-Encoding not decoded here)
      ├── Unavailable           503  KNOWLEDGE_BASE_NOT_READY, EMBEDDING_MODEL_UNAVAILABLE
+     ├── DriveFull             507  NOTES_DRIVE_FULL (a note that does not fit on the drive)
      └── Conflict              409  STANDBY, EVALUATION_RUNNING, NOTES_REPLICATED,
-                                    NOTE_REPLACES_* (what the notes held refuse)
+                                    NOTE_REPLACES_* (what the notes held refuse),
+                                    NOTE_UNREADABLE (a note whose record cannot be read)
 """
 
 from __future__ import annotations
@@ -53,8 +57,26 @@ class TimedOut(Refusal):
     status = 408
 
 
+class TooLarge(Refusal):
+    status = 413
+
+
+class UnsupportedEncoding(Refusal):
+    """A body in an encoding the server does not decode: read as it came, it would be
+    taken for other words."""
+
+    status = 415
+
+
 class Unavailable(Refusal):
     status = 503
+
+
+class DriveFull(Refusal):
+    """The drive has no room for what the request would keep: nothing of it is kept, what
+    was held before stays; the same request goes through once there is room."""
+
+    status = 507
 
 
 class Conflict(Refusal):

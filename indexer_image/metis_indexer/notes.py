@@ -24,6 +24,12 @@ TEXT_MAX = 8000
 TITLE_MAX = 200
 REPLACES_MAX = 16
 """Notes one note may replace."""
+REPLACES_DEPTH_MAX = 1000
+"""Replaced notes a chain of replacements may hold below a note: each link one version
+of a fact, every version searchable. A thousand is a fact revised every working day for
+four years; a history longer than that is better summarized in a note that replaces
+none. The bound keeps the walk each write makes over the chain (under the write lock)
+short."""
 ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 """A note's id, as written by its writer or made here: it names the note's file."""
 _ID = re.compile(ID_PATTERN)
@@ -111,8 +117,9 @@ def check_write(
 ) -> tuple[str, str | None, tuple[str, ...]]:
     """The note's text, title and replaced ids as kept, or the refusal that names what
     is wrong: an empty or too long text or title, or an id that is not one (400); an
-    unknown note to replace, a note replacing itself, or a replacement that would close
-    a cycle (409: the body is well formed, the notes held refuse it)."""
+    unknown note to replace, a note replacing itself, a replacement that would close
+    a cycle or make a chain longer than REPLACES_DEPTH_MAX (409: the body is well formed,
+    the notes held refuse it)."""
     check_id(note_id)
     if len(text) > TEXT_MAX:
         raise BadRequest(
@@ -145,37 +152,60 @@ def check_write(
             "NOTE_REPLACES_UNKNOWN",
             f"the note replaces {', '.join(unknown[:5])}, which the base does not hold",
         )
-    cycle = _cycle(note_id, kept, notes)
+    cycle, deep = _walk(note_id, kept, notes)
     if cycle:
         raise Conflict(
             "NOTE_REPLACES_CYCLE",
-            f"note {note_id} would replace a note that replaces it: {' → '.join(cycle)}",
+            f"note {note_id} would replace a note that replaces it: {_named(cycle)}",
+        )
+    if deep > REPLACES_DEPTH_MAX:
+        raise Conflict(
+            "NOTE_REPLACES_TOO_DEEP",
+            f"note {note_id} would end a chain of {deep} replaced notes; at most "
+            f"{REPLACES_DEPTH_MAX} are allowed: write the fact as a note that replaces none "
+            "and forget the oldest ones",
         )
     return text, title, kept
 
 
-def _cycle(note_id: str, replaces: Iterable[str], notes: Mapping[str, Note]) -> list[str]:
-    """The chain by which a note `note_id` replaces would come back to it (empty: none).
-    Depth first over what each note replaces; the notes form a forest until a rewrite of
-    an older note names a newer one."""
+def _walk(
+    note_id: str, replaces: Iterable[str], notes: Mapping[str, Note]
+) -> tuple[list[str], int]:
+    """The chain by which a note `note_id` replaces would come back to it (empty: none),
+    and the longest chain of replaced notes below it. Depth first over what each note
+    replaces, on a stack of its own rather than Python's (a chain of thousands of links
+    is walked like one of three); each note held is walked once."""
     path = [note_id]
-    seen: set[str] = set()
-
-    def walk(ids: Iterable[str]) -> bool:
-        for r in ids:
-            if r == note_id:
-                path.append(r)
-                return True
-            if r in seen or r not in notes:
-                continue
-            seen.add(r)
+    pending = [iter(replaces)]
+    below = [0]
+    """The longest chain found below each note of `path`."""
+    depth: dict[str, int] = {}
+    while pending:
+        r = next(pending[-1], None)
+        if r is None:
+            pending.pop()
+            done, longest = path.pop(), below.pop()
+            if not pending:
+                return [], longest
+            depth[done] = longest
+            below[-1] = max(below[-1], longest + 1)
+            continue
+        if r == note_id:
+            return [*path, r], 0
+        if r in depth:
+            below[-1] = max(below[-1], depth[r] + 1)
+        elif r in notes and r not in path:  # a loop among the notes held is walked once
             path.append(r)
-            if walk(notes[r].replaces):
-                return True
-            path.pop()
-        return False
+            pending.append(iter(notes[r].replaces))
+            below.append(0)
+    raise AssertionError("unreachable: the first frame returns")
 
-    return path if walk(replaces) else []
+
+def _named(chain: Sequence[str]) -> str:
+    """A chain as a message names it: the whole of a short one, the ends of a long one."""
+    if len(chain) <= 12:
+        return " → ".join(chain)
+    return " → ".join([*chain[:6], f"… ({len(chain) - 9} more)", *chain[-3:]])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

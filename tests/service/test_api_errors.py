@@ -89,6 +89,22 @@ ROWS = {
         says="65536",
         raw=json.dumps({"query": "x" * 70_000}).encode(),
     ),
+    "unknown-encoding": Row(
+        "POST",
+        "/v1/search",
+        415,
+        "ENCODING_UNSUPPORTED",
+        says="gzip, deflate",
+        raw=b'{"query": "leave"}',
+        headers={"Content-Encoding": "x-unknown"},
+    ),
+    "note-escaped-at-its-longest-accepted": Row(
+        "POST",
+        "/v1/notes",
+        201,
+        raw=json.dumps({"text": "\U0001f600" * 8000, "id": "emoji"}).encode(),
+        headers=OPERATOR,
+    ),
     "evaluate-accepted": evaluate(200, k=5),
     "eval-not-json": evaluate(400, "EVAL_FILE", says="line 2", evals=json.dumps(CASE) + "\nnope\n"),
     "eval-case-without-expected": evaluate(

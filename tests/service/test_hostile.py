@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from metis_indexer import api, notes
 from tests.support.processes import Process, indexer, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,22 +73,27 @@ def exchange(p: Process, raw: bytes) -> tuple[int, dict[str, str], bytes]:
     """Send `raw` whole, read the answer to its end (the server closes, or Content-Length)."""
     with connect(p) as s:
         s.sendall(raw)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
-        length = int(headers.get("content-length", -1))
-        while length < 0 or len(body) < length:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            body += chunk
-        return int(lines[0].split()[1]), headers, body
+        return read_answer(s)
+
+
+def read_answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One answer read from `s`, to its Content-Length (or until the server closes)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+    length = int(headers.get("content-length", -1))
+    while length < 0 or len(body) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return int(lines[0].split()[1]), headers, body
 
 
 def request(
@@ -247,10 +253,52 @@ def deflated_garbage() -> bytes:
             "INVALID_BODY",
         ),
         (
-            "a body over 64 KB on /mcp (sent)",
-            request("POST", "/mcp", b'{"a": "' + b"a" * 70_000 + b'"}', MCP_HEADERS),
+            "a body over a note's bound on /mcp (sent)",
+            request("POST", "/mcp", b'{"a": "' + b"a" * api.NOTE_BODY + b'"}', MCP_HEADERS),
             413,
             "INVALID_BODY",
+        ),
+        (
+            "a body over a note's bound on /v1/notes (sent)",
+            request("POST", "/v1/notes", b'{"text": "' + b"a" * api.NOTE_BODY + b'"}'),
+            413,
+            "INVALID_BODY",
+        ),
+        (
+            "a body in an encoding no one decodes",
+            request(
+                "POST",
+                "/v1/search",
+                b'{"query": "sick leave", "mode": "keyword"}',
+                {"Content-Encoding": "x-unknown"},
+            ),
+            415,
+            "ENCODING_UNSUPPORTED",
+        ),
+        (
+            "a body in two encodings at once",
+            request(
+                "POST",
+                "/v1/notes",
+                zlib.compress(b'{"text": "a note"}'),
+                {"Content-Encoding": "deflate, gzip"},
+            ),
+            415,
+            "ENCODING_UNSUPPORTED",
+        ),
+        *(
+            [
+                (
+                    "a body in brotli, not decoded here",
+                    request(
+                        "POST", "/v1/search", b"\x0b\x02\x80{}\x03", {"Content-Encoding": "br"}
+                    ),
+                    415,
+                    "ENCODING_UNSUPPORTED",
+                )
+            ]
+            if "br" not in api.ENCODINGS
+            else []
         ),
         (
             "an MCP body that is not JSON by its type",
@@ -293,6 +341,64 @@ def test_a_valid_deflate_body_is_read(served):
     )
     assert status == 200, answered
     assert json.loads(answered)["results"][0]["citation"]["document"] == "policies/leave.md"
+
+
+def test_an_encoding_refused_names_those_decoded(served):
+    """A body in an encoding not decoded here was read as plain text: taken for other
+    words, or refused as JSON it is not, without saying why."""
+    status, _, body = exchange(
+        served,
+        request("POST", "/v1/search", b'{"query": "leave"}', {"Content-Encoding": "x-unknown"}),
+    )
+    assert status == 415
+    assert ", ".join(api.ENCODINGS) in json.loads(body)["error"]["message"]
+
+
+@pytest.mark.parametrize("encoding", ["deflate", "gzip"])
+def test_a_connection_kept_alive_after_a_body_that_cannot_be_decoded(served, encoding):
+    """The answer to a body its Content-Encoding does not decode left the connection kept
+    alive, then the server dropped it: the client's next request on it was reset. Either
+    the answer says `Connection: close` and the server closes, or the next request on the
+    connection is answered."""
+    broken = request(
+        "POST",
+        "/v1/search",
+        deflated_garbage() * 4,
+        {"Content-Encoding": encoding, "Content-Type": "application/json"},
+    ).replace(b"Connection: close", b"Connection: keep-alive")
+    with connect(served) as s:
+        s.sendall(broken)
+        status, headers, body = read_answer(s)
+        assert status == 400 and json.loads(body)["error"]["code"] == "INVALID_BODY"
+        if headers.get("connection", "").lower() == "close":
+            assert s.recv(65536) == b"", "closed after the answer, as it said"
+        else:
+            s.sendall(request("GET", "/healthz").replace(b"close", b"keep-alive"))
+            assert read_answer(s)[0] == 200, "the connection kept alive answers"
+    alive(served)
+
+
+def test_a_note_of_the_longest_text_is_taken_however_it_is_escaped(served):
+    """8,000 emoji were taken as raw UTF-8 (32 KB) and refused with 413 when JSON-escaped
+    (`\\ud83d\\ude00`, 12 bytes each: 96 KB): a note's bounds are characters, whichever
+    way they were sent. One character more is NOTE_TOO_LONG either way, not 413."""
+    url = f"{served.base_url}/v1/notes"
+    text, title = "\U0001f600" * notes.TEXT_MAX, "\U0001f600" * notes.TITLE_MAX
+    longest = {"text": text, "title": title, "id": "emoji"}
+    escaped = json.dumps(longest).encode()  # ensure_ascii: every emoji as its escape
+    assert len(escaped) > api.MAX_BODY
+    headers = {"Content-Type": "application/json"}
+    try:
+        for body in (json.dumps(longest, ensure_ascii=False).encode(), escaped):
+            kept = httpx.post(url, content=body, headers=headers, timeout=60)
+            assert kept.status_code in (200, 201), kept.text[:300]
+            assert (kept.json()["text"], kept.json()["title"]) == (text, title)
+        over = json.dumps({"text": text + "\U0001f600", "id": "emoji"}).encode()
+        refused = httpx.post(url, content=over, headers=headers, timeout=60)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (400, "NOTE_TOO_LONG")
+    finally:
+        httpx.delete(f"{url}/emoji", timeout=30)
+    alive(served)
 
 
 def test_a_body_that_never_arrives_whole_is_refused_in_time(served):

@@ -57,3 +57,23 @@ def test_a_drive_where_the_folder_cannot_be_made_holds_no_notes(tmp_path: Path) 
     book = notebook(tmp_path)
     book.load()
     assert book.notes == {}
+
+
+def test_the_record_is_the_note_and_the_markdown_is_made_from_it(tmp_path: Path) -> None:
+    """An overwrite killed between its renames left the new record beside the old
+    Markdown: the Markdown is written again from the record; what was staged and never
+    renamed is removed; a Markdown without a readable record is held as removable."""
+    book = notebook(tmp_path)
+    folder = tmp_path / "notes"
+    record(folder, "fact", text="new words", written_at="2026-10-01T00:00:00Z", title="T")
+    (folder / "fact.md").write_text("# T\n\nold words\n")
+    (folder / ".fact.md.new").write_text("")
+    (folder / RECORDS / ".fact.json.new").write_text("")
+    (folder / "orphan.md").write_text("words of a note whose record is gone\n")
+    record(folder, "cut", written_at="2026-10-01T00:00:00Z")
+    (folder / "cut.md").write_text("words\n")
+    book.load()
+    assert (folder / "fact.md").read_text() == "# T\n\nnew words\n"
+    assert sorted(q.name for q in folder.rglob(".*.new")) == []
+    assert sorted(book.notes) == ["fact"]
+    assert sorted(book.unreadable) == ["cut", "orphan"]

@@ -113,3 +113,41 @@ def test_a_note_is_written_after_every_note_held() -> None:
     assert notes.written_now([first, ahead]) == "2999-01-01T00:00:00.001Z"
     second = notes.written_now([first])
     assert second > first
+
+
+def chain(links: int) -> dict[str, notes.Note]:
+    """`links` notes, each replacing the one before: n0 ← n1 ← … (a fact revised daily)."""
+    held = {"n0": note("n0", "2026-01-01T00:00:00Z")}
+    for i in range(1, links):
+        held[f"n{i}"] = note(f"n{i}", "2026-01-01T00:00:00Z", f"n{i - 1}")
+    return held
+
+
+def test_a_chain_of_2000_links_is_refused_by_its_length_not_by_a_crash() -> None:
+    """A write at link 981 and beyond answered 500: the check recursed once per link."""
+    held = chain(2000)
+    with pytest.raises(Refusal) as refused:
+        notes.check_write("fact", None, ["n1999"], "next", held)
+    assert (refused.value.code, refused.value.status) == ("NOTE_REPLACES_TOO_DEEP", 409)
+    assert f"at most {notes.REPLACES_DEPTH_MAX}" in refused.value.message
+    assert "2000 replaced notes" in refused.value.message
+
+
+def test_a_cycle_through_2000_links_is_named_by_its_ends() -> None:
+    with pytest.raises(Refusal) as refused:
+        notes.check_write("fact", None, ["n1999"], "n0", chain(2000))
+    assert refused.value.code == "NOTE_REPLACES_CYCLE"
+    assert "n0 → n1999 → n1998" in refused.value.message and "n1 → n0" in refused.value.message
+    assert len(refused.value.message) < 300
+
+
+def test_a_chain_up_to_the_bound_is_kept() -> None:
+    held = chain(notes.REPLACES_DEPTH_MAX)
+    top = f"n{notes.REPLACES_DEPTH_MAX - 1}"
+    assert notes.check_write("fact", None, [top], "next", held)[2] == (top,)
+    held["next"] = note("next", "2026-01-02T00:00:00Z", top)
+    with pytest.raises(Refusal) as refused:
+        notes.check_write("fact", None, ["next"], "after", held)
+    assert refused.value.code == "NOTE_REPLACES_TOO_DEEP"
+    # The longest of several lines counts: a short branch beside a long one does not hide it.
+    assert notes.check_write("fact", None, ["n3", "n1"], "side", held)[2] == ("n3", "n1")

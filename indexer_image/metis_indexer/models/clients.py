@@ -311,6 +311,18 @@ class EmbeddingClient:
         async with self._query_slots:
             return (await self._embed_batch([self.query_prefix + text], 1))[0]
 
+    async def embed_now(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Vectors of a few passages (a note's), with the document prefix, in one request on
+        the questions' slots: a note written while a pass embeds in bulk waits for a slot,
+        not behind the pass's queue. One try, as a question's."""
+        if self.model is None:
+            await self.connect()
+        prefixed = [self.document_prefix + t for t in texts]
+        if not prefixed:
+            return np.zeros((0, self.dimensions or 0), dtype=np.float32)
+        async with self._query_slots:
+            return await self._embed_batch(prefixed, 1)
+
     async def answers(self, timeout: float) -> bool:
         """Whether the model embeds a word within `timeout` seconds: one try, for a pass
         that waits for it to come back."""
