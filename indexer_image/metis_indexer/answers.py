@@ -164,7 +164,12 @@ class Answers:
                 "generation": config.generation,
                 "indexed_generation": s.indexed_generation,
                 "last_pass": {"read": s.read, "unchanged": s.unchanged, "dropped": s.dropped},
-                "warnings": [*s.problems, *self._passes.notes, *([damage] if damage else [])],
+                "warnings": [
+                    *s.problems,
+                    *self._passes.notes,
+                    *([damage] if damage else []),
+                    *self._passes.peers.warnings(time.monotonic()),
+                ],
                 "searches": self.recent.account(time.monotonic()),
                 "vectors_from_peers": self._passes.vectors_from_peers,
                 "vectors_from_model": self._passes.vectors_from_model,

@@ -32,6 +32,8 @@ class Metrics:
     vectors_from_peers: Counter
     vectors_from_model: Counter
     vectors_kept: Counter
+    peer_vectors_checked: Counter
+    peer_answers_refused: Counter
     drive_used: Gauge
     drive_size: Gauge
 
@@ -134,6 +136,19 @@ class Metrics:
                 "metis_vectors_kept_total",
                 "Passages of a new chunking's index whose vectors the index it replaces held "
                 "(cut the same: not sent to the model).",
+                registry=r,
+            ),
+            peer_vectors_checked=Counter(
+                "metis_peer_vectors_checked_total",
+                "Vectors a peer gave that the embedding model embedded too, to compare (all of "
+                "a peer's first ones, then a sample).",
+                registry=r,
+            ),
+            peer_answers_refused=Counter(
+                "metis_peer_answers_refused_total",
+                "Peers' answers not used, by reason (unlike_model: a vector checked is not the "
+                "model's; malformed; too_large; too_slow): the peer is not asked for a while.",
+                ["reason"],
                 registry=r,
             ),
         )

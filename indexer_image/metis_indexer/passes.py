@@ -105,8 +105,15 @@ class Passes:
         """Whether the index has had one whole pass (recorded in it: a restart keeps it)."""
         self.held = peers.HeldVectors()
         """The vectors this index gives its peers."""
-        self._peers = peers.PeerVectors(token)
-        """Asks the peers (with the base's token) before passages go to the model."""
+        self.peers = peers.PeerVectors(
+            token,
+            refused=lambda kind: metrics.peer_answers_refused.labels(reason=kind).inc(),
+            checked=metrics.peer_vectors_checked.inc,
+        )
+        """Asks the peers (with the base's token) before passages go to the model, and
+        checks what they give against it."""
+        for kind in peers.REFUSALS:  # every reason shown from the start, at 0
+            metrics.peer_answers_refused.labels(reason=kind)
         self._kept = peers.HeldVectors()
         """The vectors of the index that answers, found by passage hash, while a new
         chunking's is built: a passage cut the same keeps its vector."""
@@ -346,7 +353,10 @@ class Passes:
         await self._answered_by_configured()
         changed = staged or built_beside or current != settings or not self.passed
         if not built_beside:  # else its last round was this pass's reading
-            planned = await self._read(settings, full, pool, self._embed)
+            # A full reindex asks the model alone: it is how a base is made whole again,
+            # vectors a peer gave in the past included.
+            embed = functools.partial(self._embed, ask_peers=False) if full else self._embed
+            planned = await self._read(settings, full, pool, embed)
             changed = changed or bool(planned.to_read or planned.to_drop)
         await asyncio.to_thread(self.index.settle)
         finished = now()
@@ -495,7 +505,7 @@ class Passes:
         for task in self._retiring:
             task.cancel()
         await asyncio.gather(*self._retiring, return_exceptions=True)
-        await self._peers.close()
+        await self.peers.close()
 
     def _release_answering(self) -> restage.Answering | None:
         """Questions go to the configured model from now on."""
@@ -795,18 +805,19 @@ class Passes:
                 await self._watch.wait_for(e)
 
     async def _embed(
-        self, passages: list[str], reuse: store.Store | None = None
+        self, passages: list[str], reuse: store.Store | None = None, ask_peers: bool = True
     ) -> npt.NDArray[np.float32] | None:
         """Vectors of a document's passages: those the index `reuse` holds (the one a new
-        chunking's replaces), then those the peers give, and the model's of the rest;
-        waits (phase `waiting`) while the model is away."""
+        chunking's replaces), then those the peers give (`ask_peers`), and the model's of the
+        rest; waits (phase `waiting`) while the model is away."""
         embedder = self._configured.embedder
         if embedder is None:
             return None
         found = {} if reuse is None else await self._kept_vectors(embedder, reuse, passages)
-        rest = peers.left_to_embed(len(passages), found)
-        given = await self._from_peers(embedder, [passages[i] for i in rest])
-        found.update((rest[at], row) for at, row in given.items())
+        if ask_peers:
+            rest = peers.left_to_embed(len(passages), found)
+            given = await self._from_peers(embedder, [passages[i] for i in rest])
+            found.update((rest[at], row) for at, row in given.items())
         if not found:
             return await self._embedded(passages)
         rest = peers.left_to_embed(len(passages), found)
@@ -836,18 +847,26 @@ class Passes:
     async def _from_peers(
         self, embedder: EmbeddingClient, passages: list[str]
     ) -> dict[int, npt.NDArray[np.float32]]:
-        """The vectors the peers give of passages, by position; none without peers, or
-        before the model has said what it is (its id chooses its prefix)."""
+        """The vectors of passages the peers give, each checked or drawn for a check against
+        the model's (`peers.PeerVectors`), with the model's vectors of those it checked, by
+        position; none without peers, or before the model has said what it is (its id
+        chooses its prefix)."""
         asked = self._configured.config.peers
         model, dimensions = embedder.model, embedder.dimensions
         if not asked or model is None or dimensions is None or not passages:
             return {}
         prefix = embedder.document_prefix
         hashes = [peers.passage_hash(prefix + p) for p in passages]
-        found = await self._peers.vectors(asked, model, dimensions, hashes)
-        self.vectors_from_peers += len(found)
-        self._metrics.vectors_from_peers.inc(len(found))
-        return found
+
+        async def check(positions: list[int]) -> npt.NDArray[np.float32]:
+            vectors = await self._embedded([passages[i] for i in positions])
+            assert vectors is not None  # the pass has an embedding model: it asked the peers
+            return vectors
+
+        given = await self.peers.vectors(asked, model, dimensions, hashes, check)
+        self.vectors_from_peers += len(given.by_peers)
+        self._metrics.vectors_from_peers.inc(len(given.by_peers))
+        return {**given.by_peers, **given.by_model}
 
     async def _embedded(self, passages: list[str]) -> npt.NDArray[np.float32] | None:
         """The model's vectors of passages; waits (phase `waiting`) while it is away."""

@@ -2,11 +2,18 @@
 starts with an empty index costs the embedding model only what no other replica holds.
 
 A passage is asked for by the hash of exactly the text the model is sent (the document
-prefix, the title and headings, the text): a vector a peer gives for it is the one the
-model would give. A peer gives only the vectors of the model asked for, and none while
+prefix, the title and headings, the text): a vector a peer gives for it should be the one
+the model would give. A peer gives only the vectors of the model asked for, and none while
 its own model changes. Asking is never an error of a pass: a peer that is down, slow,
 refuses or answers for another model is left alone for a while (`REST_SECONDS`), and
 the passages it did not give go to the model as before.
+
+A peer's answer is input, not truth: the replica trusts the model, not the peer. Every
+vector of a peer's first `NEW_CHECKS`, and then one in `1 / CHECK_RATE` at random, is
+embedded by the model too and compared (`AGREE`); an answer with one vector unlike the
+model's is refused whole, and the peer is not asked for `DISTRUST_SECONDS`. An answer has
+`ASK_SECONDS` for the whole request and `answer_limit` bytes; one that takes longer or is
+larger is refused the same way. A full reindex asks the model alone.
 
 Each index answers from a map of its chunks' hashes to their ids, built from the stored
 texts on the first question and brought up to date with the chunks written since; every
@@ -16,13 +23,16 @@ the index misses a vector, never gives a wrong one.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import dataclasses
 import hashlib
 import logging
+import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import httpx
 import numpy as np
@@ -36,12 +46,40 @@ from metis_indexer.schema import HASHES_MAX, VectorsAnswer, VectorsRequest
 log = logging.getLogger("metis.indexer")
 
 ASK_SECONDS = 5.0
-"""How long a peer's answer is waited for: it reads a few hundred rows of its index, in
-milliseconds; past this it is slow or gone, and the model embeds what it would have given."""
+"""How long a peer's whole answer is waited for, from the request to its last byte: it reads
+a few hundred rows of its index, in milliseconds, and sends a few MB at most; past this it
+is slow or gone (or sends a byte at a time), and the model embeds what it would have given."""
 CONNECT_SECONDS = 1.0
 REST_SECONDS = 60.0
 """How long a peer that did not answer (or answered for another model) is not asked
 again: a peer that is gone costs a pass one wait a minute, not one a batch."""
+DISTRUST_SECONDS = 600.0
+"""How long a peer whose answer was refused (vectors unlike the model's, an answer that
+does not add up, too large or too slow) is not asked again: it is broken, not busy, and
+each of its answers costs the model the vectors checked in it."""
+AGREE = 0.95
+"""The least cosine a peer's vector may have to the model's own vector of the same passage.
+The same model gives the same passage the same vector up to float rounding (cosine 0.9999
+or more for the reference vectors, MODELS.md); a dynamically quantised model's vector moves
+with its batch (cosine 0.97-0.99, MODELS.md), which a peer's batch and this replica's may
+differ in. Another passage's vector is below it: over the 994 pairs of a chunk and the next
+one of its document in the Helm docs (107 documents, all-MiniLM-L6-v2, measured 2026-12-07),
+the median cosine is 0.68, the 99th percentile 0.93, and 0.3 % reach 0.95 (near-duplicates,
+whose vectors are all but interchangeable); a random vector has about 0 (1 / sqrt of the
+dimensions). One passage embedded alone and in a batch: cosine 1.000000 at least."""
+NEW_CHECKS = 16
+"""Vectors of a peer checked, every one, before it is trusted with sampling: a peer that
+gives wrong vectors from the start (another model under the same name, rows shifted, zeros
+or noise) is caught by its first vector checked and gives none that is used; one that gives
+a share f of wrong vectors is caught within these with the chance 1 - (1 - f) ** 16 (82 %
+at f = 0.1), and later by the sample. A base of a few chunks costs a new replica its
+model calls: a few chunks."""
+CHECK_RATE = 1 / 16
+"""The share of a trusted peer's vectors checked, each drawn at random: a peer whose vectors
+turn wrong is caught within 16 vectors on average (within 48 at 95 %), for a sixteenth of
+the model calls the peer saves."""
+ANSWER_SLACK = 4096
+"""Bytes of an answer's JSON besides its vectors and positions (keys, the model's name)."""
 NOT_READY = "the first pass has not ended: the base's other replicas answer meanwhile"
 """Why a replica with peers is not ready before its index has had one whole pass."""
 
@@ -73,19 +111,65 @@ def decode_rows(data: str, count: int, dimensions: int) -> npt.NDArray[np.float3
 
 def usable(
     answer: VectorsAnswer, model: str, dimensions: int, asked: int
-) -> dict[int, npt.NDArray[np.float32]]:
-    """The vectors of a peer's answer that may be used, by position in what was asked:
-    none where they are another model's or of other dimensions, or where the answer does
-    not add up (positions out of range, repeated or out of order, vectors short)."""
+) -> dict[int, npt.NDArray[np.float32]] | str:
+    """The vectors of a peer's answer that may be used, by position in what was asked;
+    why none may be where the answer does not add up (another model's or of other
+    dimensions, positions out of range, repeated or out of order, vectors short, not
+    finite or of no length: a vector of zeros is as near every question as any other)."""
     found = answer.found
-    if answer.model != model or answer.dimensions != dimensions or not found:
+    if not found:
         return {}
+    if answer.model != model or answer.dimensions != dimensions:
+        return f"it gave vectors of {answer.model} in {answer.dimensions} dimensions"
     if found != sorted(set(found)) or found[0] < 0 or found[-1] >= asked:
-        return {}
+        return "its answer's positions are not those asked, once each and in order"
     rows = decode_rows(answer.vectors, len(found), dimensions)
-    if rows is None or not np.isfinite(rows).all():
-        return {}
+    if rows is None:
+        return "its answer's vectors are not as many as its positions"
+    if not np.isfinite(rows).all():
+        return "its answer holds values that are not finite"
+    if (np.linalg.norm(rows, axis=1) < 1e-6).any():
+        return "its answer holds vectors of zeros"
     return {at: rows[i] for i, at in enumerate(found)}
+
+
+def answer_limit(count: int, dimensions: int) -> int:
+    """Bytes an answer to `count` hashes may take: every one found, its vector in base64 (4
+    bytes a value, 4 characters for each 3 bytes), its position (up to 4 digits and a
+    comma), and `ANSWER_SLACK`."""
+    return 4 * -(-4 * count * dimensions // 3) + 5 * count + ANSWER_SLACK
+
+
+def to_check(given: Sequence[int], checked: int, draw: Callable[[], float]) -> list[int]:
+    """The positions of a peer's vectors the model embeds too: every one while the peer
+    has had fewer than `NEW_CHECKS` checked (`checked`), then each with `CHECK_RATE`'s
+    chance (`draw`: a uniform number in [0, 1))."""
+    out: list[int] = []
+    for at in given:
+        if checked + len(out) < NEW_CHECKS or draw() < CHECK_RATE:
+            out.append(at)
+    return out
+
+
+def cosines(a: npt.NDArray[np.float32], b: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    """Row by row, the cosine of `a`'s row to `b`'s (0 where either has no length)."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    norms = np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1)
+    dots = np.einsum("ij,ij->i", a64, b64)
+    return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+
+
+def unlike(peer: npt.NDArray[np.float32], model: npt.NDArray[np.float32]) -> str | None:
+    """Why a peer's vectors (rows of `peer`) are not the model's of the same passages
+    (`model`, in the same order): some cosine below `AGREE`. None: they agree."""
+    found = cosines(peer, model)
+    below = int(np.count_nonzero(found < AGREE))
+    if not below:
+        return None
+    return (
+        f"{below} of the {len(found)} of its vectors checked are unlike the model's own "
+        f"(cosine {float(found.min()):.3f} at worst; {AGREE} at least is the same passage)"
+    )
 
 
 def left_to_embed(count: int, found: Mapping[int, object]) -> list[int]:
@@ -206,56 +290,170 @@ class HeldVectors:
             self._tag = tag
 
 
-class PeerVectors:
-    """Asks the peers for vectors; shared by a pass's documents."""
+Check = Callable[[list[int]], Awaitable[npt.NDArray[np.float32]]]
+"""Embeds, by the model, the passages at these positions of those asked: their vectors, in
+that order."""
 
-    def __init__(self, token: str | None) -> None:
+
+@dataclasses.dataclass
+class Given:
+    """What asking the peers gave, by position in what was asked."""
+
+    by_peers: dict[int, npt.NDArray[np.float32]] = dataclasses.field(default_factory=dict)
+    by_model: dict[int, npt.NDArray[np.float32]] = dataclasses.field(default_factory=dict)
+    """The vectors the model embedded to check a peer's: the model's, used as they are."""
+
+    def left(self, count: int) -> list[int]:
+        return [i for i in range(count) if i not in self.by_peers and i not in self.by_model]
+
+
+class Refused(Exception):
+    """A peer's answer that is not used, and why; `kind` labels the metric."""
+
+    def __init__(self, kind: str, why: str) -> None:
+        super().__init__(why)
+        self.kind = kind
+        self.why = why
+
+
+REFUSALS = ("unlike_model", "malformed", "too_large", "too_slow")
+"""Why a peer's answer is refused (the metric's label), each making the peer distrusted."""
+
+
+class PeerVectors:
+    """Asks the peers for vectors, and checks what they give against the model; shared by a
+    pass's documents."""
+
+    def __init__(
+        self,
+        token: str | None,
+        refused: Callable[[str], None] | None = None,
+        checked: Callable[[int], None] | None = None,
+    ) -> None:
+        """`refused`: told each refusal's kind (`REFUSALS`); `checked`: the vectors checked."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(ASK_SECONDS, connect=CONNECT_SECONDS), headers=headers
         )
         self._resting: dict[str, float] = {}
         """Peers not asked until then (a monotonic time)."""
+        self._checked: dict[str, int] = {}
+        """Vectors of each peer checked and found the model's since it was last refused."""
+        self._probation: dict[str, asyncio.Lock] = {}
+        """Held around the check of a peer's answer until it has had `NEW_CHECKS` checked."""
+        self.distrusted: dict[str, tuple[float, str]] = {}
+        """Peers whose answer was refused: until when (a monotonic time), and why."""
+        self._on_refused = refused or (lambda kind: None)
+        self._on_checked = checked or (lambda n: None)
 
     async def close(self) -> None:
         await self._client.aclose()
 
+    def warnings(self, now: float) -> list[str]:
+        """What the status says of the peers not asked now because an answer was refused."""
+        return [
+            f"the vectors of peer {peer} are not used for {until - now:.0f} s more: {why}"
+            for peer, (until, why) in sorted(self.distrusted.items())
+            if until > now
+        ]
+
     async def vectors(
-        self, peers: Sequence[str], model: str, dimensions: int, hashes: Sequence[str]
-    ) -> dict[int, npt.NDArray[np.float32]]:
+        self, peers: Sequence[str], model: str, dimensions: int, hashes: Sequence[str], check: Check
+    ) -> Given:
         """The vectors the peers give of `hashes`, by position: each peer in turn is asked
-        for those the ones before did not give."""
-        found: dict[int, npt.NDArray[np.float32]] = {}
+        for those the ones before did not give, and its answers checked against the model
+        (`check`)."""
+        given = Given()
         for peer in askable(peers, self._resting, time.monotonic()):
-            wanted = left_to_embed(len(hashes), found)
+            wanted = given.left(len(hashes))
             for start in range(0, len(wanted), HASHES_MAX):
                 part = wanted[start : start + HASHES_MAX]
-                given = await self._ask(peer, model, dimensions, [hashes[i] for i in part])
-                if given is None:
+                answer = await self._ask(peer, model, dimensions, [hashes[i] for i in part])
+                if answer is None:
                     break
-                found.update((part[at], row) for at, row in given.items())
-            if len(found) == len(hashes):
+                rows = {part[at]: row for at, row in answer.items()}
+                if not await self._checks_out(peer, rows, check, given):
+                    break
+                given.by_peers.update(rows)
+            if not given.left(len(hashes)):
                 break
-        return found
+        return given
+
+    async def _checks_out(
+        self, peer: str, rows: dict[int, npt.NDArray[np.float32]], check: Check, given: Given
+    ) -> bool:
+        """Whether a peer's vectors agree with the model's where the model embeds them too
+        (those positions' vectors then are the model's, taken out of `rows`); False, and the
+        peer distrusted, where one does not. A peer not trusted yet has its answers checked
+        one at a time: a pass's documents ask at once, and an answer is not taken on trust
+        while the checks of those before it are still out."""
+        if self._checked.get(peer, 0) >= NEW_CHECKS:
+            return await self._check(peer, rows, check, given)
+        async with self._probation.setdefault(peer, asyncio.Lock()):
+            if self._resting.get(peer, 0.0) > time.monotonic():
+                return False  # refused while this answer waited
+            return await self._check(peer, rows, check, given)
+
+    async def _check(
+        self, peer: str, rows: dict[int, npt.NDArray[np.float32]], check: Check, given: Given
+    ) -> bool:
+        positions = to_check(sorted(rows), self._checked.get(peer, 0), random.random)
+        if not positions:
+            return True
+        mine = await check(positions)
+        self._on_checked(len(positions))
+        theirs = np.stack([rows.pop(at) for at in positions])
+        given.by_model.update(zip(positions, mine, strict=True))
+        why = unlike(theirs, mine)
+        if why is not None:
+            self._distrust(peer, Refused("unlike_model", why))
+            return False
+        self._checked[peer] = self._checked.get(peer, 0) + len(positions)
+        return True
 
     async def _ask(
         self, peer: str, model: str, dimensions: int, hashes: list[str]
     ) -> dict[int, npt.NDArray[np.float32]] | None:
-        """What one peer gives; None (and the peer rests) where it did not answer, or
-        answered for another model."""
+        """What one peer gives; None (and the peer rests, or is distrusted) where it did not
+        answer, answered for another model, or its answer is refused."""
         body = VectorsRequest(model=model, hashes=hashes).model_dump()
+        limit = answer_limit(len(hashes), dimensions)
         try:
-            response = await self._client.post(f"{peer}/v1/vectors", json=body)
-            if response.status_code != 200:
-                return self._rest(peer, f"it answered {response.status_code}")
-            answer = VectorsAnswer.model_validate_json(response.content)
+            async with asyncio.timeout(ASK_SECONDS):
+                status, content = await self._post(f"{peer}/v1/vectors", body, limit)
+            if status != 200:
+                return self._rest(peer, f"it answered {status}")
+            answer = VectorsAnswer.model_validate_json(content)
+        except TimeoutError:
+            return self._distrust(
+                peer, Refused("too_slow", f"its answer took over {ASK_SECONDS:g} s, whole")
+            )
+        except Refused as e:
+            return self._distrust(peer, e)
         except httpx.HTTPError as e:
             return self._rest(peer, f"it did not answer ({type(e).__name__}: {e})")
         except ValidationError:
-            return self._rest(peer, "its answer is not a vectors answer")
-        if answer.model != model:
+            return self._distrust(peer, Refused("malformed", "its answer is not a vectors answer"))
+        if answer.model != model and not answer.found:
             return self._rest(peer, answer.reason or f"it holds the vectors of {answer.model}")
-        return usable(answer, model, dimensions, len(hashes))
+        rows = usable(answer, model, dimensions, len(hashes))
+        if isinstance(rows, str):
+            return self._distrust(peer, Refused("malformed", rows))
+        return rows
+
+    async def _post(self, url: str, body: dict[str, object], limit: int) -> tuple[int, bytes]:
+        """A request's status and body; Refused where the body is longer than `limit`
+        bytes (said, or as read: it is not read further)."""
+        async with self._client.stream("POST", url, json=body) as response:
+            said = response.headers.get("Content-Length", "")
+            if said.isdigit() and int(said) > limit:
+                raise Refused("too_large", f"its answer is {int(said)} bytes, over {limit}")
+            content = bytearray()
+            async for part in response.aiter_bytes():
+                content += part
+                if len(content) > limit:
+                    raise Refused("too_large", f"its answer is over {limit} bytes")
+            return response.status_code, bytes(content)
 
     def _rest(self, peer: str, why: str) -> None:
         log.warning(
@@ -265,3 +463,19 @@ class PeerVectors:
             REST_SECONDS,
         )
         self._resting[peer] = time.monotonic() + REST_SECONDS
+
+    def _distrust(self, peer: str, refused: Refused) -> None:
+        """A peer's answer refused: the model embeds what it gave, and the peer is not asked
+        for `DISTRUST_SECONDS`, then checked one by one again."""
+        log.warning(
+            "peer %s: its vectors are refused: %s; the model embeds them, and it is not "
+            "asked again for %g s",
+            peer,
+            refused.why,
+            DISTRUST_SECONDS,
+        )
+        until = time.monotonic() + DISTRUST_SECONDS
+        self._resting[peer] = until
+        self.distrusted[peer] = (until, refused.why)
+        self._checked.pop(peer, None)
+        self._on_refused(refused.kind)

@@ -35,17 +35,63 @@ def test_rows_go_and_come_back_bit_for_bit() -> None:
 
 
 def test_only_an_answer_of_the_asked_model_that_adds_up_is_used() -> None:
-    rows = np.arange(6, dtype=np.float32).reshape(2, 3)
+    rows = np.arange(1, 7, dtype=np.float32).reshape(2, 3)
     got = peers.usable(_answer([0, 2], rows), "m", 3, asked=3)
-    assert sorted(got) == [0, 2] and got[2].tolist() == [3.0, 4.0, 5.0]
-    assert peers.usable(_answer([0, 2], rows, model="other"), "m", 3, 3) == {}
-    assert peers.usable(_answer([0, 2], rows.reshape(3, 2), dims=2), "m", 3, 3) == {}
-    assert peers.usable(_answer([0, 3], rows), "m", 3, 3) == {}, "a position past the asked"
-    assert peers.usable(_answer([2, 0], rows), "m", 3, 3) == {}, "out of order"
-    assert peers.usable(_answer([1, 1], rows), "m", 3, 3) == {}, "repeated"
-    assert peers.usable(_answer([0], rows), "m", 3, 3) == {}, "more vectors than positions"
-    nan = np.full((1, 3), np.nan, dtype=np.float32)
-    assert peers.usable(_answer([0], nan), "m", 3, 3) == {}
+    assert isinstance(got, dict) and sorted(got) == [0, 2] and got[2].tolist() == [4.0, 5.0, 6.0]
+    assert peers.usable(_answer([], rows[:0]), "m", 3, 3) == {}, "a peer may hold none"
+    for answer, says in (
+        (_answer([0, 2], rows, model="other"), "vectors of other"),
+        (_answer([0, 2], rows.reshape(3, 2), dims=2), "in 2 dimensions"),
+        (_answer([0, 3], rows), "positions"),  # past the asked
+        (_answer([2, 0], rows), "positions"),  # out of order
+        (_answer([1, 1], rows), "positions"),  # repeated
+        (_answer([0], rows), "not as many"),  # more vectors than positions
+        (_answer([0], np.full((1, 3), np.nan, dtype=np.float32)), "not finite"),
+        (_answer([0, 1], np.zeros((2, 3), dtype=np.float32)), "zeros"),
+    ):
+        why = peers.usable(answer, "m", 3, 3)
+        assert isinstance(why, str) and says in why, (why, says)
+
+
+def test_every_vector_of_a_new_peer_is_checked_then_a_sixteenth_drawn() -> None:
+    never, always = (lambda: 0.99), (lambda: 0.0)
+    assert peers.to_check(range(100), 0, never) == list(range(peers.NEW_CHECKS))
+    assert peers.to_check(range(10), peers.NEW_CHECKS - 3, never) == [0, 1, 2]
+    assert peers.to_check(range(10), peers.NEW_CHECKS, never) == []
+    assert peers.to_check(range(10), peers.NEW_CHECKS, always) == list(range(10))
+    draws = iter([0.5, peers.CHECK_RATE - 1e-9, peers.CHECK_RATE])
+    assert peers.to_check([7, 8, 9], 1000, lambda: next(draws)) == [8]
+
+
+def test_a_vector_unlike_the_models_is_named_with_its_cosine() -> None:
+    rng = np.random.default_rng(1)
+    model = rng.standard_normal((4, 384)).astype(np.float32)
+    assert peers.unlike(model * 3.0, model) is None, "the length of a vector is not its meaning"
+    near = model + 0.05 * rng.standard_normal((4, 384)).astype(np.float32)
+    assert peers.unlike(near, model) is None
+    shifted = np.roll(model, 1, axis=0)
+    why = peers.unlike(shifted, model)
+    assert why is not None and why.startswith("4 of the 4 of its vectors checked")
+    one = model.copy()
+    one[2] = rng.standard_normal(384)
+    why = peers.unlike(one, model)
+    assert why is not None and why.startswith("1 of the 4") and f"{peers.AGREE}" in why
+    assert peers.cosines(np.zeros((1, 3), np.float32), np.ones((1, 3), np.float32)).tolist() == [
+        0.0
+    ]
+
+
+def test_an_answer_may_be_as_large_as_every_vector_asked_and_no_larger() -> None:
+    hashes = [f"{i:032x}" for i in range(HASHES_MAX)]
+    rows = np.ones((HASHES_MAX, 1024), dtype=np.float32)
+    whole = VectorsAnswer(
+        model="org/" + "m" * 200,
+        dimensions=1024,
+        found=list(range(HASHES_MAX)),
+        vectors=peers.encode_rows(rows),
+    ).model_dump_json()
+    limit = peers.answer_limit(len(hashes), 1024)
+    assert len(whole) <= limit < 1.01 * len(whole)
 
 
 def test_the_model_embeds_only_what_no_peer_gave_and_the_order_is_kept() -> None:
