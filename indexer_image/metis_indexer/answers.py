@@ -6,6 +6,7 @@ told to rebuild the index."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 
@@ -39,6 +40,8 @@ from metis_indexer.schema import (
 )
 from metis_indexer.search import evaluation, hybrid
 from metis_indexer.search_health import Fallback, RecentSearches, outcome
+
+log = logging.getLogger("metis.indexer")
 
 DOCUMENT_STATES = ("indexed", "failed")
 BROKE = "the indexer failed on a search; see its log"
@@ -259,14 +262,26 @@ class Answers:
                 answer = await hybrid.search(index, req, models, self.empty_warning())
         except sqlite3.DatabaseError as e:
             if store.trouble(e) != "damaged":
-                raise
-            self._passes.damaged(e, "search")
+                raise self._unreadable(e) from None
+            self._passes.damaged(e, "search", index)
             raise Unavailable(
                 "KNOWLEDGE_BASE_NOT_READY",
                 f"the index is damaged ({e}): it is being rebuilt from the sources, and "
                 "searches answer from what is read again meanwhile",
             ) from None
+        except (sqlite3.Error, store.StoreUnavailable) as e:
+            raise self._unreadable(e) from None
         return self._with_notes(answer)
+
+    @staticmethod
+    def _unreadable(e: Exception) -> Unavailable:
+        """Whatever else a search meets in the store (a busy or full file, an index another
+        has just taken the place of): a 503 that says so, never a 500."""
+        log.warning("a search could not read the index: %s", e)
+        return Unavailable(
+            "KNOWLEDGE_BASE_NOT_READY",
+            f"the index could not be read just now ({e}); ask again in a moment",
+        )
 
     def _with_notes(self, answer: SearchAnswer) -> SearchAnswer:
         """Notes' results cited with when they were written and what replaced them, and

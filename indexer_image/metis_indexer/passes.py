@@ -179,16 +179,25 @@ class Passes:
         self.passed = PASSED in meta or made_before
 
     async def rebuild(self, error: Exception) -> None:
-        """Move a damaged index aside and start an empty one; the next pass reads every
-        document again. The caller holds the index's writer lock."""
+        """Start an empty index in a folder of its own, answering at once, and move the
+        damaged one aside once the searches still reading it have ended (as a switch
+        does); the next pass reads every document again. The caller holds the index's
+        writer lock."""
         log.error("the index is damaged (%s): moving it aside and rebuilding it", error)
-        aside = await asyncio.to_thread(self.index.store.move_aside)
-        self._drop_answering()
         config = self._configured.config
-        self.index = Index(self.index.folder, config.vectors)
-        await asyncio.to_thread(self.index.load)
+        damaged = self.index
+        folder = await asyncio.to_thread(folders.beside, config.index_dir, damaged.folder)
+        await asyncio.to_thread(folders.remove, config.index_dir, folder)  # a build's, if any
+        rebuilt = Index(folder, config.vectors)
+        await asyncio.to_thread(rebuilt.load)
+        await asyncio.to_thread(folders.publish, config.index_dir, folder)
+        self._drop_answering()
+        self.index = rebuilt
         self.passed = False
         self.chunks_of = None
+        self.damage = self._damage_error = None
+        await self._retire(damaged, remove=False)
+        aside = await asyncio.to_thread(damaged.store.move_aside, config.index_dir)
         self._metrics.index_rebuilds.inc()
         self._progress.rebuilding = (
             f"rebuilding the index from the sources: it was damaged ({error}); "
@@ -198,7 +207,6 @@ class Passes:
             f"the index was damaged ({error}) and rebuilt from the sources at {now()}; "
             f"the damaged file is kept as {aside.name}"
         )
-        self.damage = self._damage_error = None
         self._progress.set_phase("loading", "")
 
     async def reopen(self) -> None:
@@ -232,12 +240,13 @@ class Passes:
             log.info("removing %s: an index no longer answering or built", folder)
             folders.remove(index_dir, folder)
 
-    def damaged(self, error: sqlite3.DatabaseError, found_by: str) -> None:
-        """Damage met outside the pass loop: counted each time, said in the status, and the
-        pass loop woken to rebuild the index (at once when idle, else when its pass ends:
-        a pass's own writes meet the damage too, or finish first)."""
+    def damaged(self, error: sqlite3.DatabaseError, found_by: str, index: Index) -> None:
+        """Damage met outside the pass loop in `index`: counted each time, said in the
+        status, and the pass loop woken to rebuild the index (at once when idle, else when
+        its pass ends: a pass's own writes meet the damage too, or finish first). Damage a
+        search meets in an index another has taken the place of since is counted only."""
         self._metrics.index_damage.labels(found_by=found_by).inc()
-        if self._damage_error is not None:
+        if self._damage_error is not None or index is not self.index:
             return
         by = "a search" if found_by == "search" else "the integrity check"
         log.error("the index is damaged (%s), met by %s: rebuilding it from the sources", error, by)
@@ -256,13 +265,13 @@ class Passes:
             await asyncio.sleep(self._configured.config.check_seconds)
             if not self.loaded or self._damage_error is not None:
                 continue
-            checked = self.index.store
+            checked = self.index
             try:
-                await asyncio.to_thread(checked.sweep)
-            except sqlite3.DatabaseError as e:
-                if store.trouble(e) != "damaged" or checked is not self.index.store:
-                    continue  # not damage, or the index was rebuilt meanwhile
-                self.damaged(e, "check")
+                await asyncio.to_thread(checked.store.sweep)
+            except (sqlite3.Error, store.StoreUnavailable) as e:
+                if store.trouble(e) != "damaged":
+                    continue  # not damage, or an index another took the place of
+                self.damaged(e, "check", checked)
 
     # -- the passes ------------------------------------------------------------------------
 

@@ -6,13 +6,16 @@ the integrity check, which reads a few pages more every `--check-seconds`."""
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import sqlite3
+import threading
 from pathlib import Path
 
 import httpx
 
+from metis_indexer.index import folders
 from tests.support.processes import Process, indexer, running, wait_ready
 
 from .test_service import perf_drive
@@ -135,3 +138,64 @@ def test_damage_no_search_reads_is_found_by_the_integrity_check(tmp_path):
         assert metric(p, 'metis_index_damage_found_total{found_by="check"}') >= 1
         assert metric(p, 'metis_index_damage_found_total{found_by="search"}') == 0
         assert "met by the integrity check" in p.log()
+
+
+class Searching:
+    """Clients that search without pause until the block ends, and what they were answered:
+    the statuses, and each answer that is neither a 200 nor a 503 saying why."""
+
+    def __init__(self, url: str, clients: int = 4) -> None:
+        self.url = url
+        self.codes: collections.Counter[int] = collections.Counter()
+        self.wrong: list[str] = []
+        self._stop = threading.Event()
+        self._clients = [threading.Thread(target=self._search, args=(i,)) for i in range(clients)]
+
+    def __enter__(self) -> Searching:
+        for t in self._clients:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._clients:
+            t.join()
+
+    def _search(self, seed: int) -> None:
+        questions = random.Random(seed)
+        with httpx.Client(timeout=60) as c:
+            while not self._stop.is_set():
+                body = {"query": questions.choice(QUESTIONS), "mode": "keyword", "top_k": 50}
+                r = c.post(f"{self.url}/v1/search", json=body)
+                self.codes[r.status_code] += 1
+                said = r.status_code == 503 and bool(r.json()["error"]["message"])
+                if r.status_code != 200 and not said:
+                    self.wrong.append(f"{r.status_code} {r.text[:300]}")
+
+
+def test_searches_beside_rebuilds_are_answered_or_refused_and_the_indexer_lives(tmp_path):
+    """Four clients search without pause while the answering index's file is damaged under
+    them, three times over: every answer is a 200 or a 503 that says why, never a 500, and
+    the indexer never dies. (A rebuild used to close the store's connections under the
+    searches still reading them: 500s, and once a segfault inside libsqlite3.)"""
+    drive = perf_drive(tmp_path, files=300)
+    index_dir = tmp_path / "index"
+    p = indexer({"peps": drive}, index_dir, None, extra=("--check-seconds", "3600"))
+    with running(p):
+        before = wait_ready(p)
+        for rounds in range(1, 4):
+            with Searching(p.base_url) as searching:
+                damage_chunk_pages(folders.live(index_dir) / "index.sqlite3")
+                p.wait_status(
+                    f"rebuild {rounds} done",
+                    lambda s, n=rounds: (
+                        metric(p, "metis_index_rebuilds_total") == n
+                        and s["phase"] == "ready"
+                        and s["documents"] == before["documents"]
+                    ),
+                    timeout=300,
+                )
+            assert p.proc is not None and p.proc.poll() is None, f"the indexer died: {p.log()}"
+            assert not searching.wrong, (searching.codes, searching.wrong[:5])
+            assert searching.codes[503] >= 1 and searching.codes[200] >= 1, searching.codes
+        assert "Traceback" not in p.log()

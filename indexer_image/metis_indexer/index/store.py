@@ -440,7 +440,6 @@ class Store:
         self._write_lock = threading.Lock()
         self._open_lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
-        self._connections: list[sqlite3.Connection] = []
         self._word_cache: dict[str, int] = {}
         self._unknown: dict[str, int] = {}
         """Words no chunk had, with the generation of words they were looked up in."""
@@ -498,7 +497,6 @@ class Store:
         why = newer_format(row[0] if row else None)
         if why is not None:
             conn.close()
-            self._connections.remove(conn)
             raise IndexTooNew(f"cannot open the index {self.path}: {why}")
 
     def _why_not(self, e: BaseException) -> str:
@@ -510,7 +508,8 @@ class Store:
     def check(self) -> None:
         """SQLite's quick check (structure, not every index entry): IndexDamaged when the
         file is damaged. Seconds for a large index, once at start."""
-        rows = self._writer.execute("PRAGMA quick_check").fetchall()
+        with self._write_lock:
+            rows = self._writer.execute("PRAGMA quick_check").fetchall()
         if [r[0] for r in rows] != ["ok"]:
             raise IndexDamaged(f"database disk image is malformed: {rows[0][0]}")
 
@@ -536,7 +535,6 @@ class Store:
         except BaseException:
             conn.close()
             raise
-        self._connections.append(conn)
         return conn
 
     @property
@@ -548,12 +546,16 @@ class Store:
         return conn
 
     def close(self) -> None:
-        """Closes every connection, the readers' too (the file may be moved aside next)."""
+        """Closes the writer, once no write runs on it, and lets go of the readers: each
+        thread's reader closes when nothing holds it, so never under a search still reading
+        from it (a connection closed while another thread runs a statement on it is a crash
+        inside SQLite). What asks afterwards opens it again, or, once retired, is refused
+        (`StoreUnavailable`)."""
         self._checkpointer.stop()
-        for conn in self._connections:
-            conn.close()
-        self._connections.clear()
-        self._conn = None
+        with self._write_lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
         self._local = threading.local()
 
     def retire(self) -> None:
@@ -562,10 +564,12 @@ class Store:
             self._retired = True
         self.close()
 
-    def move_aside(self) -> Path:
-        """Moves a damaged index out of the way (closing it first); where it went."""
-        self.close()
-        aside = self.path.with_name(self.path.name + DAMAGED_SUFFIX)
+    def move_aside(self, folder: Path) -> Path:
+        """Moves a damaged index into `folder` under `DAMAGED_SUFFIX`, for a person to look
+        at (retiring it first: a search still reading it reads the moved file, or is
+        refused); where it went."""
+        self.retire()
+        aside = folder / (self.path.name + DAMAGED_SUFFIX)
         for suffix in ("", "-wal", "-shm"):
             part = self.path.with_name(self.path.name + suffix)
             target = aside.with_name(aside.name + suffix)
