@@ -341,8 +341,9 @@ class PeerVectors:
         """Vectors of each peer checked and found the model's since it was last refused."""
         self._probation: dict[str, asyncio.Lock] = {}
         """Held around the check of a peer's answer until it has had `NEW_CHECKS` checked."""
-        self.distrusted: dict[str, tuple[float, str]] = {}
-        """Peers whose answer was refused: until when (a monotonic time), and why."""
+        self.distrusted: dict[str, tuple[float, str, str]] = {}
+        """Peers whose answer was refused: until when (a monotonic time, and the clock's, as
+        the status says it: a text that does not change at each look), and why."""
         self._on_refused = refused or (lambda kind: None)
         self._on_checked = checked or (lambda n: None)
 
@@ -352,8 +353,8 @@ class PeerVectors:
     def warnings(self, now: float) -> list[str]:
         """What the status says of the peers not asked now because an answer was refused."""
         return [
-            f"the vectors of peer {peer} are not used for {until - now:.0f} s more: {why}"
-            for peer, (until, why) in sorted(self.distrusted.items())
+            f"the vectors of peer {peer} are not used until {at}: {why}"
+            for peer, (until, at, why) in sorted(self.distrusted.items())
             if until > now
         ]
 
@@ -475,7 +476,8 @@ class PeerVectors:
             DISTRUST_SECONDS,
         )
         until = time.monotonic() + DISTRUST_SECONDS
+        at = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + DISTRUST_SECONDS))
         self._resting[peer] = until
-        self.distrusted[peer] = (until, refused.why)
+        self.distrusted[peer] = (until, at, refused.why)
         self._checked.pop(peer, None)
         self._on_refused(refused.kind)

@@ -97,7 +97,7 @@ def test_a_wrong_peer_is_refused_and_the_replica_is_the_models(
             assert refused(b)[reason] >= 1, refused(b)
             assert sum(refused(b).values()) == refused(b)[reason]
             [warning] = [w for w in s["warnings"] if liar.base_url in w]
-            assert says in warning and "not used for" in warning, warning
+            assert says in warning and "not used until" in warning, warning
             assert f"peer {liar.base_url}: its vectors are refused" in b.log()
             same_dense_results(b, honest)
         finally:

@@ -3,6 +3,8 @@ what of a peer's answer is used, what is left to the model, and readiness."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -162,3 +164,16 @@ def test_peers_must_be_http_base_urls(url: str, says: str) -> None:
     ok = IndexerConfig.model_validate({**base, "peers": ["https://kb.ns.svc:7700/"]})
     assert ok.peers == ["https://kb.ns.svc:7700"]
     assert IndexerConfig.model_validate(base).peers == []
+
+
+def test_a_refused_peer_is_named_in_words_that_do_not_change_at_each_look() -> None:
+    """The status is written when it changes: a countdown would write it at every poll."""
+    asking = peers.PeerVectors(None)
+    asking._distrust("http://a", peers.Refused("too_slow", "its answer took over 5 s, whole"))
+    now = time.monotonic()
+    [said] = asking.warnings(now)
+    assert asking.warnings(now + 5) == [said]
+    assert said.startswith("the vectors of peer http://a are not used until ") and "UTC" in said
+    assert said.endswith(": its answer took over 5 s, whole")
+    assert asking.warnings(now + peers.DISTRUST_SECONDS + 1) == []
+    assert peers.askable(["http://a"], asking._resting, now) == []
