@@ -32,11 +32,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from metis_indexer import schema
 from metis_indexer.answer_text import answer_text, notes_text
 from metis_indexer.schema import TOKEN_HEADER
 from metis_operator import kube
 from metis_operator.api.identity import API_VERSION, EVALUATE, GROUP, KIND, PLURAL, REINDEX
+from metis_operator.api.spec import KnowledgeBaseSpec
 from metis_operator.api.status_types import IndexTotals, KnowledgeBaseStatus, Observed
 
 EVENTS_SHOWN = 8
@@ -108,12 +111,17 @@ def render_status(
     base: Mapping[str, Any], events: Sequence[Mapping[str, Any]], now: dt.datetime
 ) -> str:
     """One base in sections read top to bottom: what it is, how far it got, why."""
-    meta, spec = base["metadata"], base.get("spec") or {}
+    meta = base["metadata"]
     st = KnowledgeBaseStatus.read(base.get("status"))
     observed = st.observed or Observed()
     ix = observed.index or IndexTotals()
-    embedding = (spec.get("embedding") or {}).get("deployment", "-")
-    reranker = (spec.get("reranker") or {}).get("deployment")
+    try:
+        spec: KnowledgeBaseSpec | None = KnowledgeBaseSpec.model_validate(base.get("spec") or {})
+    except ValidationError:
+        spec = None  # refused: its state and reason say why
+    drives = ", ".join(dict.fromkeys(s.drive for s in spec.sources)) if spec else ""
+    embedding = spec.embedding.deployment if spec else "-"
+    reranker = spec.reranker.deployment if spec and spec.reranker else None
     lines = [
         f"Knowledge base:  {meta['namespace']}/{meta['name']}",
         f"State:           {_shown(st.state, 'unknown (not reconciled yet)')}",
@@ -121,7 +129,7 @@ def render_status(
     if st.reason:
         lines.append(f"Reason:          {st.reason}")
     lines += [
-        f"Drives:          {', '.join(spec.get('drives') or []) or '-'}",
+        f"Drives:          {drives or '-'}",
         f"Embedding:       {embedding}" + (f" · reranker {reranker}" if reranker else ""),
         f"Generation:      {meta.get('generation', '-')} "
         f"(observed {_shown(st.observed_generation)})",

@@ -9,6 +9,7 @@ from typing import Any
 
 from metis_operator import children
 from metis_operator.api import identity
+from metis_operator.api.conditions import ConditionType
 from metis_operator.state import PodView, ReplicaView
 
 """On a source PVC: the revision of its data source that the base must read."""
@@ -98,7 +99,7 @@ def _view(pod: Mapping[str, Any], now: dt.datetime | None) -> PodView:
     unschedulable = None
     if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
         unschedulable = scheduled.get("message") or "no machine can run it"
-    ready = conditions.get("Ready") or {}
+    ready = conditions.get(ConditionType.READY) or {}
     return PodView(
         name=_meta(pod).get("name", ""),
         node=(pod.get("spec") or {}).get("nodeName"),

@@ -19,11 +19,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from metis_operator.api.conditions import ConditionType
 from metis_operator.api.status_types import Evaluation
 
-CONDITION = "QualityRegressed"
-"""True when the evaluation after a change of embedding model or chunking is worse than
-the one before by more than the tolerance; False when it held (or for a baseline)."""
+CONDITION = ConditionType.QUALITY_REGRESSED
 
 RETRIEVAL = "retrieval"
 """The key of `status.evaluation` naming the retrieval settings it was measured under."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from metis_indexer.schema import StatusAnswer
 from metis_operator import index_drive, quality
+from metis_operator.api.conditions import ConditionType
 from metis_operator.api.status_types import (
     Chunking,
     Chunks,
@@ -37,22 +38,13 @@ from metis_operator.state import (
     degraded_searches,
 )
 
-READY = "Ready"
-"""True only in state Ready: what `kubectl wait --for=condition=Ready` and GitOps
-health checks read. Its reason is the state; its message, why."""
-RECONCILING = "Reconciling"
-"""True while the base works towards Ready (Pending, Starting, Waiting, Indexing): kstatus'
-abnormal-true condition, which makes Flux and `kstatus` read the base as InProgress."""
-STALLED = "Stalled"
-"""True while Failed: it will not progress until someone changes something (kstatus)."""
-PAUSED = "Paused"
-"""True while the base carries the pause annotation: nothing of it is touched."""
-EMBEDDING_CONDITION = "EmbeddingModelAvailable"
-"""True when the embedding model's Service answers as an embedding model."""
-RERANKER_CONDITION = "RerankerAvailable"
-"""True when the reranker's Service answers as a reranker; absent without one."""
-DRIVE_CONDITION = "DriveFilling"
-"""True while the index drive is 80 % full or more; absent while no indexer has said."""
+READY = ConditionType.READY
+RECONCILING = ConditionType.RECONCILING
+STALLED = ConditionType.STALLED
+PAUSED = ConditionType.PAUSED
+EMBEDDING_CONDITION = ConditionType.EMBEDDING_MODEL_AVAILABLE
+RERANKER_CONDITION = ConditionType.RERANKER_AVAILABLE
+DRIVE_CONDITION = ConditionType.DRIVE_FILLING
 
 INDEX_TOTALS = (
     "documents",

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from metis_operator.api import conditions
+
 StateName = Literal["Pending", "Starting", "Indexing", "Ready", "Waiting", "Failed"]
 """The values of `status.state` (metis_operator.state.State, by value)."""
 
@@ -186,10 +188,7 @@ class Evaluation(_Status):
 class Condition(_Status):
     model_config = ConfigDict(json_schema_extra={"description": "One condition."})
 
-    type: str = Field(
-        description="Ready, Reconciling, Stalled, Paused, EmbeddingModelAvailable, "
-        "RerankerAvailable or QualityRegressed."
-    )
+    type: str = Field(description=conditions.named())
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str | None = Field(
         default=None, description="One CamelCase word for why (for Ready, the state)."
@@ -236,13 +235,7 @@ class KnowledgeBaseStatus(_Status):
     conditions: list[Condition] | None = Field(
         default=None,
         description="The conditions Kubernetes tools read (kubectl wait, Argo CD, Flux). "
-        "Ready: True only in state Ready, with the current generation indexed. Reconciling: "
-        "True while the base is on its way to what its spec asks (Pending, Starting, "
-        "Indexing, Waiting). Stalled: True while it is Failed. Paused: True while the "
-        'annotation metis.astraeus.io/paused is "true" (the base and its children are left '
-        "untouched). EmbeddingModelAvailable and RerankerAvailable: whether the model "
-        "Services answer as such. QualityRegressed: True when the evaluation after a change "
-        "of embedding model or chunking fell beyond the tolerance.",
+        + conditions.described(),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     progress: str | None = Field(

@@ -50,6 +50,24 @@ def test_status_of_a_base_never_reconciled() -> None:
     assert "none (kubectl metis evaluate new)" in out and out.endswith("Events\n  none")
 
 
+def test_status_names_the_drives_its_sources_read_once_each() -> None:
+    """Read through the typed spec: a key the spec never has printed "Drives: -" for every
+    base."""
+    spec = {
+        "sources": [{"drive": "docs", "path": "handbook"}, {"drive": "runbooks"}],
+        "embedding": {"deployment": "bge-m3"},
+        "reranker": {"deployment": "bge-reranker"},
+    }
+    spec["sources"].append({"drive": "docs", "path": "policies"})
+    base = {"metadata": {"namespace": "team-a", "name": "handbook", "generation": 1}, "spec": spec}
+    out = plugin.render_status(base, [], NOW)
+    assert "Drives:          docs, runbooks\n" in out
+    assert "Embedding:       bge-m3 · reranker bge-reranker\n" in out
+    refused = {**base, "spec": {"sources": "not a list"}}
+    out = plugin.render_status(refused, [], NOW)
+    assert "Drives:          -\n" in out and "Embedding:       -\n" in out
+
+
 def test_documents_say_how_many_are_shown() -> None:
     doc = {
         "source": "docs",
