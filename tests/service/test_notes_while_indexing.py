@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.service.busy_model import pass_busy_at_the_model
 from tests.service.test_chunking_change import held_mid_build, new_index_answering
-from tests.service.test_faults import write_huge_docx
 from tests.service.test_model_change import allow
 from tests.support.model_server import ModelServer, start_model_server
-from tests.support.processes import Process, indexer, running
+from tests.support.processes import Process
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDBOOK = ROOT / "examples" / "handbook"
@@ -105,25 +105,7 @@ def test_a_note_written_while_a_pass_embeds_in_bulk_is_embedded_at_once(
     behind the pass's queue for the full EMBED_SECONDS and were kept by words only; they
     go to the model on the questions' slots and the note is found by meaning when the
     write returns."""
-    big = tmp_path / "big"
-    big.mkdir()
-    write_huge_docx(big / "huge.docx")
-    p = indexer({"a-handbook": HANDBOOK, "z-big": big}, tmp_path / "index", models.base_url)
-    with (
-        running(p),
-        httpx.Client(base_url=models.base_url, timeout=30) as model,
-        httpx.Client(base_url=p.base_url, timeout=120) as api,
-    ):
-        p.wait_status(
-            "only the huge document left",
-            lambda s: s["documents"] >= 6 and s["phase"] == "indexing",
-            timeout=300,
-        )
-        p.wait_for(
-            "a batch of the pass running at the model",
-            lambda: model.get("/health").json()["work"]["bulk"]["started"],
-            timeout=300,
-        )
+    with pass_busy_at_the_model(models, tmp_path) as (p, _, api):
         text = (
             "The team's offsite is in Lisbon in May: three days of planning, one of them "
             "spent walking along the river."

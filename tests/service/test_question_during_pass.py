@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from tests.support.model_server import ModelServer, start_model_server
-from tests.support.processes import indexer, running
 
-from .test_faults import write_huge_docx
-from .test_service import HANDBOOK
+from .busy_model import batches, pass_busy_at_the_model
 
 SEARCHES = 20
 
@@ -28,33 +25,8 @@ def models() -> Iterator[ModelServer]:
     server.stop()
 
 
-def batches(model: httpx.Client) -> dict[str, int]:
-    """The model server's count of batch requests (an indexer's passages)."""
-    return model.get("/health").json()["work"]["bulk"]
-
-
 def test_searches_go_ahead_of_the_pass_at_the_model(models, tmp_path):
-    big = tmp_path / "big"
-    big.mkdir()
-    write_huge_docx(big / "huge.docx")  # about 2,400 chunks: minutes of embedding
-    p = indexer({"a-handbook": HANDBOOK, "z-big": big}, tmp_path / "index", models.base_url)
-    # One client each, kept open: a client made per call costs tens of milliseconds (its
-    # TLS context), long enough for a batch to be answered between the reads around a search.
-    with (
-        running(p),
-        httpx.Client(base_url=models.base_url, timeout=30) as model,
-        httpx.Client(base_url=p.base_url, timeout=120) as api,
-    ):
-        p.wait_status(
-            "only the huge document left",
-            lambda s: s["documents"] >= 6 and s["phase"] == "indexing",
-            timeout=300,
-        )
-        p.wait_for(
-            "a batch of the pass running at the model",
-            lambda: batches(model)["started"],
-            timeout=300,
-        )
+    with pass_busy_at_the_model(models, tmp_path) as (p, model, api):
         ahead = 0
         for _ in range(SEARCHES):
             before = batches(model)
