@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as dt
-import json
 import os
 import secrets
 import shutil
@@ -204,10 +203,6 @@ class ControlPlane:
         """Raise (with the log tail) if any component has died."""
         for p in self.procs.values():
             p.check_alive()
-
-    def log_tail(self, component: str, lines: int = 40) -> str:
-        """The last lines of a component's log, for error messages."""
-        return self.procs[component].tail(lines)
 
     # -- kubeconfigs ----------------------------------------------------------
 
@@ -437,11 +432,6 @@ class ControlPlane:
                 body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
                 with contextlib.suppress(KubeApiError, OSError):
                     api.delete(path, body)
-
-
-def kubectl_json(cp: ControlPlane, *args: str) -> Any:
-    """`kubectl ... -o json`, parsed."""
-    return json.loads(cp.kubectl(*args, "-o", "json").stdout)
 
 
 @contextlib.contextmanager
