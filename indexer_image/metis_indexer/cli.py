@@ -22,7 +22,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import httpx
 from aiohttp import web
@@ -31,7 +31,8 @@ from pydantic import ValidationError
 from metis_indexer import limits
 from metis_indexer.answer_text import answer_text, notes_text
 from metis_indexer.config import ConfigError, IndexerConfig, explain, load
-from metis_indexer.schema import SearchAnswer
+from metis_indexer.documents import Kind
+from metis_indexer.schema import Mode, SearchAnswer
 
 if TYPE_CHECKING:
     from metis_indexer.service import Indexer
@@ -124,10 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = client("search", "ask a question")
     s.add_argument("question")
     s.add_argument("--top-k", type=int, default=5)
-    s.add_argument("--mode", choices=["hybrid", "dense", "keyword"], default="hybrid")
+    s.add_argument("--mode", choices=get_args(Mode), default="hybrid")
     s.add_argument("--no-rerank", action="store_true")
     s.add_argument("--prefix", help="only documents whose path starts with this")
-    s.add_argument("--kind", action="append", choices=["md", "txt", "html", "pdf", "docx"])
+    s.add_argument("--kind", action="append", choices=[k.value for k in Kind])
     s.add_argument("--source", action="append", help="only documents of this source")
     client("status", "the index's phase and totals")
     d = client("documents", "documents with their state")

@@ -23,6 +23,7 @@ from urllib.parse import urlencode
 
 from pydantic import BaseModel, ConfigDict
 
+from metis_indexer.documents import Kind
 from metis_indexer.schema import (
     QUERY_MAX,
     TOP_K_MAX,
@@ -36,7 +37,7 @@ from metis_indexer.schema import (
 RRF_K = 60
 """The search's fusion constant (search/fusion.py), used again to merge several bases' lists."""
 MODES: tuple[Mode, ...] = get_args(Mode)
-KINDS = ("md", "txt", "html", "pdf", "docx")
+KINDS = tuple(k.value for k in Kind)
 COMPARED: tuple[Mode, ...] = ("hybrid", "dense", "keyword")
 """Compare asks these, shown as Both, Meaning, Words."""
 _WORD = re.compile(r"[^\W_]+")
@@ -119,7 +120,7 @@ def parse_search(query: Mapping[str, Sequence[str]], *, base: str | None = None)
     form = SearchForm(
         q=q,
         bases=(base,) if base else tuple(dict.fromkeys(b for b in query.get("base", []) if b)),
-        mode=mode,  # type: ignore[arg-type]  # checked against MODES above
+        mode=mode,  # checked against MODES above
         rerank=last("rerank", "1").lower() in _ON,
         compare=last("compare", "0").lower() in _ON,
         top_k=top_k,
