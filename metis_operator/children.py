@@ -228,10 +228,10 @@ def _affinity(
             ]
         }
     if replicas > 1:
-        term = {"labelSelector": others_selector(name, replica), "topologyKey": HOSTNAME}
+        apart = {"labelSelector": others_selector(name, replica), "topologyKey": HOSTNAME}
         out["podAntiAffinity"] = {
             "preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": SPREAD_WEIGHT, "podAffinityTerm": term}
+                {"weight": SPREAD_WEIGHT, "podAffinityTerm": apart}
             ]
         }
     return out

@@ -58,6 +58,7 @@ from metis_operator.cache import Cache, Deps, Key
 from metis_operator.context import Context
 from metis_operator.metrics import Metrics
 from metis_operator.prober import Probers
+from metis_operator.reconcile import Outcome
 from metis_operator.settings import Settings
 from metis_operator.state import Observation, State
 from metis_operator.status_update import Event, StatusUpdate
@@ -325,7 +326,7 @@ class Runner:
             if status_compose.is_paused(previous):
                 report.say(base.key, "resumed")
 
-            async def early(outcome: reconcile.Outcome) -> dict[str, Any]:
+            async def early(outcome: Outcome) -> dict[str, Any]:
                 await status_update.apply(ctx, base, announce_state(body, previous, outcome))
                 return base.previous()
 
@@ -448,7 +449,7 @@ class Runner:
         self.rolling.add(key)
         return True
 
-    def follow_rollout(self, key: Key, outcome: reconcile.Outcome) -> None:
+    def follow_rollout(self, key: Key, outcome: Outcome) -> None:
         """A base whose rollout is over (settled, and not just started) gives its turn
         to the next."""
         if outcome.rollout == "held":
@@ -458,7 +459,7 @@ class Runner:
             self.rolling.discard(key)
             self.wake(set(self.bases) - self.rolling)  # the next may start
 
-    def record_metrics(self, key: Key, outcome: reconcile.Outcome) -> None:
+    def record_metrics(self, key: Key, outcome: Outcome) -> None:
         """The base's state, and the figures of its last evaluation when it has them."""
         self.ctx.metrics.record(key, outcome.verdict.state)
         evaluation = outcome.status.evaluation
@@ -469,9 +470,7 @@ class Runner:
         ):
             self.ctx.metrics.evaluated(key, evaluation.recall_at_k, evaluation.mrr)
 
-    def start_quality_check(
-        self, base: Base, body: Mapping[str, Any], outcome: reconcile.Outcome
-    ) -> None:
+    def start_quality_check(self, base: Base, body: Mapping[str, Any], outcome: Outcome) -> None:
         """Evaluate a Ready base again when its retrieval settings changed since its
         last evaluation (`quality.due`), one evaluation at a time."""
         settings = quality.retrieval(body.get("spec") or {})
@@ -594,7 +593,7 @@ def reconcile_paused(body: Mapping[str, Any], previous: Mapping[str, Any]) -> St
 
 
 def announce_state(
-    body: Mapping[str, Any], previous: Mapping[str, Any], outcome: reconcile.Outcome
+    body: Mapping[str, Any], previous: Mapping[str, Any], outcome: Outcome
 ) -> StatusUpdate:
     """The reconciled status, and what is said of it: a rollout started, each child
     created, updated or repaired (someone changed what the operator owns: a Repaired
@@ -719,7 +718,10 @@ def keep_records(settings: kopf.OperatorSettings) -> None:
     leaves out the spec and the `UNHANDLED` annotations."""
     settings.persistence.finalizer = identity.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
-    ignored = ["spec", *(("metadata", "annotations", a) for a in UNHANDLED)]
+    ignored: list[str | tuple[str, ...]] = [
+        "spec",
+        *(("metadata", "annotations", a) for a in UNHANDLED),
+    ]
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=KOPF_PREFIX, key="last-handled-configuration", ignored_fields=ignored
     )

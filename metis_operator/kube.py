@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import functools
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote
@@ -207,7 +207,7 @@ class Cluster:
 
     def watch(
         self, url_path: str, resource_version: str, seconds: int, query: Query | None = None
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
+    ) -> Generator[tuple[str, dict[str, Any]], None, None]:
         """The changes to the collection `url_path` after `resource_version`, as
         (type, object), until the API server ends the watch after `seconds`. An
         expired `resource_version` is ApiError 410: list again."""

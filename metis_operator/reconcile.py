@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from metis_indexer.config import IndexerConfig
@@ -243,7 +243,7 @@ async def _apply_replica(
     owner: children.Owner,
     spec: KnowledgeBaseSpec,
     i: int,
-    pods: list[dict[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
     fresh: bool,
     may_roll: Callable[[], bool],
     applied: _Applied,

@@ -180,7 +180,11 @@ def _convert(raw: str, default: Any, env: str) -> Any:
 
 def load(environ: Mapping[str, str], argv: Sequence[str] | None = None) -> Settings:
     """Settings from the environment, then flags; a bad value raises ValueError naming it."""
-    groups = {f.name: f.default_factory() for f in dataclasses.fields(Settings)}  # type: ignore[misc]
+    groups = {
+        f.name: f.default_factory()
+        for f in dataclasses.fields(Settings)
+        if callable(f.default_factory)  # every group has one
+    }
     parser = argparse.ArgumentParser(
         prog="metis-operator", description="Reconciles Metis KnowledgeBase resources."
     )

@@ -171,9 +171,9 @@ def warnings(o: Observation) -> list[str]:
         out.append(note)
     unlisted: dict[str, int] = {}
     for w in o.indexer.warnings if o.indexer else []:
-        m = _UNLISTED.match(w)
-        if m:
-            unlisted[m["drive"]] = unlisted.get(m["drive"], 0) + 1
+        cannot_list = _UNLISTED.match(w)
+        if cannot_list:
+            unlisted[cannot_list["drive"]] = unlisted.get(cannot_list["drive"], 0) + 1
         else:
             out.append(w)
     out += [f"source {d}: {n} folder(s) cannot be listed" for d, n in sorted(unlisted.items())]

@@ -233,8 +233,8 @@ async def read_body(request: web.Request, limit: int = MAX_BODY) -> bytes:
         ) from None
     except web.RequestPayloadError as e:
         why = e.__cause__ or e
-        encoding = request.headers.get("Content-Encoding")
-        said = f" (Content-Encoding: {encoding})" if encoding else ""
+        sent = request.headers.get("Content-Encoding")
+        said = f" (Content-Encoding: {sent})" if sent else ""
         raise BadRequest(
             "INVALID_BODY", f"the body could not be read{said}: {_words(why)}"
         ) from None

@@ -133,10 +133,10 @@ class Notebook:
                 continue
             self._made_whole(found[note_id], markdown)
         for markdown in self.folder.glob("*" + notes.SUFFIX):
-            note_id = notes.of_document(markdown.name)
-            if note_id is not None and note_id not in found and note_id not in unreadable:
-                log.warning("note %s: its Markdown has no record: DELETE removes it", note_id)
-                unreadable[note_id] = "it has no record"
+            orphan = notes.of_document(markdown.name)
+            if orphan is not None and orphan not in found and orphan not in unreadable:
+                log.warning("note %s: its Markdown has no record: DELETE removes it", orphan)
+                unreadable[orphan] = "it has no record"
         self.notes = found
         self.unreadable = unreadable
         self.replaced = notes.replaced(found.values())
@@ -248,7 +248,7 @@ class Notebook:
             except Exception as e:
                 await asyncio.to_thread(self._undo, chosen, old)
                 if store.trouble(e) == "full":
-                    raise _full(OSError(errno.ENOSPC, str(e)), note) from None
+                    raise _no_room(note) from None
                 raise
             new = chosen not in self.notes
             self.notes = {**self.notes, chosen: note}
@@ -431,8 +431,10 @@ def _read_record(note_id: str, path: Path) -> notes.Note:
 
 def _full(e: OSError, note: notes.Note) -> DriveFull | None:
     """The refusal of a note the drive has no room for; None for another error."""
-    if e.errno not in FULL:
-        return None
+    return _no_room(note) if e.errno in FULL else None
+
+
+def _no_room(note: notes.Note) -> DriveFull:
     return DriveFull(
         "NOTES_DRIVE_FULL",
         f"the index drive has no room for note {note.id} ({len(notes.markdown(note)):,} "

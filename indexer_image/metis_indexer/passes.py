@@ -269,7 +269,7 @@ class Passes:
             try:
                 await asyncio.to_thread(checked.store.sweep)
             except (sqlite3.Error, store.StoreUnavailable) as e:
-                if store.trouble(e) != "damaged":
+                if not isinstance(e, sqlite3.DatabaseError) or store.trouble(e) != "damaged":
                     continue  # not damage, or an index another took the place of
                 self.damaged(e, "check", checked)
 

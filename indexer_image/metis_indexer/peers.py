@@ -423,23 +423,30 @@ class PeerVectors:
             async with asyncio.timeout(ASK_SECONDS):
                 status, content = await self._post(f"{peer}/v1/vectors", body, limit)
             if status != 200:
-                return self._rest(peer, f"it answered {status}")
+                self._rest(peer, f"it answered {status}")
+                return None
             answer = VectorsAnswer.model_validate_json(content)
         except TimeoutError:
-            return self._distrust(
+            self._distrust(
                 peer, Refused("too_slow", f"its answer took over {ASK_SECONDS:g} s, whole")
             )
+            return None
         except Refused as e:
-            return self._distrust(peer, e)
+            self._distrust(peer, e)
+            return None
         except httpx.HTTPError as e:
-            return self._rest(peer, f"it did not answer ({type(e).__name__}: {e})")
+            self._rest(peer, f"it did not answer ({type(e).__name__}: {e})")
+            return None
         except ValidationError:
-            return self._distrust(peer, Refused("malformed", "its answer is not a vectors answer"))
+            self._distrust(peer, Refused("malformed", "its answer is not a vectors answer"))
+            return None
         if answer.model != model and not answer.found:
-            return self._rest(peer, answer.reason or f"it holds the vectors of {answer.model}")
+            self._rest(peer, answer.reason or f"it holds the vectors of {answer.model}")
+            return None
         rows = usable(answer, model, dimensions, len(hashes))
         if isinstance(rows, str):
-            return self._distrust(peer, Refused("malformed", rows))
+            self._distrust(peer, Refused("malformed", rows))
+            return None
         return rows
 
     async def _post(self, url: str, body: dict[str, object], limit: int) -> tuple[int, bytes]:

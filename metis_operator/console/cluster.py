@@ -143,7 +143,10 @@ class Watches:
         self.threads: list[threading.Thread] = []
 
         def on_loop(fn: Callable[..., None]) -> Callable[..., None]:
-            return lambda *a: loop.call_soon_threadsafe(fn, *a)
+            def call(*a: Any) -> None:
+                loop.call_soon_threadsafe(fn, *a)
+
+            return call
 
         for what, url_path, query, listed, changed in (
             (

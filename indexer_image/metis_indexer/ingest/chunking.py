@@ -145,7 +145,9 @@ class _Cutter:
             return
         start = first.start()
         while n - start > self.size:
-            end = _LAST_NON_SPACE.match(text, start, self._end(start)).end()
+            last = _LAST_NON_SPACE.match(text, start, self._end(start))
+            assert last is not None  # a chunk starts on a non-space, and ends after it
+            end = last.end()
             yield start, end
             start = self._next_start(start, end)
         yield start, n
@@ -168,7 +170,9 @@ class _Cutter:
         sentence = self._cut_sentence(start, end)
         if sentence is not None:
             return sentence
-        resume = _NON_SPACE.search(self.text, end, self.n).start()
+        after = _NON_SPACE.search(self.text, end, self.n)
+        assert after is not None  # the text, rstripped to `n`, goes on past a cut
+        resume = after.start()
         word = _WORD_START.search(self.text, max(end - self.overlap, start + 1), resume + 1)
         nearest = word.start() if word else resume
         return resume if resume - nearest >= self.half else nearest

@@ -280,10 +280,10 @@ async def _rerank(
     warnings: list[str],
 ) -> tuple[list[int], dict[int, float]]:
     assert models.rerank is not None
-    by_row = read.texts(rows[: rerank_size(req.top_k)])
-    candidates = [r for r in rows[: rerank_size(req.top_k)] if r in by_row]  # still there
+    text_of = read.texts(rows[: rerank_size(req.top_k)])
+    candidates = [r for r in rows[: rerank_size(req.top_k)] if r in text_of]  # still there
     passages = [
-        texts.reranked(c.record.title, c.headings, by_row[r])
+        texts.reranked(c.record.title, c.headings, text_of[r])
         for r, c in zip(candidates, read.cited(candidates), strict=True)
     ]
     t = time.perf_counter()

@@ -284,7 +284,9 @@ async def _errors(
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        message = e.text if e.status == 413 else f"{e.reason}: {request.method} {request.path}"
+        message = (
+            e.text if e.status == 413 and e.text else f"{e.reason}: {request.method} {request.path}"
+        )
         return _error(request, e.status, message)
     except Exception:
         log.exception("%s %s failed", request.method, request.path)
