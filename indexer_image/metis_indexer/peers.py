@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import dataclasses
 import hashlib
 import logging
@@ -304,7 +305,8 @@ class Given:
     """The vectors the model embedded to check a peer's: the model's, used as they are."""
 
     def left(self, count: int) -> list[int]:
-        return [i for i in range(count) if i not in self.by_peers and i not in self.by_model]
+        held = collections.ChainMap[int, npt.NDArray[np.float32]](self.by_peers, self.by_model)
+        return left_to_embed(count, held)
 
 
 class Refused(Exception):
