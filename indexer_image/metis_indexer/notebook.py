@@ -32,7 +32,7 @@ import errno
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -273,12 +273,8 @@ class Notebook:
             self.notes = {k: v for k, v in self.notes.items() if k != note_id}
             self.unreadable.pop(note_id, None)
             self.replaced = notes.replaced(self.notes.values())
-            dropped: list[Index] = []
-            while todo := [i for i, _ in self._targets() if not any(i is d for d in dropped)]:
-                for index in todo:
-                    dropped.append(index)
-                    with self._beside(index):
-                        await asyncio.to_thread(index.drop_files, [(self.source, note.document)])
+            gone = [(self.source, note.document)]
+            await self._to_each(lambda index, _: asyncio.to_thread(index.drop_files, gone))
             self._passes.request()  # a pass that listed it before reads no missing file as failed
         return note
 
@@ -331,18 +327,27 @@ class Notebook:
             self._passes.request()
 
     async def _index(self, note: notes.Note) -> None:
-        """The note put into each index it must be in, again until none changed meanwhile:
-        an index built beside that takes the answering one's place while the note is
-        written (its last round may have listed the notes before this one was kept) holds
-        it when the write returns."""
+        """The note put into each index it must be in (`_to_each`)."""
         path = self.folder / note.document
-        done: list[Index] = []
         vectors: dict[str, npt.NDArray[np.float32]] = {}
+        await self._to_each(lambda index, settings: self._put(index, settings, path, note, vectors))
+
+    async def _to_each(self, act: Callable[[Index, IndexSettings | None], Awaitable[None]]) -> None:
+        """`act` on each index a note must be in or out of, again until none changed
+        meanwhile: an index built beside that takes the answering one's place while a note
+        is written (its last round may have listed the notes before this one was kept)
+        holds it when the write returns. Each is served while acted on: the switch and the
+        rebuild retire an index only once nothing is (a write to a retired one is refused),
+        and one replaced before its turn is left to the loop, which acts on the one in its
+        place."""
+        done: list[Index] = []
         while todo := [t for t in self._targets() if not any(t[0] is d for d in done)]:
             for index, settings in todo:
                 done.append(index)
-                with self._beside(index):
-                    await self._put(index, settings, path, note, vectors)
+                if not any(index is t for t, _ in self._targets()):
+                    continue
+                with self._beside(index), index.serve():
+                    await act(index, settings)
 
     async def _put(
         self,

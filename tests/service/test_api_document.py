@@ -42,11 +42,12 @@ def test_the_request_bounds_are_the_spec_limits(doc: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("path", "method", "statuses"),
     [
-        ("/v1/search", "post", {"200", "400", "413", "503"}),
+        ("/v1/search", "post", {"200", "400", "413", "415", "503"}),
         ("/v1/status", "get", {"200"}),
         ("/v1/documents", "get", {"200", "400"}),
-        ("/v1/reindex", "post", {"202", "400", "401", "409", "413"}),
-        ("/v1/evaluate", "post", {"200", "400", "401", "409", "413", "503"}),
+        ("/v1/reindex", "post", {"202", "400", "401", "409", "413", "415"}),
+        ("/v1/evaluate", "post", {"200", "400", "401", "409", "413", "415", "503"}),
+        ("/v1/notes", "post", {"200", "201", "400", "401", "409", "413", "415", "503", "507"}),
         ("/readyz", "get", {"200", "503"}),
     ],
 )
