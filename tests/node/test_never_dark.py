@@ -16,6 +16,8 @@ The tests run in order on one base (module-scoped): each builds on the last.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import time
@@ -40,7 +42,7 @@ from tests.node.test_real_node import (
     service_url,
 )
 from tests.support import layered_model
-from tests.support.steady_load import Question, Report, SteadyLoad
+from tests.support.steady_load import NoteWriter, Question, Report, SteadyLoad
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -97,12 +99,22 @@ def current_pod(kube: ControlPlane, ns: str) -> dict[str, Any]:
     return pods[0]
 
 
+def token(kube: ControlPlane, ns: str) -> str:
+    """The base's API token, from the Secret the operator made for it."""
+    secret = kube.rest().get(f"/api/v1/namespaces/{ns}/secrets/{children.child_name(BASE)}")
+    return base64.b64decode(secret["data"][children.TOKEN_KEY]).decode()
+
+
 def through(
     kube: ControlPlane, ns: str, operator: Operator, change: Any, done: Any, pods: int = 1
 ) -> Report:
     """The report of a steady load run from before `change()` until `done()` holds, the
-    base is Ready with `pods` pods (one a replica), and SETTLE_SECONDS more."""
-    with SteadyLoad(service_url(kube, ns), QUESTIONS) as load:
+    base is Ready with `pods` pods (one a replica), and SETTLE_SECONDS more. A base of one
+    replica has notes written beside the searches too, each acknowledged one then given
+    back and found by its word (a base of several refuses notes: NOTES_REPLICATED)."""
+    url = service_url(kube, ns)
+    writing = NoteWriter(url, token(kube, ns)) if pods == 1 else contextlib.nullcontext()
+    with SteadyLoad(url, QUESTIONS) as load, writing:
         time.sleep(SETTLE_SECONDS)  # the load is steady before the change
         change()
 
@@ -120,6 +132,12 @@ def through(
         time.sleep(SETTLE_SECONDS)  # the searches after the change, by the new pod alone
     report = load.report()
     print(f"\n{report.summary()}")
+    if isinstance(writing, NoteWriter):
+        print(f"{len(writing.written)} notes written beside the searches")
+        assert writing.failed == [], writing.failed[:5]
+        assert len(writing.written) >= 5, "notes were written throughout"
+        assert writing.lost() == []
+        writing.forget()
     return report
 
 
@@ -261,7 +279,6 @@ def test_a_deleted_pod_with_no_failed_search(
 def test_a_second_replica_with_no_failed_search_and_its_vectors_from_its_peer(
     kube: ControlPlane, ns: str, base: str, operator: Operator
 ) -> None:
-    chunks = get_kb(kube, ns, BASE)["status"]["observed"]["index"]["chunks"]
 
     def change() -> None:
         patch = json.dumps({"spec": {"replicas": 2}})
@@ -269,8 +286,13 @@ def test_a_second_replica_with_no_failed_search_and_its_vectors_from_its_peer(
 
     report = through(kube, ns, operator, change, lambda s: s.get("replicas") == "2/2", pods=2)
     answered_throughout(report)
-    second = replica_pods(kube, ns)["1"]
-    status = httpx.get(f"http://{second['status']['podIP']}:7700/v1/status", timeout=10).json()
+    # Each replica asked itself: the base's status is the first's as last polled, a minute
+    # ago at most (the notes of the tests before forgotten since, say).
+    first, second = (
+        httpx.get(f"http://{pod['status']['podIP']}:7700/v1/status", timeout=10).json()
+        for pod in (replica_pods(kube, ns)["0"], replica_pods(kube, ns)["1"])
+    )
+    chunks, status = first["chunks"], second
     print(
         f"replica 1: {status['vectors_from_peers']} vectors from its peer, "
         f"{status['vectors_from_model']} from the model, of {chunks} chunks"

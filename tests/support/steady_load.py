@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import secrets
+import string
 import threading
 import time
 from collections.abc import Sequence
@@ -169,3 +171,103 @@ class SteadyLoad:
             warnings=tuple(str(w) for w in body.get("warnings") or ()),
             seconds=took,
         )
+
+
+WRITE_EVERY = 1.0
+"""Seconds between two notes a `NoteWriter` writes."""
+WRITE_SECONDS = 30.0
+"""A note write that takes longer has failed: it waits 5 s at most for the model, then is
+kept by its words (metis_indexer.notebook.EMBED_SECONDS)."""
+REFUSED_FOR_NOW = {409: "STANDBY", 503: "KNOWLEDGE_BASE_NOT_READY"}
+"""The answers that say to ask again in a moment (a replacement taking over, an index not
+serving yet): the same note is written again, and it is no failure."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """A note acknowledged: its id, and a word no other document holds."""
+
+    id: str
+    word: str
+
+
+class NoteWriter:
+    """A note every `WRITE_EVERY` seconds to `url` (a base's address, with its token), each
+    written again while the base says to ask again in a moment, from a thread of its own
+    until the block ends; what was acknowledged, and every other answer, kept."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self._url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self.written: list[Written] = []
+        self.failed: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="note-writer", daemon=True)
+
+    def __enter__(self) -> NoteWriter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=WRITE_SECONDS * 2)
+
+    def _run(self) -> None:
+        # Letters only (a word's digits are cut apart from its letters), and this writer's
+        # own: a base keeps the notes of writers before it.
+        own = "".join(secrets.choice(string.ascii_lowercase) for _ in range(8))
+        for n in itertools.count():
+            word = f"steadynote{own}{''.join(string.ascii_lowercase[int(d)] for d in str(n))}"
+            while not self._write(word) and not self._stop.wait(WRITE_EVERY / 4):
+                pass
+            if self._stop.wait(WRITE_EVERY):
+                return
+
+    def _write(self, word: str) -> bool:
+        """True once the note is acknowledged or refused for good (kept in `failed`)."""
+        body = {"text": f"A note written beside the searches: {word}.", "title": word}
+        try:
+            r = httpx.post(
+                f"{self._url}/v1/notes", json=body, headers=self._headers, timeout=WRITE_SECONDS
+            )
+        except httpx.HTTPError as e:
+            # Not answered: written or not, the base cannot say, so it is not counted as
+            # acknowledged; a connection refused while the Service has no pod is asked again.
+            if isinstance(e, httpx.ConnectError):
+                return False
+            self.failed.append(f"{word}: {e!r}")
+            return True
+        if r.status_code in (200, 201):
+            self.written.append(Written(r.json()["id"], word))
+            return True
+        if r.status_code in REFUSED_FOR_NOW and REFUSED_FOR_NOW[r.status_code] == (
+            r.json().get("error", {}).get("code")
+        ):
+            return False
+        self.failed.append(f"{word}: {r.status_code} {r.text[:300]}")
+        return True
+
+    def forget(self) -> None:
+        """Every note it wrote forgotten: the base as it was before, for what is measured
+        next (a new replica's chunks, say)."""
+        for note in self.written:
+            r = httpx.delete(
+                f"{self._url}/v1/notes/{note.id}", headers=self._headers, timeout=WRITE_SECONDS
+            )
+            assert r.status_code == 200, r.text
+
+    def lost(self) -> list[str]:
+        """The notes acknowledged that the base does not give back, or does not find by their
+        word: asked once the change is over."""
+        out = []
+        for note in self.written:
+            got = httpx.get(f"{self._url}/v1/notes/{note.id}", timeout=TIMEOUT_SECONDS)
+            found = httpx.post(
+                f"{self._url}/v1/search",
+                json={"query": note.word, "mode": "keyword", "top_k": 3},
+                timeout=TIMEOUT_SECONDS,
+            )
+            documents = [r["citation"]["document"] for r in found.json().get("results", [])]
+            if got.status_code != 200 or f"{note.id}.md" not in documents:
+                out.append(f"{note.id} ({note.word}): GET {got.status_code}, found {documents}")
+        return out
