@@ -264,9 +264,16 @@ def test_a_paused_base_is_left_alone(
                 c["type"] == "Paused" and c["status"] == "True" for c in s["conditions"]
             ),
         )
+        # A paused base at rest has no timer: the deletion's own wake is its look.
+        before = looks(op)
         kube.rest().delete(cm)
         wait_for(lambda: gone(kube, cm), timeout=30, what="the ConfigMap to go")
-        looked_again(op)
+        wait_for(
+            lambda: looks(op) > before,
+            timeout=60,
+            what="the paused base's turn after its ConfigMap went",
+            alive=op.check_alive,
+        )
         assert gone(kube, cm), "a paused base's child was recreated"
         kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/reindex=now")
         deferred = ("Deferred", "a pass runs when the pause ends")
@@ -276,9 +283,14 @@ def test_a_paused_base_is_left_alone(
             what="the Event saying the pass waits for the pause to end",
         )
 
-        # Recorded on the base, not tried again by kopf while the pause lasts.
-        marked = get_kb(kube, ns, "handbook")["metadata"]["annotations"]
-        assert marked.get(DEFERRED_REINDEX) == "now", marked
+        # Recorded on the base (by kopf's PATCH once the handler returns, so after the
+        # Event), not tried again by kopf while the pause lasts.
+        wait_for(
+            lambda: get_kb(kube, ns, "handbook")["metadata"]["annotations"].get(DEFERRED_REINDEX)
+            == "now",
+            timeout=30,
+            what="the deferred pass recorded on the base",
+        )
         assert requests_tried(get_kb(kube, ns, "handbook")) == []
 
         kube.kubectl("annotate", "kb", "handbook", "-n", ns, "metis.astraeus.io/paused-")
