@@ -49,6 +49,7 @@ VALUE_SETS: dict[str, list[str]] = {
     "everything": [
         "--set=console.enabled=true",
         "--set=monitoring.enabled=true",
+        "--set=monitoring.labels.release=kube-prometheus-stack",
         "--set=argocd.healthCheck=true",
         "--set=imagePullSecrets[0].name=registry",
         "--set-string=operator.extraEnv.METIS_LOG_FORMAT=json",
@@ -141,6 +142,44 @@ def test_the_charts_copies_equal_their_sources(copy: str) -> None:
 def test_helm_lint_strict(helm: Path, values: str) -> None:
     out = run([helm, "lint", "--strict", CHART, "--namespace", "metis-system", *VALUE_SETS[values]])
     assert "0 chart(s) failed" in out, out
+
+
+def test_a_misspelt_value_is_refused_by_name(helm: Path) -> None:
+    """values.schema.json knows every value: a typo fails the install and names the key,
+    instead of leaving the default in place unsaid."""
+    out = subprocess.run(
+        [str(helm), "template", "metis", str(CHART), "--set=operator.replica=3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode != 0
+    assert "'/operator': additional properties 'replica' not allowed" in out.stderr, out.stderr
+
+
+def test_the_notes_say_what_was_installed_and_what_next(helm: Path) -> None:
+    """NOTES.txt, as `helm install` prints it: the namespace, the indexer image, the next
+    commands, and the console's port-forward when the console is on."""
+    argv: list[str | Path] = [helm, "install", "metis", CHART, "--namespace", "team-a"]
+    out = run([*argv, "--dry-run=client", "--set=console.enabled=true"])
+    notes = out[out.index("NOTES:") :]
+    assert "installed in namespace team-a." in notes
+    assert "every base's indexer runs ghcr.io/astraeus/metis-indexer:0.1.0" in notes
+    assert "kubectl -n team-a rollout status deployment/metis-operator" in notes
+    assert "kubectl -n team-a port-forward svc/metis-console 8080" in notes
+    assert "Monitoring" not in notes
+
+
+def test_monitoring_objects_carry_the_labels_a_prometheus_selects_on(helm: Path) -> None:
+    """monitoring.labels (kube-prometheus-stack selects on `release`) on every PodMonitor and
+    the PrometheusRule, beside their own labels."""
+    values = ["--set=monitoring.enabled=true", "--set=monitoring.labels.release=kps"]
+    objects = [o for o in template(helm, *values) if o["kind"] in {"PodMonitor", "PrometheusRule"}]
+    assert len(objects) == 3
+    for o in objects:
+        labels = o["metadata"]["labels"]
+        assert labels["release"] == "kps" and labels["app.kubernetes.io/part-of"] == "metis", o
 
 
 # --------------------------------------------------------------------------- kustomize
