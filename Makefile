@@ -26,8 +26,8 @@ venv: $(STAMP)
 # The lock, from pyproject.toml (and requirements/*.in) by uv: the tests' set (every extra
 # `make test` uses, and the build backend), the images' set (the packages alone) held to the
 # same versions, and the model wheel. Pins still allowed stay; `make lock LOCK_FLAGS=--upgrade`
-# moves everything to the newest allowed. tests/unit/test_lock.py fails when pyproject asks for
-# something the lock does not hold.
+# moves everything to the newest allowed. tests/repository/test_lock.py fails when pyproject
+# asks for something the lock does not hold.
 UV_VERSION := 0.13.8
 LOCK := $(VENV)/bin/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes
 lock: $(STAMP)
@@ -46,7 +46,8 @@ lint: $(STAMP)
 	$(PY) tools/typecheck.py
 
 # crds/knowledgebase.yaml from the models of metis_operator/api (tests/operator/test_crd.py
-# fails when the committed file differs), and its copy in the chart (tests/unit/test_chart.py).
+# fails when the committed file differs), and its copy in the chart
+# (tests/repository/test_chart.py).
 crd: $(STAMP)
 	$(PY) -m metis_operator.api.crd > crds/knowledgebase.yaml.new
 	mv crds/knowledgebase.yaml.new crds/knowledgebase.yaml
@@ -69,7 +70,7 @@ lua-health:
 
 # helm and kubeconform from their Go modules pinned in tools/helm and tools/kubeconform (cached
 # under ~/.cache/metis/<tool>/<version>; built only when missing): the chart's tests
-# (tests/unit/test_chart.py, tests/kube/test_helm.py) run them.
+# (tests/repository/test_chart.py, tests/kube/test_helm.py) run them.
 helm:
 	bash tools/helm/build.sh > /dev/null
 
@@ -119,7 +120,7 @@ clean:
 MUTATION := build/mutation
 MUTATE ?= metis_indexer.search.fusion metis_indexer.search.evaluation \
 	metis_indexer.search.snippet \
-	metis_indexer.index.keyword metis_indexer.ingest.chunking metis_operator.state metis_operator.status_compose
+	metis_indexer.index.keyword metis_indexer.ingest.chunking metis_operator.state metis_operator.status.compose
 
 .PHONY: mutation
 mutation: $(STAMP)

@@ -32,7 +32,7 @@ from metis_indexer.config import IndexerConfig
 from metis_indexer.schema import SearchRequest
 from metis_indexer.search import hybrid as search
 from metis_indexer.search.evaluation import ranked_documents
-from metis_indexer.service import Indexer
+from metis_indexer.service.service import Indexer
 
 HERE = Path(__file__).resolve().parent / "multilingual"
 MODES = ("keyword", "dense", "hybrid")

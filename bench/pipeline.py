@@ -42,7 +42,7 @@ from metis_indexer.config import IndexerConfig
 from metis_indexer.documents import ReadFailed
 from metis_indexer.ingest import sources
 from metis_indexer.ingest.readers.pool import ReaderPool
-from metis_indexer.service import Indexer
+from metis_indexer.service.service import Indexer
 
 PEPS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "perf" / "python-peps"
 TARGET = 3000.0

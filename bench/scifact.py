@@ -42,7 +42,7 @@ from metis_indexer.limits import VECTOR_KINDS, VectorKind
 from metis_indexer.schema import SearchAnswer, SearchRequest
 from metis_indexer.search import hybrid as search
 from metis_indexer.search.evaluation import ranked_documents
-from metis_indexer.service import Indexer
+from metis_indexer.service.service import Indexer
 
 SCIFACT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "scifact"
 

@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from metis_operator import children
+from metis_operator import children, kube
 from metis_operator.api import identity
 
 Key = tuple[str, str]
@@ -34,32 +34,28 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 
 
 @dataclasses.dataclass(frozen=True)
-class Watched:
+class Watched(kube.Resource):
     """One kind the operator watches: what kopf and a LIST need."""
 
-    kind: str
-    group: str
-    version: str
-    plural: str
     labels: Mapping[str, str] | None = None
     child: bool = False
     """The operator applies it for a base (the drift check lists it): not the base's
     Secret, which the operator may not list; each base reads its own by name."""
 
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
+
+def _watched(kind: str, labels: Mapping[str, str] | None = None, child: bool = False) -> Watched:
+    return Watched(**dataclasses.asdict(kube.RESOURCE[kind]), labels=labels, child=child)
 
 
 WATCHED = (
-    Watched("PersistentVolumeClaim", "", "v1", "persistentvolumeclaims", child=True),
-    Watched("Service", "", "v1", "services", child=True),
-    Watched("Deployment", "apps", "v1", "deployments", child=True),
-    Watched("StatefulSet", "apps", "v1", "statefulsets"),
-    Watched("ConfigMap", "", "v1", "configmaps", MANAGED, child=True),
-    Watched("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies", MANAGED, child=True),
-    Watched("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", MANAGED, child=True),
-    Watched("Pod", "", "v1", "pods", INDEXER_PODS),
+    _watched("PersistentVolumeClaim", child=True),
+    _watched("Service", child=True),
+    _watched("Deployment", child=True),
+    _watched("StatefulSet"),
+    _watched("ConfigMap", MANAGED, child=True),
+    _watched("NetworkPolicy", MANAGED, child=True),
+    _watched("PodDisruptionBudget", MANAGED, child=True),
+    _watched("Pod", INDEXER_PODS),
 )
 """Drives and model Services by name (any in the namespace may be named by a base),
 workloads (a child, or behind a model Service), and the operator's own ConfigMaps,

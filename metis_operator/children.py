@@ -283,7 +283,7 @@ class PodInputs(NamedTuple):
     replicas: int
 
     def digest(self) -> str:
-        """Tells a user's change of the pod from the operator's (`reconcile.operators_change`)."""
+        """Tells a user's change of the pod from the operator's (`rollout.operators_change`)."""
         return _digest([self.drives, self.placement.model_dump(mode="json"), self.replicas])
 
 

@@ -7,7 +7,7 @@ that, at 7 GETs per base, and at 1,000 bases that was 1.6 API requests a minute 
 base while nothing changed (bench/results/operator-kwok.md). A LIST of each kind,
 narrowed to the operator's label by the API server, costs six requests for all of
 them; only the bases whose children differ from the cache read theirs afresh.
-`drifted` decides, without I/O; `handlers.Runner.follow_drift` lists and wakes.
+`drifted` decides, without I/O; `watching.follow_drift` lists and wakes.
 """
 
 from __future__ import annotations

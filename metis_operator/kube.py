@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 from collections.abc import Generator, Iterator, Mapping
@@ -107,22 +108,41 @@ def path(api_version: str, plural: str, namespace: str | None, name: str | None 
     return out + (f"/{quote(name)}" if name else "")
 
 
-_PLURALS = {
-    "ConfigMap": "configmaps",
-    "PersistentVolumeClaim": "persistentvolumeclaims",
-    "Service": "services",
-    "Deployment": "deployments",
-    "Secret": "secrets",
-    "NetworkPolicy": "networkpolicies",
-    "PodDisruptionBudget": "poddisruptionbudgets",
-}
+@dataclasses.dataclass(frozen=True)
+class Resource:
+    """A kind of object the operator lists, watches or writes, as the API server's paths
+    name it."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+RESOURCES = (
+    Resource("PersistentVolumeClaim", "", "v1", "persistentvolumeclaims"),
+    Resource("Service", "", "v1", "services"),
+    Resource("Deployment", "apps", "v1", "deployments"),
+    Resource("StatefulSet", "apps", "v1", "statefulsets"),
+    Resource("ConfigMap", "", "v1", "configmaps"),
+    Resource("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies"),
+    Resource("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets"),
+    Resource("Pod", "", "v1", "pods"),
+    Resource("Secret", "", "v1", "secrets"),
+)
+"""Every kind of the operator's vocabulary besides its own (the KnowledgeBase, api/):
+what it watches (cache.WATCHED picks them) and the base's Secret, read by name."""
+RESOURCE = {r.kind: r for r in RESOURCES}
 
 
 def manifest_path(manifest: Mapping[str, Any]) -> str:
     meta = manifest["metadata"]
-    return path(
-        manifest["apiVersion"], _PLURALS[manifest["kind"]], meta.get("namespace"), meta["name"]
-    )
+    plural = RESOURCE[manifest["kind"]].plural
+    return path(manifest["apiVersion"], plural, meta.get("namespace"), meta["name"])
 
 
 def _parsed(raw: bytes | str | None) -> Any:

@@ -30,7 +30,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
@@ -372,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("search", parents=[common], help="ask a base a question")
     q.add_argument("base")
     q.add_argument("question")
-    q.add_argument("--mode", choices=["hybrid", "dense", "keyword"], default="hybrid")
+    q.add_argument("--mode", choices=get_args(schema.Mode), default="hybrid")
     q.add_argument("--top-k", type=int, default=5)
     q.add_argument("--no-rerank", action="store_true")
     q.add_argument("--json", action="store_true", help="print the answer as JSON")

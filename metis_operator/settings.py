@@ -71,7 +71,7 @@ class ReachSettings:
 
     evaluate_timeout_seconds: float = _env("METIS_EVALUATE_TIMEOUT_SECONDS", 90.0)
     """Seconds an evaluation may take: the indexer stops its own at 60 s
-    (tests/unit/test_evaluation.py)."""
+    (tests/indexer/search/test_evaluation.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +140,7 @@ class RuntimeSettings:
 
 @dataclasses.dataclass(frozen=True)
 class QualitySettings:
-    """Retrieval quality as a signal (quality.py)."""
+    """Retrieval quality as a signal (status/quality.py)."""
 
     tolerance: float = _env("METIS_QUALITY_TOLERANCE", 0.05)
     """How much recall@k or MRR (0 to 1) the evaluation after a change of embedding model

@@ -1,11 +1,13 @@
 """The indexer's HTTP API (port 7700): thin handlers over `answers.Answers`.
 
 Bodies are parsed into pydantic models, and the service answers in them too
-(schema.py), so the OpenAPI document (built from the same models) is what the
-API answers. Every domain error becomes `{"error": {"code", "message"}}` in one
-middleware. The routes that cost model time (reindex, evaluate), those that write or forget
-a note, and the one that hands out the index's vectors to its peers take the
-operator's token when one is set; one evaluation runs at a time.
+(schema.py). Each route is declared once, in ROUTES (http/routes.py): the router is
+registered from it and the OpenAPI document made from it (http/openapi.py), with the
+same models, so the document is what the API answers. Every domain error becomes
+`{"error": {"code", "message"}}` in one middleware. The routes that cost model time
+(reindex, evaluate), those that write or forget a note, and the one that hands out the
+index's vectors to its peers take the operator's token when one is set (`token=True`: the
+router checks it before the handler runs); one evaluation runs at a time.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from pydantic import BaseModel
 
 from metis_indexer import console, mcp, notes
-from metis_indexer.answers import Answers
 from metis_indexer.errors import (
     BadRequest,
     Conflict,
@@ -46,6 +47,8 @@ from metis_indexer.errors import (
     Unauthorized,
     UnsupportedEncoding,
 )
+from metis_indexer.http import openapi
+from metis_indexer.http.routes import Answer, Failure, Handler, Route, codes, register
 from metis_indexer.schema import (
     TOKEN_HEADER,
     DocumentsPage,
@@ -72,7 +75,8 @@ from metis_indexer.schema import (
     parse_query,
 )
 from metis_indexer.search.evaluation import Evaluation
-from metis_indexer.service import Indexer
+from metis_indexer.service.answers import Answers
+from metis_indexer.service.service import Indexer
 
 log = logging.getLogger("metis.api")
 
@@ -152,8 +156,6 @@ class Costly:
 answers_key = web.AppKey("answers", Answers)
 costly_key = web.AppKey("costly", Costly)
 indexer_key = web.AppKey("indexer", Indexer)
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def error(status: int, code: str, message: str, headers: Any = None) -> web.Response:
@@ -305,7 +307,6 @@ def refuse_while_stopping(request: web.Request) -> None:
 
 
 async def reindex(request: web.Request) -> web.Response:
-    request.app[costly_key].authorize(request)
     req = parse_body(ReindexRequest, await read_body(request))
     refuse_while_stopping(request)
     request.app[answers_key].request_pass(full=req.full)
@@ -318,7 +319,7 @@ async def evaluate(request: web.Request) -> web.Response:
     and its figures are lost with the connection, but the model time is not wasted
     twice by a retry racing it."""
     costly = request.app[costly_key]
-    operator = costly.authorize(request)
+    operator = costly.token is not None  # the route has checked the token
     req = parse_body(EvaluateRequest, await read_body(request))
     check_k("k", req.k)
     refuse_while_stopping(request)
@@ -339,7 +340,6 @@ async def evaluate(request: web.Request) -> web.Response:
 
 async def vectors(request: web.Request) -> web.Response:
     """The vectors a peer asks for: no model time, but the index's data, so the token's."""
-    request.app[costly_key].authorize(request)
     req = parse_body(VectorsRequest, await read_body(request))
     return answer(await request.app[answers_key].vectors(req))
 
@@ -358,7 +358,6 @@ def write_refusal(request: web.Request) -> Refusal | None:
 async def write_note(request: web.Request) -> web.Response:
     """A note kept on the base's drive and searchable when this returns: a write, so the
     token's when one is set."""
-    request.app[costly_key].authorize(request)
     req = parse_body(NoteRequest, await read_body(request, NOTE_BODY))
     refuse_while_stopping(request)
     note, new = await request.app[answers_key].write_note(req)
@@ -375,7 +374,6 @@ async def note(request: web.Request) -> web.Response:
 
 
 async def forget_note(request: web.Request) -> web.Response:
-    request.app[costly_key].authorize(request)
     refuse_while_stopping(request)
     return answer(await request.app[answers_key].forget_note(request.match_info["id"]))
 
@@ -399,417 +397,342 @@ async def readyz(request: web.Request) -> web.Response:
     return answer(Readiness(ok=True, phase=answers.phase))
 
 
-async def openapi(request: web.Request) -> web.Response:
+async def openapi_json(request: web.Request) -> web.Response:
     return web.json_response(openapi_document(token=request.app[costly_key].token is not None))
 
 
-SEARCH_400 = (
-    "QUERY_EMPTY",
-    "QUERY_TOO_LONG",
-    "TOP_K_OUT_OF_RANGE",
-    "INVALID_BODY",
-    "NO_EMBEDDING_MODEL",
-)
-EVALUATE_400 = (
-    "EVAL_EMPTY",
-    "EVAL_FILE",
-    "EVAL_CASE_INVALID",
-    "EVAL_TOO_LARGE",
-    "TOP_K_OUT_OF_RANGE",
-    "INVALID_BODY",
-    "QUERY_EMPTY",
-    "QUERY_TOO_LONG",
-)
-NOTE_400 = (
-    "INVALID_BODY",
-    "NOTE_EMPTY",
-    "NOTE_TOO_LONG",
-    "NOTE_ID_INVALID",
-    "NOTE_REPLACES_TOO_MANY",
-)
-CODES = tuple(
-    dict.fromkeys(
-        (
-            "QUERY_EMPTY",
-            "QUERY_TOO_LONG",
-            "TOP_K_OUT_OF_RANGE",
-            "INVALID_BODY",
-            "NO_EMBEDDING_MODEL",
-            "EVAL_EMPTY",
-            "EVAL_FILE",
-            "EVAL_CASE_INVALID",
-            "EVAL_TOO_LARGE",
-            "UNAUTHORIZED",
-            "NOT_FOUND",
-            "METHOD_NOT_ALLOWED",
-            "STANDBY",
-            "EVALUATION_RUNNING",
-            "KNOWLEDGE_BASE_NOT_READY",
-            "EMBEDDING_MODEL_UNAVAILABLE",
-            "INTERNAL",
-            "REQUEST_TIMEOUT",
-            "INVALID_REQUEST",
-            "URI_TOO_LONG",
-            "HEADERS_TOO_LARGE",
-            "FORBIDDEN",
-            "MISDIRECTED_REQUEST",
-            *NOTE_400,
-            "NOTE_NOT_FOUND",
-            "NOTE_REPLACES_UNKNOWN",
-            "NOTE_REPLACES_ITSELF",
-            "NOTE_REPLACES_CYCLE",
-            "NOTE_REPLACES_TOO_DEEP",
-            "NOTE_UNREADABLE",
-            "NOTES_REPLICATED",
-            "NOTES_DRIVE_FULL",
-            "ENCODING_UNSUPPORTED",
-        )
+def reading(limit: int = MAX_BODY) -> tuple[Failure, ...]:
+    """What reading a body of at most `limit` bytes answers besides the route's own
+    (`read_body`); a body the route's model refuses is its 400 INVALID_BODY."""
+    return (
+        Failure(413, f"The body is larger than {limit} bytes", ("INVALID_BODY",)),
+        Failure(
+            415,
+            f"The body's Content-Encoding is none of {', '.join(ENCODINGS)}",
+            ("ENCODING_UNSUPPORTED",),
+        ),
     )
+
+
+NOT_LOADED = Failure(503, "The index is not loaded", ("KNOWLEDGE_BASE_NOT_READY",))
+NOTE_ID = {"id": {"type": "string", "pattern": notes.ID_PATTERN}}
+"""The path parameter of `/v1/notes/{id}`."""
+UNAUTHORIZED = Failure(
+    401,
+    "Without the operator's token (Authorization: Bearer <token>)",
+    ("UNAUTHORIZED",),
+    Unauthorized.headers,
 )
-"""Every code the indexer answers: the API's own, plus NOT_FOUND, METHOD_NOT_ALLOWED,
-UNAUTHORIZED, EVALUATION_RUNNING and INTERNAL; REQUEST_TIMEOUT (a body too slow);
-INVALID_REQUEST, URI_TOO_LONG and HEADERS_TOO_LARGE (what the HTTP parser refuses);
-ENCODING_UNSUPPORTED (a body's Content-Encoding not decoded here); FORBIDDEN and
-MISDIRECTED_REQUEST (the MCP transport's Origin and Host checks)."""
+"""What a route that takes the token answers without it (`Costly.authorize`)."""
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "search",
+        "POST",
+        "/v1/search",
+        search,
+        "Hybrid search with citations",
+        body=SearchRequest,
+        answers=(Answer(200, "The results", SearchAnswer),),
+        fails=(
+            Failure(
+                400,
+                "The question or the body is refused",
+                (
+                    "QUERY_EMPTY",
+                    "QUERY_TOO_LONG",
+                    "TOP_K_OUT_OF_RANGE",
+                    "INVALID_BODY",
+                    "NO_EMBEDDING_MODEL",
+                ),
+            ),
+            *reading(),
+            Failure(
+                503,
+                "The index is not loaded, or mode dense without its model",
+                ("KNOWLEDGE_BASE_NOT_READY", "EMBEDDING_MODEL_UNAVAILABLE"),
+            ),
+        ),
+    ),
+    Route(
+        "status",
+        "GET",
+        "/v1/status",
+        status,
+        "Phase, totals and pass progress",
+        answers=(Answer(200, "The status", StatusAnswer),),
+    ),
+    Route(
+        "documents",
+        "GET",
+        "/v1/documents",
+        documents,
+        "Documents with their state and why one failed",
+        query=DocumentsQuery,
+        answers=(Answer(200, "A page of documents", DocumentsPage),),
+        fails=(Failure(400, "A parameter out of its bounds", ("INVALID_BODY",)),),
+    ),
+    Route(
+        "reindex",
+        "POST",
+        "/v1/reindex",
+        reindex,
+        "Start a pass (full: read everything again)",
+        body=ReindexRequest,
+        body_required=False,
+        token=True,
+        answers=(Answer(202, "Accepted", ReindexAnswer),),
+        fails=(
+            Failure(400, "The body is refused", ("INVALID_BODY",)),
+            Failure(409, "A replacement is taking over, or this indexer is stopping", ("STANDBY",)),
+            *reading(),
+        ),
+    ),
+    Route(
+        "evaluate",
+        "POST",
+        "/v1/evaluate",
+        evaluate,
+        "Evaluate .metis/evals.jsonl of the source drives, one at a time",
+        body=EvaluateRequest,
+        body_required=False,
+        token=True,
+        answers=(Answer(200, "The figures", Evaluation),),
+        fails=(
+            Failure(
+                400,
+                "The body or the evaluation set is refused",
+                (
+                    "EVAL_EMPTY",
+                    "EVAL_FILE",
+                    "EVAL_CASE_INVALID",
+                    "EVAL_TOO_LARGE",
+                    "TOP_K_OUT_OF_RANGE",
+                    "INVALID_BODY",
+                    "QUERY_EMPTY",
+                    "QUERY_TOO_LONG",
+                ),
+            ),
+            Failure(
+                409,
+                "An evaluation is running, or this indexer is stopping",
+                ("EVALUATION_RUNNING", "STANDBY"),
+            ),
+            *reading(),
+            Failure(
+                503,
+                "The index is not loaded or cannot be read, or its model does not answer",
+                ("KNOWLEDGE_BASE_NOT_READY", "EMBEDDING_MODEL_UNAVAILABLE"),
+            ),
+        ),
+    ),
+    Route(
+        "write_note",
+        "POST",
+        "/v1/notes",
+        write_note,
+        "Keep a note on the base's own drive, searchable when this returns",
+        description="The note is indexed as a document of the source "
+        "`metis-<name>`: by words at once, by meaning once the embedding model "
+        "has embedded it (within seconds when it answers). A note naming others "
+        "in `replaces` ranks before them in results; they stay searchable.",
+        body=NoteRequest,
+        token=True,
+        answers=(
+            Answer(201, "The note, kept", NoteAnswer),
+            Answer(200, "The note of this id, written over", NoteAnswer),
+        ),
+        fails=(
+            Failure(
+                400,
+                "The note is refused",
+                (
+                    "INVALID_BODY",
+                    "NOTE_EMPTY",
+                    "NOTE_TOO_LONG",
+                    "NOTE_ID_INVALID",
+                    "NOTE_REPLACES_TOO_MANY",
+                ),
+            ),
+            Failure(
+                409,
+                "The notes held refuse the replacement (an unknown note, the note itself, a "
+                f"cycle, a chain over {notes.REPLACES_DEPTH_MAX} notes); the base runs several "
+                "replicas; a replacement is taking over, or this indexer is stopping",
+                (
+                    "NOTE_REPLACES_UNKNOWN",
+                    "NOTE_REPLACES_ITSELF",
+                    "NOTE_REPLACES_CYCLE",
+                    "NOTE_REPLACES_TOO_DEEP",
+                    "NOTES_REPLICATED",
+                    "STANDBY",
+                ),
+            ),
+            *reading(NOTE_BODY),
+            NOT_LOADED,
+            Failure(
+                507,
+                "The index drive has no room for the note: nothing of it is kept",
+                ("NOTES_DRIVE_FULL",),
+            ),
+        ),
+    ),
+    Route(
+        "notes",
+        "GET",
+        "/v1/notes",
+        notes_page,
+        "The base's notes, newest first",
+        query=NotesQuery,
+        answers=(Answer(200, "A page of notes", NotesPage),),
+        fails=(Failure(400, "A parameter out of its bounds", ("INVALID_BODY",)), NOT_LOADED),
+    ),
+    Route(
+        "note",
+        "GET",
+        "/v1/notes/{id}",
+        note,
+        "One note",
+        path_parameters=NOTE_ID,
+        answers=(Answer(200, "The note", NoteAnswer),),
+        fails=(
+            Failure(400, "Not a note's id", ("NOTE_ID_INVALID",)),
+            Failure(404, "The base holds no such note", ("NOTE_NOT_FOUND",)),
+            Failure(
+                409,
+                "The note's Markdown is on the drive (and found by search) but its record "
+                "cannot be read: DELETE removes it",
+                ("NOTE_UNREADABLE",),
+            ),
+            NOT_LOADED,
+        ),
+    ),
+    Route(
+        "forget_note",
+        "DELETE",
+        "/v1/notes/{id}",
+        forget_note,
+        "Forget a note: it is removed from the drive and the index",
+        description="The notes it replaced hold again, unless another "
+        "replaces them. A note whose record cannot be read is removed too, "
+        "answered with what its Markdown holds.",
+        path_parameters=NOTE_ID,
+        token=True,
+        answers=(Answer(200, "The note forgotten", NoteAnswer),),
+        fails=(
+            Failure(400, "Not a note's id", ("NOTE_ID_INVALID",)),
+            Failure(404, "The base holds no such note", ("NOTE_NOT_FOUND",)),
+            Failure(
+                409,
+                "The base runs several replicas; a replacement is taking over, or this "
+                "indexer is stopping",
+                ("NOTES_REPLICATED", "STANDBY"),
+            ),
+            NOT_LOADED,
+        ),
+    ),
+    Route(
+        "vectors",
+        "POST",
+        "/v1/vectors",
+        vectors,
+        "The vectors this index holds of passages, by hash (for peers)",
+        description="What another replica of the base asks before it sends "
+        "passages to the model. Each hash is BLAKE2b-128, hex, of a passage exactly "
+        "as the model is sent it (the document prefix, title and headings, text). "
+        "The answer gives the positions found and their vectors as base64 of "
+        "float32 little-endian, `dimensions` values each, in that order; only of "
+        "the model asked for, and none (with a reason) while the index's vectors "
+        "are another model's or its model changes.",
+        body=VectorsRequest,
+        token=True,
+        answers=(Answer(200, "The vectors found", VectorsAnswer),),
+        fails=(Failure(400, "The body is refused", ("INVALID_BODY",)), *reading()),
+    ),
+    Route(
+        "metrics",
+        "GET",
+        "/metrics",
+        metrics,
+        "Prometheus metrics",
+        answers=(
+            Answer(200, "Text exposition", media_type="text/plain", schema={"type": "string"}),
+        ),
+    ),
+    Route("healthz", "GET", "/healthz", healthz, "Liveness", answers=(Answer(200, "Up", Health),)),
+    Route(
+        "readyz",
+        "GET",
+        "/readyz",
+        readyz,
+        "Readiness: the index is loaded (with peers: and has had one whole pass)",
+        answers=(Answer(200, "Ready", Readiness),),
+        fails=(
+            Failure(
+                503,
+                "The index is not loaded, or (with peers) its first pass has not ended",
+                ("KNOWLEDGE_BASE_NOT_READY",),
+            ),
+        ),
+    ),
+    Route(
+        "openapi",
+        "GET",
+        "/openapi.json",
+        openapi_json,
+        "This document",
+        answers=(Answer(200, "OpenAPI 3.1", schema={"type": "object"}),),
+    ),
+)
+"""The API's routes, one declaration each: the router registers them in this order (each
+that takes the token checking it first), and the OpenAPI document lists them so."""
+
+ANYWHERE = (
+    "NOT_FOUND",
+    "METHOD_NOT_ALLOWED",
+    "REQUEST_TIMEOUT",
+    "INVALID_REQUEST",
+    "URI_TOO_LONG",
+    "HEADERS_TOO_LARGE",
+    "INTERNAL",
+)
+"""The codes any request may be answered besides its route's: no route, a method the route
+lacks (`_http_error`); a body too slow (`read_body`); what the HTTP parser refuses
+(`parser_refusal`); the indexer failing."""
+CODES = codes(
+    ROUTES, UNAUTHORIZED, *ANYWHERE, *dict.fromkeys(code for code, _ in mcp.REFUSALS.values())
+)
+"""Every code the indexer answers: its routes', those of any request, and those of the MCP
+transport's own checks (its Origin and Host: FORBIDDEN, MISDIRECTED_REQUEST)."""
+
+INFO = {
+    "title": "Metis indexer",
+    "version": "1",
+    "description": "Any route answers 404 NOT_FOUND for a path it does not have and "
+    "405 METHOD_NOT_ALLOWED (with Allow) for a method it does not take; "
+    f"408 REQUEST_TIMEOUT for a body not whole within {BODY_SECONDS:g} "
+    "s; 400 INVALID_REQUEST, 414 URI_TOO_LONG (a request line over "
+    f"{MAX_LINE} bytes) and 431 HEADERS_TOO_LARGE (a header over "
+    f"{MAX_FIELD} bytes) for what is not valid HTTP. Every error is "
+    'JSON: {"error": {"code", "message"}}. MCP (Streamable '
+    "HTTP, stateless, JSON answers) is served at POST /mcp.",
+}
 
 
 def openapi_document(*, token: bool = False) -> dict[str, Any]:
-    """OpenAPI 3.1 of the routes, with every body's JSON Schema from its model, every
-    status a route answers and the codes each error status carries. `token`: the
-    costly routes need the operator's token (only then do they answer 401)."""
-
-    def ref(name: str) -> dict[str, str]:
-        return {"$ref": f"#/components/schemas/{name}"}
-
-    def body(name: str, required: bool = True) -> dict[str, Any]:
-        return {"required": required, "content": {"application/json": {"schema": ref(name)}}}
-
-    def ok(name: str, what: str) -> dict[str, Any]:
-        return {"description": what, "content": {"application/json": {"schema": ref(name)}}}
-
-    def err(what: str, *codes: str) -> dict[str, Any]:
-        schema = {
-            "allOf": [
-                ref("Error"),
-                {"properties": {"error": {"properties": {"code": {"enum": list(codes)}}}}},
-            ]
-        }
-        return {"description": what, "content": {"application/json": {"schema": schema}}}
-
-    too_large = err(f"The body is larger than {MAX_BODY} bytes", "INVALID_BODY")
-    encoding = err(
-        f"The body's Content-Encoding is none of {', '.join(ENCODINGS)}", "ENCODING_UNSUPPORTED"
+    """OpenAPI 3.1 of ROUTES. `token`: the routes that take it need the operator's token
+    (only then do they answer 401)."""
+    return openapi.document(
+        ROUTES,
+        info=INFO,
+        token=UNAUTHORIZED if token else None,
+        codes=CODES,
+        error=ErrorAnswer,
     )
-    security: dict[str, Any] = {"security": [{"operatorToken": []}]} if token else {}
-    unauthorized: dict[str, Any] = (
-        {
-            "401": {
-                **err(
-                    "Without the operator's token (Authorization: Bearer <token>)", "UNAUTHORIZED"
-                ),
-                "headers": {"WWW-Authenticate": {"schema": {"type": "string", "const": "Bearer"}}},
-            }
-        }
-        if token
-        else {}
-    )
-
-    schemas: dict[str, Any] = {}
-    for model in (
-        SearchRequest,
-        SearchAnswer,
-        ReindexRequest,
-        ReindexAnswer,
-        EvaluateRequest,
-        Evaluation,
-        StatusAnswer,
-        DocumentsPage,
-        NoteRequest,
-        NoteAnswer,
-        NotesPage,
-        VectorsRequest,
-        VectorsAnswer,
-        Health,
-        Readiness,
-        ErrorAnswer,
-    ):
-        s = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        schemas.update(s.pop("$defs", {}))
-        schemas[model.__name__] = s
-    schemas["Error"] = schemas.pop("ErrorAnswer")
-    schemas["ErrorBody"]["properties"]["code"]["enum"] = list(CODES)
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "Metis indexer",
-            "version": "1",
-            "description": "Any route answers 404 NOT_FOUND for a path it does not have and "
-            "405 METHOD_NOT_ALLOWED (with Allow) for a method it does not take; "
-            f"408 REQUEST_TIMEOUT for a body not whole within {BODY_SECONDS:g} "
-            "s; 400 INVALID_REQUEST, 414 URI_TOO_LONG (a request line over "
-            f"{MAX_LINE} bytes) and 431 HEADERS_TOO_LARGE (a header over "
-            f"{MAX_FIELD} bytes) for what is not valid HTTP. Every error is "
-            'JSON: {"error": {"code", "message"}}. MCP (Streamable '
-            "HTTP, stateless, JSON answers) is served at POST /mcp.",
-        },
-        "paths": {
-            "/v1/search": {
-                "post": {
-                    "summary": "Hybrid search with citations",
-                    "requestBody": body("SearchRequest"),
-                    "responses": {
-                        "200": ok("SearchAnswer", "The results"),
-                        "400": err("The question or the body is refused", *SEARCH_400),
-                        "413": too_large,
-                        "415": encoding,
-                        "503": err(
-                            "The index is not loaded, or mode dense without its model",
-                            "KNOWLEDGE_BASE_NOT_READY",
-                            "EMBEDDING_MODEL_UNAVAILABLE",
-                        ),
-                    },
-                }
-            },
-            "/v1/status": {
-                "get": {
-                    "summary": "Phase, totals and pass progress",
-                    "responses": {"200": ok("StatusAnswer", "The status")},
-                }
-            },
-            "/v1/documents": {
-                "get": {
-                    "summary": "Documents with their state and why one failed",
-                    "parameters": query_parameters(DocumentsQuery),
-                    "responses": {
-                        "200": ok("DocumentsPage", "A page of documents"),
-                        "400": err("A parameter out of its bounds", "INVALID_BODY"),
-                    },
-                }
-            },
-            "/v1/reindex": {
-                "post": {
-                    "summary": "Start a pass (full: read everything again)",
-                    "requestBody": body("ReindexRequest", required=False),
-                    **security,
-                    "responses": {
-                        "202": ok("ReindexAnswer", "Accepted"),
-                        "400": err("The body is refused", "INVALID_BODY"),
-                        **unauthorized,
-                        "409": err(
-                            "A replacement is taking over, or this indexer is stopping",
-                            "STANDBY",
-                        ),
-                        "413": too_large,
-                        "415": encoding,
-                    },
-                }
-            },
-            "/v1/evaluate": {
-                "post": {
-                    "summary": "Evaluate .metis/evals.jsonl of the source drives, one at a time",
-                    "requestBody": body("EvaluateRequest", required=False),
-                    **security,
-                    "responses": {
-                        "200": ok("Evaluation", "The figures"),
-                        "400": err("The body or the evaluation set is refused", *EVALUATE_400),
-                        **unauthorized,
-                        "409": err(
-                            "An evaluation is running, or this indexer is stopping",
-                            "EVALUATION_RUNNING",
-                            "STANDBY",
-                        ),
-                        "413": too_large,
-                        "415": encoding,
-                        "503": err("Mode dense without its model", "EMBEDDING_MODEL_UNAVAILABLE"),
-                    },
-                }
-            },
-            "/v1/notes": {
-                "post": {
-                    "summary": "Keep a note on the base's own drive, searchable when this returns",
-                    "description": "The note is indexed as a document of the source "
-                    "`metis-<name>`: by words at once, by meaning once the embedding model "
-                    "has embedded it (within seconds when it answers). A note naming others "
-                    "in `replaces` ranks before them in results; they stay searchable.",
-                    "requestBody": body("NoteRequest"),
-                    **security,
-                    "responses": {
-                        "201": ok("NoteAnswer", "The note, kept"),
-                        "200": ok("NoteAnswer", "The note of this id, written over"),
-                        "400": err("The note is refused", *NOTE_400),
-                        **unauthorized,
-                        "409": err(
-                            "The notes held refuse the replacement (an unknown note, the note "
-                            "itself, a cycle, a chain over "
-                            f"{notes.REPLACES_DEPTH_MAX} notes); the base runs several "
-                            "replicas; a replacement is taking over, or this indexer is stopping",
-                            "NOTE_REPLACES_UNKNOWN",
-                            "NOTE_REPLACES_ITSELF",
-                            "NOTE_REPLACES_CYCLE",
-                            "NOTE_REPLACES_TOO_DEEP",
-                            "NOTES_REPLICATED",
-                            "STANDBY",
-                        ),
-                        "413": err(f"The body is larger than {NOTE_BODY} bytes", "INVALID_BODY"),
-                        "415": encoding,
-                        "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY"),
-                        "507": err(
-                            "The index drive has no room for the note: nothing of it is kept",
-                            "NOTES_DRIVE_FULL",
-                        ),
-                    },
-                },
-                "get": {
-                    "summary": "The base's notes, newest first",
-                    "parameters": query_parameters(NotesQuery),
-                    "responses": {
-                        "200": ok("NotesPage", "A page of notes"),
-                        "400": err("A parameter out of its bounds", "INVALID_BODY"),
-                        "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY"),
-                    },
-                },
-            },
-            "/v1/notes/{id}": {
-                "parameters": [
-                    {
-                        "name": "id",
-                        "in": "path",
-                        "required": True,
-                        "schema": {"type": "string", "pattern": notes.ID_PATTERN},
-                    }
-                ],
-                "get": {
-                    "summary": "One note",
-                    "responses": {
-                        "200": ok("NoteAnswer", "The note"),
-                        "400": err("Not a note's id", "NOTE_ID_INVALID"),
-                        "404": err("The base holds no such note", "NOTE_NOT_FOUND"),
-                        "409": err(
-                            "The note's Markdown is on the drive (and found by search) but its "
-                            "record cannot be read: DELETE removes it",
-                            "NOTE_UNREADABLE",
-                        ),
-                        "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY"),
-                    },
-                },
-                "delete": {
-                    "summary": "Forget a note: it is removed from the drive and the index",
-                    "description": "The notes it replaced hold again, unless another "
-                    "replaces them. A note whose record cannot be read is removed too, "
-                    "answered with what its Markdown holds.",
-                    **security,
-                    "responses": {
-                        "200": ok("NoteAnswer", "The note forgotten"),
-                        "400": err("Not a note's id", "NOTE_ID_INVALID"),
-                        **unauthorized,
-                        "404": err("The base holds no such note", "NOTE_NOT_FOUND"),
-                        "409": err(
-                            "The base runs several replicas; a replacement is taking over, or "
-                            "this indexer is stopping",
-                            "NOTES_REPLICATED",
-                            "STANDBY",
-                        ),
-                        "503": err("The index is not loaded", "KNOWLEDGE_BASE_NOT_READY"),
-                    },
-                },
-            },
-            "/v1/vectors": {
-                "post": {
-                    "summary": "The vectors this index holds of passages, by hash (for peers)",
-                    "description": "What another replica of the base asks before it sends "
-                    "passages to the model. Each hash is BLAKE2b-128, hex, of a passage exactly "
-                    "as the model is sent it (the document prefix, title and headings, text). "
-                    "The answer gives the positions found and their vectors as base64 of "
-                    "float32 little-endian, `dimensions` values each, in that order; only of "
-                    "the model asked for, and none (with a reason) while the index's vectors "
-                    "are another model's or its model changes.",
-                    "requestBody": body("VectorsRequest"),
-                    **security,
-                    "responses": {
-                        "200": ok("VectorsAnswer", "The vectors found"),
-                        "400": err("The body is refused", "INVALID_BODY"),
-                        **unauthorized,
-                        "413": too_large,
-                        "415": encoding,
-                    },
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics",
-                    "responses": {
-                        "200": {
-                            "description": "Text exposition",
-                            "content": {"text/plain": {"schema": {"type": "string"}}},
-                        }
-                    },
-                }
-            },
-            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": ok("Health", "Up")}}},
-            "/readyz": {
-                "get": {
-                    "summary": "Readiness: the index is loaded (with peers: and has had one "
-                    "whole pass)",
-                    "responses": {
-                        "200": ok("Readiness", "Ready"),
-                        "503": err(
-                            "The index is not loaded, or (with peers) its first pass has not ended",
-                            "KNOWLEDGE_BASE_NOT_READY",
-                        ),
-                    },
-                }
-            },
-            "/openapi.json": {
-                "get": {
-                    "summary": "This document",
-                    "responses": {
-                        "200": {
-                            "description": "OpenAPI 3.1",
-                            "content": {"application/json": {"schema": {"type": "object"}}},
-                        }
-                    },
-                }
-            },
-        },
-        "components": {
-            "schemas": schemas,
-            **(
-                {"securitySchemes": {"operatorToken": {"type": "http", "scheme": "bearer"}}}
-                if token
-                else {}
-            ),
-        },
-    }
-
-
-def query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
-    """A query model's fields as OpenAPI parameters; an optional one is left out,
-    never sent as null."""
-    parameters = []
-    for name, schema in model.model_json_schema()["properties"].items():
-        schema = {k: v for k, v in schema.items() if k != "title"}
-        if "anyOf" in schema:
-            given = [s for s in schema.pop("anyOf") if s.get("type") != "null"]
-            schema = {**given[0], **{k: v for k, v in schema.items() if v is not None}}
-        parameters.append({"name": name, "in": "query", "schema": schema})
-    return parameters
 
 
 def setup_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/search", search, name="search")
-    app.router.add_get("/v1/status", status, name="status")
-    app.router.add_get("/v1/documents", documents, name="documents")
-    app.router.add_post("/v1/reindex", reindex, name="reindex")
-    app.router.add_post("/v1/evaluate", evaluate, name="evaluate")
-    app.router.add_post("/v1/vectors", vectors, name="vectors")
-    app.router.add_post("/v1/notes", write_note, name="write_note")
-    app.router.add_get("/v1/notes", notes_page, name="notes")
-    app.router.add_get("/v1/notes/{id}", note, name="note")
-    app.router.add_delete("/v1/notes/{id}", forget_note, name="forget_note")
-    app.router.add_get("/metrics", metrics, name="metrics")
-    app.router.add_get("/healthz", healthz, name="healthz")
-    app.router.add_get("/readyz", readyz, name="readyz")
-    app.router.add_get("/openapi.json", openapi, name="openapi")
+    register(app, ROUTES, lambda request: request.app[costly_key].authorize(request))
 
 
 class _Connection(RequestHandler):

@@ -31,11 +31,10 @@ from pydantic import ValidationError
 from metis_indexer import limits
 from metis_indexer.answer_text import answer_text, notes_text
 from metis_indexer.config import ConfigError, IndexerConfig, explain, load
-from metis_indexer.documents import Kind
-from metis_indexer.schema import Mode, SearchAnswer
+from metis_indexer.schema import FILTERS, Mode, SearchAnswer
 
 if TYPE_CHECKING:
-    from metis_indexer.service import Indexer
+    from metis_indexer.service.service import Indexer
 
 DEFAULT_URL = "http://127.0.0.1:7700"
 TOKEN_ENV = "METIS_API_TOKEN"
@@ -127,9 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top-k", type=int, default=5)
     s.add_argument("--mode", choices=get_args(Mode), default="hybrid")
     s.add_argument("--no-rerank", action="store_true")
-    s.add_argument("--prefix", help="only documents whose path starts with this")
-    s.add_argument("--kind", action="append", choices=[k.value for k in Kind])
-    s.add_argument("--source", action="append", help="only documents of this source")
+    for f in FILTERS:  # --prefix, --kind, --source: a list's flag is repeated
+        many: dict[str, Any] = {"action": "append"} if f.many else {}
+        s.add_argument(f"--{f.asked.name}", **many, choices=f.choices, help=f.asked.help)
     client("status", "the index's phase and totals")
     d = client("documents", "documents with their state")
     d.add_argument("--page", type=int, default=1)
@@ -197,7 +196,7 @@ def serve_config(args: argparse.Namespace) -> IndexerConfig:
 
 async def _serve(cfg: IndexerConfig, config_path: Path | None) -> None:
     from metis_indexer.api import create_app, runner
-    from metis_indexer.service import Indexer
+    from metis_indexer.service.service import Indexer
 
     signals = _signals()
     token = os.environ.get(TOKEN_ENV) or None
@@ -313,15 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     url = args.url.rstrip("/")
     if args.command == "search":
-        filters = {
-            k: v
-            for k, v in (
-                ("path_prefix", args.prefix),
-                ("kinds", args.kind),
-                ("sources", args.source),
-            )
-            if v
-        }
+        filters = {f.field: v for f in FILTERS if (v := getattr(args, f.asked.name))}
         body: dict[str, Any] = {"query": args.question, "top_k": args.top_k, "mode": args.mode}
         if args.no_rerank:
             body["rerank"] = False

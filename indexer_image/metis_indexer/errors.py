@@ -4,19 +4,19 @@ The core raises these; the HTTP app's one middleware turns them into
 `{"error": {"code", "message"}}` answers, with the error's headers.
 
     Refusal
-     ├── BadRequest            400  QUERY_EMPTY, QUERY_TOO_LONG, TOP_K_OUT_OF_RANGE,
-     │                              INVALID_BODY, NO_EMBEDDING_MODEL, EVAL_*,
-     │                              NOTE_* (a note's body)
-     ├── Unauthorized          401  UNAUTHORIZED (a costly route without the operator's token)
-     ├── NotFound              404  NOTE_NOT_FOUND
-     ├── TimedOut              408  REQUEST_TIMEOUT (a body that did not arrive whole in time)
-     ├── TooLarge              413  INVALID_BODY (a body over its route's bound)
-     ├── UnsupportedEncoding   415  ENCODING_UNSUPPORTED (a Content-Encoding not decoded here)
-     ├── Unavailable           503  KNOWLEDGE_BASE_NOT_READY, EMBEDDING_MODEL_UNAVAILABLE
-     ├── DriveFull             507  NOTES_DRIVE_FULL (a note that does not fit on the drive)
-     └── Conflict              409  STANDBY, EVALUATION_RUNNING, NOTES_REPLICATED,
-                                    NOTE_REPLACES_* (what the notes held refuse),
-                                    NOTE_UNREADABLE (a note whose record cannot be read)
+     ├── BadRequest            400  the question, a body or a parameter refused
+     ├── Unauthorized          401  a route that takes the operator's token, without it
+     ├── NotFound              404  no such note
+     ├── TimedOut              408  a body that did not arrive whole in time
+     ├── TooLarge              413  a body over its route's bound
+     ├── UnsupportedEncoding   415  a Content-Encoding not decoded here
+     ├── Unavailable           503  the index not loaded; the embedding model unavailable
+     ├── DriveFull             507  a note that does not fit on the drive
+     └── Conflict              409  what the indexer's state refuses (standby, an evaluation
+                                    running, the notes held)
+
+The codes each route answers, status by status, are declared with the route (api.ROUTES),
+and so listed in the OpenAPI document.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal, get_args
@@ -29,16 +30,13 @@ from mcp.types import ToolAnnotations
 from pydantic import ValidationError, WithJsonSchema
 
 from metis_indexer import notes, schema
-from metis_indexer.answers import Answers
-from metis_indexer.documents import Kind
 from metis_indexer.errors import Refusal
+from metis_indexer.service.answers import Answers
 
 PATH = "/mcp"
 READ_ONLY = ToolAnnotations(
     read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
 )
-
-KINDS = [k.value for k in Kind]
 
 
 def _raw(described: dict[str, Any]) -> Any:
@@ -52,9 +50,23 @@ Query = _raw({"type": "string"})
 TopK = _raw({"type": "integer", "minimum": 1, "maximum": schema.TOP_K_MAX})
 ModeArg = _raw({"type": "string", "enum": list(get_args(schema.Mode))})
 Rerank = _raw({"type": ["boolean", "null"]})
-PathPrefix = _raw({"type": ["string", "null"]})
-Kinds = _raw({"type": ["array", "null"], "items": {"type": "string", "enum": KINDS}})
-Sources = _raw({"type": ["array", "null"], "items": {"type": "string"}})
+
+
+def filtering(tool: Callable[..., Any]) -> Callable[..., Any]:
+    """`tool`, its `**filters` declared as one parameter per search filter (`schema.FILTERS`:
+    its name in the body's `filters`, its JSON Schema, null when absent), so that the tool's
+    input schema lists them as the API's model does."""
+    signature = inspect.signature(tool, eval_str=True)
+    *asked, _ = signature.parameters.values()
+    filters = [
+        inspect.Parameter(
+            f.field, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=_raw(dict(f.schema))
+        )
+        for f in schema.FILTERS
+    ]
+    # A function's __signature__ is what inspect (and so the SDK) reads; typeshed has none.
+    tool.__signature__ = signature.replace(parameters=[*asked, *filters])  # type: ignore[attr-defined]
+    return tool
 
 
 NoteText = _raw({"type": "string", "minLength": 1, "maxLength": notes.TEXT_MAX})
@@ -111,14 +123,13 @@ def server(answers: Answers, ask: Ask) -> MCPServer:
     )
 
     @mcp.tool(annotations=READ_ONLY)
+    @filtering
     async def search(
         query: Query,
         top_k: TopK = 5,
         mode: ModeArg = "hybrid",
         rerank: Rerank = None,
-        path_prefix: PathPrefix = None,
-        kinds: Kinds = None,
-        sources: Sources = None,
+        **filters: Any,
     ) -> dict[str, Any]:
         """Search the knowledge base's documents for passages that answer `query` (a
         question or keywords, up to 4,000 characters). Returns up to `top_k` (1-50)
@@ -129,16 +140,11 @@ def server(answers: Answers, ask: Ask) -> MCPServer:
         answer and the search fell back. Narrow with `path_prefix` (a folder), `kinds`
         (file types) or `sources` (drive names). Cite the citation's document when you
         use a passage."""
-        filters = {
-            k: v
-            for k, v in (("path_prefix", path_prefix), ("kinds", kinds), ("sources", sources))
-            if v is not None
-        }
         body: dict[str, Any] = {"query": query, "top_k": top_k, "mode": mode}
         if rerank is not None:
             body["rerank"] = rerank
-        if filters:
-            body["filters"] = filters
+        if given := {k: v for k, v in filters.items() if v is not None}:
+            body["filters"] = given
         try:
             result = await ask(json.dumps(body).encode())
         except Refusal as e:
@@ -223,7 +229,7 @@ class _Exchange(ASGIContext):
     aiohttp-asgi's own receive answers `http.request` with an empty body forever once the
     body is read, and never `http.disconnect`, without ever suspending: an app that
     listens for the disconnect (sse-starlette does) then spins the event loop, and the
-    whole indexer with it (`tests/service/test_hostile.py`). Here the body, read whole
+    whole indexer with it (`tests/indexer/http/test_hostile.py`). Here the body, read whole
     and bounded beforehand, is one message; the next receive waits until the answer is
     sent or the client has gone, then says `http.disconnect`. An error the SDK answers
     in plain text (its transport checks: Host, Origin, Content-Type, size) is answered

@@ -8,6 +8,7 @@ in the OpenAPI document) through `json_schema_extra`, from the same constants.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -58,10 +59,80 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """How a search filter is asked outside a JSON body: `name`, its flag (`metis search
+    --NAME`) and its Search page parameter; `label` and `example`, its field on that page;
+    `help`, what it keeps (the flag's help)."""
+
+    name: str
+    label: str
+    example: str = ""
+    help: str | None = None
+
+
+# The search filters, each declared once: the API's `filters`, and through `FILTERS` the
+# flags of `metis search`, the parameters of MCP's `search` and the Search page's fields.
 class Filters(_Body):
-    path_prefix: str | None = None
-    kinds: list[Kind] | None = None
-    sources: list[str] | None = None
+    path_prefix: Annotated[
+        str | None,
+        Asked("prefix", "Path prefix", "policies/", "only documents whose path starts with this"),
+    ] = None
+    kinds: Annotated[list[Kind] | None, Asked("kind", "Kinds")] = None
+    sources: Annotated[
+        list[str] | None,
+        Asked("source", "Sources", "docs, runbooks", "only documents of this source"),
+    ] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Filter:
+    """One field of `Filters` as a flag, a tool's parameter or a form's field asks it."""
+
+    field: str
+    """Its name in the body's `filters`."""
+    asked: Asked
+    schema: Mapping[str, Any]
+    """Its JSON Schema with an absent filter as null (`"type": [T, "null"]`), its `$ref`s
+    inlined, without titles."""
+
+    @property
+    def many(self) -> bool:
+        """A list: the flag or the parameter is repeated, once per value."""
+        return "array" in self.schema["type"]
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        """The values it may take (each of a list's), or None: any string."""
+        enum = self.schema.get("items", self.schema).get("enum")
+        return None if enum is None else tuple(enum)
+
+
+def _filters() -> tuple[Filter, ...]:
+    described = Filters.model_json_schema()
+    defs = described.get("$defs", {})
+
+    def inlined(schema: Mapping[str, Any]) -> dict[str, Any]:
+        """`schema` with each `$ref` replaced by what it names (less its title and words)."""
+        if "$ref" in schema:
+            named = defs[schema["$ref"].rsplit("/", 1)[1]]
+            schema = {k: v for k, v in named.items() if k not in ("title", "description")}
+        return {k: inlined(v) if isinstance(v, Mapping) else v for k, v in schema.items()}
+
+    made = []
+    for name, field in Filters.model_fields.items():
+        said = described["properties"][name]
+        (given,) = [s for s in said["anyOf"] if s != {"type": "null"}]
+        schema = inlined(given)
+        schema["type"] = [schema["type"], "null"]
+        schema |= {"description": said["description"]} if "description" in said else {}
+        (asked,) = [m for m in field.metadata if isinstance(m, Asked)]
+        made.append(Filter(name, asked, schema))
+    return tuple(made)
+
+
+FILTERS = _filters()
+"""Each search filter, in the order `Filters` declares them."""
 
 
 class SearchRequest(_Body):

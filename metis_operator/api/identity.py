@@ -13,6 +13,10 @@ PLURAL = "knowledgebases"
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 """As kopf names a resource."""
 FINALIZER = f"{GROUP}/finalizer"
+KOPF_PREFIX = f"kopf.{GROUP}"
+"""kopf's own annotations. Not the group itself: kopf leaves every annotation under its
+prefix out of the changes it reacts to, and the user's requests (reindex, evaluate)
+are annotations under the group."""
 
 REINDEX = f"{GROUP}/reindex"
 """Annotation: a new value asks for a pass; a value starting with `full` reads everything."""

@@ -73,7 +73,7 @@ def test_the_form_keeps_the_search_it_shows() -> None:
         rerank=False,
         compare=True,
         kinds=("txt",),
-        prefix="runbooks/",
+        path_prefix="runbooks/",
     )
     html = pages.search_form(
         form, [base_view({"metadata": {"namespace": "a", "name": "x"}})], "/search"

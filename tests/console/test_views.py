@@ -23,7 +23,7 @@ from metis_indexer.console.views import (
     telling_words,
     why,
 )
-from metis_indexer.schema import ErrorBody, Result, Scores, SearchAnswer, Took
+from metis_indexer.schema import FILTERS, ErrorBody, Result, Scores, SearchAnswer, Took
 from metis_operator.console.views import base_view, event_view, indexer_url, when
 
 
@@ -75,13 +75,24 @@ def test_a_url_says_every_part_of_a_search() -> None:
         rerank=True,
         compare=True,
         top_k=7,
-        prefix="runbooks/",
+        path_prefix="runbooks/",
         kinds=("txt", "pdf"),
         sources=("docs", "notes"),
     )
     req = form.request()
     assert req.mode == "keyword" and req.rerank is None and req.top_k == 7
     assert req.filters is not None and req.filters.kinds == ["txt", "pdf"]
+
+
+def test_the_form_holds_each_search_filter_by_its_name_in_the_body() -> None:
+    assert {f.field for f in FILTERS} <= set(SearchForm.model_fields)
+    filters = parsed("q=x&base=a/x&prefix=p/&kind=md&source=s,t").request().filters
+    assert filters is not None
+    assert filters.model_dump(mode="json") == {
+        "path_prefix": "p/",
+        "kinds": ["md"],
+        "sources": ["s", "t"],
+    }
 
 
 def test_a_cleared_rerank_box_sends_only_the_hidden_zero() -> None:
@@ -145,7 +156,7 @@ forms = st.builds(
     rerank=st.booleans(),
     compare=st.booleans(),
     top_k=st.integers(1, 50),
-    prefix=st.from_regex(r"[a-z/]{0,8}", fullmatch=True),
+    path_prefix=st.from_regex(r"[a-z/]{0,8}", fullmatch=True),
     kinds=st.lists(st.sampled_from(["md", "txt", "html", "pdf", "docx"]), unique=True).map(tuple),
     sources=st.lists(st.from_regex(r"[a-z]{1,6}", fullmatch=True), unique=True).map(tuple),
 )

@@ -4,7 +4,7 @@ operator, run in gopher-lua (Argo CD's Lua runtime; tools/lua-health). A base st
 Ready, then Waiting for its stopped model; one Failed; one Pending, then paused; and a spec
 change the stopped operator has not observed. Indexing lasts as long as a pass, which a poll
 catches on one machine and misses on a faster one: its object, captured from a run here, is
-checked by tests/unit/test_argocd_health_lua.py. And the argocd-cm snippet, patched in.
+checked by tests/repository/test_argocd_health_lua.py. And the argocd-cm snippet, patched in.
 
 The indexer pods run on the stand-in kubelet (local `metis serve` processes): the states
 are the operator's, whichever kubelet runs the pods. Every wait polls with a deadline."""
@@ -24,14 +24,14 @@ from tests.kube.conftest import fresh_namespace
 from tests.kube.operator_support import Operator, get_kb, kb, wait_state
 from tests.kube.pods import StandInPods, port_of
 from tests.kube.test_operator_lifecycle import apply_kb, write_documents
-from tests.support import go_tools
-from tests.support.model_server import ModelServer
-from tests.unit.test_argocd_health_lua import (
+from tests.repository.test_argocd_health_lua import (
     CONFIG_MAP,
     KEY,
     SCRIPT,
     argo_health,
 )
+from tests.support import go_tools
+from tests.support.model_server import ModelServer
 
 
 @pytest.fixture(scope="module")

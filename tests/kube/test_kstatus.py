@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from metis_dev.build import ensure_binaries
-from metis_operator import status_compose
 from metis_operator.state import Observation, State, Verdict
+from metis_operator.status import compose
 from tests.kube.operator_support import read_kstatus
 
 
@@ -21,7 +21,7 @@ def bin_dir() -> Path:
 
 
 def base(state: State, generation: int, observed: int) -> dict[str, Any]:
-    status = status_compose.compose(
+    status = compose.compose(
         {},
         Verdict(state, f"why {state}"),
         Observation(),

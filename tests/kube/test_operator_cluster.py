@@ -286,8 +286,10 @@ def test_a_paused_base_is_left_alone(
         # Recorded on the base (by kopf's PATCH once the handler returns, so after the
         # Event), not tried again by kopf while the pause lasts.
         wait_for(
-            lambda: get_kb(kube, ns, "handbook")["metadata"]["annotations"].get(DEFERRED_REINDEX)
-            == "now",
+            lambda: (
+                get_kb(kube, ns, "handbook")["metadata"]["annotations"].get(DEFERRED_REINDEX)
+                == "now"
+            ),
             timeout=30,
             what="the deferred pass recorded on the base",
         )

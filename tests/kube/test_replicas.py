@@ -17,7 +17,7 @@ import pytest
 
 from metis_dev.plane import ControlPlane, gone
 from metis_dev.process import wait_for
-from metis_indexer.peers import NEW_CHECKS
+from metis_indexer.changes.peers import NEW_CHECKS
 from tests.kube.operator_support import Operator, kb, wait_state
 from tests.kube.pods import Pods
 from tests.kube.test_operator_lifecycle import apply_kb, write_documents

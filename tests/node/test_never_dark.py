@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from metis_dev import images, node
-from metis_indexer.peers import NEW_CHECKS
+from metis_indexer.changes.peers import NEW_CHECKS
 from metis_operator import children
 from tests.kube.conftest import ControlPlane, fresh_namespace
 from tests.kube.operator_support import ROOT, get_kb, make_drive, wait_state

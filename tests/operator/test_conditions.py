@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from metis_operator import quality, status_compose
 from metis_operator.api.conditions import MEANING, ConditionType
+from metis_operator.status import compose, quality
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "knowledgebase.yaml"
 
@@ -25,13 +25,13 @@ def test_the_crd_names_and_explains_every_condition_type() -> None:
 
 def test_the_operator_sets_the_types_of_the_vocabulary() -> None:
     set_by_the_operator = {
-        status_compose.READY,
-        status_compose.RECONCILING,
-        status_compose.STALLED,
-        status_compose.PAUSED,
-        status_compose.EMBEDDING_CONDITION,
-        status_compose.RERANKER_CONDITION,
-        status_compose.DRIVE_CONDITION,
+        compose.READY,
+        compose.RECONCILING,
+        compose.STALLED,
+        compose.PAUSED,
+        compose.EMBEDDING_CONDITION,
+        compose.RERANKER_CONDITION,
+        compose.DRIVE_CONDITION,
         quality.CONDITION,
     }
     assert set_by_the_operator == set(ConditionType)

@@ -1,21 +1,17 @@
 """What the operator registers with kopf: nothing that needs a finalizer (so deleting
 a base, or the CRD with bases present, never waits for the operator), a watch for
-each kind that decides a base; and what a reconciliation says, in order."""
+each kind that decides a base, and what a child's event wakes."""
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 
 import kopf
-from kopf import Resource
 
-from metis_operator import cache, handlers
-from metis_operator.api import identity
-from metis_operator.api.status_types import KnowledgeBaseStatus
-from metis_operator.cache import Deps
-from metis_operator.reconcile import Outcome
+from metis_operator import cache, children, handlers, runner
 from metis_operator.settings import load
-from metis_operator.state import State, Verdict
+from tests.operator.contexts import context
+from tests.operator.test_drift import child
 
 
 def registered() -> kopf.OperatorRegistry:
@@ -39,58 +35,29 @@ def test_every_kind_that_decides_a_base_is_watched_and_none_is_left_to_kopfs_ind
     assert watched == {w.plural for w in cache.WATCHED} | {"base"}
 
 
-def test_the_pause_annotation() -> None:
-    def body(value: str | None) -> dict[str, object]:
-        annotations = {identity.PAUSED: value} if value is not None else {}
-        return {"metadata": {"annotations": annotations}}
+def test_a_childs_event_wakes_the_bases_it_concerns_but_the_one_whose_apply_it_brings_back() -> (
+    None
+):
+    """The turn that applied a child saw the apply's answer: its watch event is no news to
+    that base (a turn that found nothing, two a change), though still to a base reading it
+    by name."""
 
-    assert handlers.paused(body("true")) and handlers.paused(body("True"))
-    assert not handlers.paused(body("false")) and not handlers.paused(body(None))
+    async def scenario() -> list[set[tuple[str, str]]]:
+        ctx = context(env={})
+        loops = runner.Runner(ctx)
+        mine, reader = ("team", "a"), ("team", "b")
+        loops.dependents.set(mine, cache.Deps("team"))
+        loops.dependents.set(reader, cache.Deps("team", services=frozenset({"metis-a"})))
+        woken: list[set[tuple[str, str]]] = []
+        loops.wake = lambda keys: woken.append(set(keys))  # type: ignore[method-assign]
+        memo = kopf.Memo(context=ctx, runner=loops)
+        follow = handlers._follower("services")
+        labels = {"app.kubernetes.io/name": children.APP}
+        service = child("metis-a", "a", "7", **labels)
+        ctx.cache.written("services", service, mine)
+        await follow(event={"type": "MODIFIED"}, body=service, memo=memo)
+        later = child("metis-a", "a", "8", **labels)
+        await follow(event={"type": "MODIFIED"}, body=later, memo=memo)
+        return woken
 
-
-def test_a_reconciliation_says_what_it_did_then_its_new_state() -> None:
-    body = {"metadata": {"name": "handbook", "namespace": "team"}}
-    outcome = Outcome(
-        Verdict(State.WAITING, "waiting for bge-m3"),
-        KnowledgeBaseStatus(state="Waiting", reason="waiting for bge-m3"),
-        Deps("team"),
-        applied=("ConfigMap metis-handbook updated", "Deployment metis-handbook repaired"),
-        rollout="started",
-    )
-    update = handlers.announce_state(body, {"state": "Ready"}, outcome)
-    assert update.status is outcome.status
-    assert [line.message for line in update.lines] == [
-        "rolling out the operator's change (an image or setting)",
-        "ConfigMap metis-handbook updated",
-        "Deployment metis-handbook repaired",
-        "Waiting: waiting for bge-m3",
-    ]
-    assert [(e.kind, e.reason) for e in update.events] == [
-        ("Normal", "Repaired"),
-        ("Warning", "Waiting"),
-    ]
-    again = handlers.announce_state(
-        body, {"state": "Waiting"}, dataclasses.replace(outcome, applied=())
-    )
-    assert again.events == []
-    assert [line.message for line in again.lines] == [
-        "rolling out the operator's change (an image or setting)"
-    ]
-
-
-def test_the_kinds_watched_by_label_are_narrowed_by_the_api_server() -> None:
-    settings = kopf.OperatorSettings()
-    handlers.narrow_watches(settings)
-    selectors = settings.watching.label_selectors
-
-    def asked(group: str, plural: str, kind: str) -> list[str]:
-        resource = Resource(group, "v1", plural, kind=kind, namespaced=True)
-        return list(selectors.collect(resource))
-
-    assert asked("", "pods", "Pod") == ["app.kubernetes.io/name=metis-indexer"]
-    assert asked("", "configmaps", "ConfigMap") == ["app.kubernetes.io/managed-by=metis-operator"]
-    assert asked("policy", "poddisruptionbudgets", "PodDisruptionBudget") == [
-        "app.kubernetes.io/managed-by=metis-operator"
-    ]
-    # Drives, model Services and their workloads are read by name: never narrowed.
-    assert asked("", "services", "Service") == asked("apps", "deployments", "Deployment") == []
+    assert asyncio.run(scenario()) == [{("team", "b")}, {("team", "a"), ("team", "b")}]

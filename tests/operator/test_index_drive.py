@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from metis_operator import index_drive, status_compose
+from metis_operator import index_drive
 from metis_operator.state import Observation, derive
+from metis_operator.status import compose
 from tests.operator.answers import indexer_status
 
 GIB = 1 << 30
@@ -62,9 +63,9 @@ def drive(used: float, size: int = 10) -> Observation:
 
 def test_a_filling_drive_is_a_warning_a_condition_and_in_the_status() -> None:
     full = drive(8.5)
-    [warning] = status_compose.warnings(full)
+    [warning] = compose.warnings(full)
     assert warning.startswith("index drive metis-handbook is 85% full (8.5 GiB of 10.0 GiB)")
-    status = status_compose.compose(
+    status = compose.compose(
         {},
         derive(full),
         full,
@@ -83,11 +84,9 @@ def test_a_filling_drive_is_a_warning_a_condition_and_in_the_status() -> None:
 
 def test_a_roomy_drive_says_so_and_warns_nothing() -> None:
     roomy = drive(2.0)
-    assert status_compose.warnings(roomy) == []
+    assert compose.warnings(roomy) == []
     [condition] = [
-        c
-        for c in status_compose.conditions(derive(roomy), roomy, 1, False)
-        if c.type == "DriveFilling"
+        c for c in compose.conditions(derive(roomy), roomy, 1, False) if c.type == "DriveFilling"
     ]
     assert (condition.status, condition.reason, condition.message) == (
         "False",
@@ -96,11 +95,11 @@ def test_a_roomy_drive_says_so_and_warns_nothing() -> None:
     )
     assert not [
         c
-        for c in status_compose.conditions(derive(Observation()), Observation(), 1, False)
+        for c in compose.conditions(derive(Observation()), Observation(), 1, False)
         if c.type == "DriveFilling"
     ], "absent while no indexer has said"
 
 
 def test_a_drive_that_cannot_grow_is_a_warning() -> None:
     note = "index drive metis-handbook has 10Gi, ... cannot grow"
-    assert status_compose.warnings(Observation(drive_notes=(note,))) == [note]
+    assert compose.warnings(Observation(drive_notes=(note,))) == [note]

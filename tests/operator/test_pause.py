@@ -15,8 +15,9 @@ import httpx
 import kopf
 import pytest
 
-from metis_operator import handlers, status_compose
+from metis_operator import handlers, runner
 from metis_operator.api import identity
+from metis_operator.status import compose
 from tests.operator.answers import STARTED, indexer_status
 from tests.operator.contexts import URL_TEMPLATE, context
 
@@ -128,25 +129,18 @@ def test_a_paused_base_costs_no_call_and_no_write_over_many_polls() -> None:
 
     async def scenario() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(servers)) as http:
-            runner = handlers.Runner(setting(http, cluster))
-            base = handlers.Base(KEY, body({identity.PAUSED: "true"}), ready=True)
+            loops = runner.Runner(setting(http, cluster))
+            base = runner.Base(KEY, body({identity.PAUSED: "true"}), ready=True)
             base.answer = indexer_status(**READY)
-            runner.bases[KEY] = base
-            loop = asyncio.create_task(runner._loop(base))
-            await asyncio.sleep(10 * handlers.READY_POLLS * INTERVAL)  # the window counted
+            loops.bases[KEY] = base
+            loop = asyncio.create_task(loops._loop(base))
+            await asyncio.sleep(10 * runner.READY_POLLS * INTERVAL)  # the window counted
             loop.cancel()
 
     asyncio.run(scenario())
     assert servers.asked == []
     ((kind, _, patch),) = cluster.writes
-    assert kind == "status" and status_compose.is_paused(patch["status"])
-
-
-def test_a_paused_base_has_no_timer_turn_once_its_pause_is_written() -> None:
-    for ready in (True, False):
-        assert handlers.timer_seconds(True, ready, 10.0) is None
-    assert handlers.timer_seconds(False, True, 10.0) == 10.0 * handlers.READY_POLLS
-    assert handlers.timer_seconds(False, False, 10.0) == 10.0
+    assert kind == "status" and compose.is_paused(patch["status"])
 
 
 def test_a_paused_base_lets_go_of_its_model_probers() -> None:
@@ -157,10 +151,10 @@ def test_a_paused_base_lets_go_of_its_model_probers() -> None:
     async def scenario() -> dict[str, int]:
         async with httpx.AsyncClient(transport=httpx.MockTransport(servers)) as http:
             ctx = setting(http, cluster)
-            runner = handlers.Runner(ctx)
+            loops = runner.Runner(ctx)
             ctx.probers.get(("team", "bge-m3", "embedding model"), "http://bge-m3.team", KEY)
-            base = handlers.Base(KEY, body({identity.PAUSED: "true"}))
-            await runner.reconcile(base, "change")
+            base = runner.Base(KEY, body({identity.PAUSED: "true"}))
+            await loops.reconcile(base, "change")
             return ctx.probers.calls()
 
     assert asyncio.run(scenario()) == {}
@@ -176,7 +170,7 @@ def ask(fn: Any, new: str, annotations: dict[str, str]) -> tuple[kopf.Patch, Clu
         async with httpx.AsyncClient(transport=httpx.MockTransport(servers)) as http:
             memo = kopf.Memo()
             memo.context = setting(http, cluster)
-            memo.runner = handlers.Runner(memo.context)
+            memo.runner = runner.Runner(memo.context)
             await fn(
                 new=new,
                 body=kopf.Body(body(annotations)),
@@ -205,7 +199,7 @@ def test_a_request_on_a_paused_base_is_recorded_not_retried(
     """No kopf.TemporaryError (each retry of kopf's was a write of its progress record,
     every 30 s): the handler returns, its marker rides on kopf's own write."""
     patch, cluster, servers = ask(fn, "now", {identity.PAUSED: "true", request_: "now"})
-    assert dict(patch) == {"metadata": {"annotations": {handlers.DEFERRED[request_]: "now"}}}
+    assert dict(patch) == {"metadata": {"annotations": {runner.DEFERRED[request_]: "now"}}}
     assert cluster.events() == [("Deferred", f"{what} runs when the pause ends")]
     assert servers.asked == []
     # Not paused: run at once, nothing recorded.
@@ -229,21 +223,21 @@ def resumed(
 
     async def scenario() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(servers)) as http:
-            runner = handlers.Runner(setting(http, cluster))
-            paused_before = status_compose.paused(READY_STATUS, "2025-01-01T00:00:00Z").dump()
-            base = handlers.Base(KEY, body({**annotations, identity.PAUSED: "true"}, paused_before))
-            runner.bases[KEY] = base
+            loops = runner.Runner(setting(http, cluster))
+            paused_before = compose.paused(READY_STATUS, "2025-01-01T00:00:00Z").dump()
+            base = runner.Base(KEY, body({**annotations, identity.PAUSED: "true"}, paused_before))
+            loops.bases[KEY] = base
             for _ in range(paused_turns):
-                await runner.reconcile(base, "change")
+                await loops.reconcile(base, "change")
             assert (servers.asked, cluster.writes) == ([], []), "a paused base costs nothing"
-            runner.seen(body(annotations, paused_before), deleted=False)  # the pause ends
+            loops.seen(body(annotations, paused_before), deleted=False)  # the pause ends
             for turn in range(turns):
                 if turn == 1 and stale is not None:
                     older = body(stale, paused_before)
                     older["metadata"]["resourceVersion"] = "older"
-                    runner.seen(older, deleted=False)
-                await runner.reconcile(base, "change")
-            for task in (runner.bases[KEY].task, runner.bases[KEY].judging):
+                    loops.seen(older, deleted=False)
+                await loops.reconcile(base, "change")
+            for task in (loops.bases[KEY].task, loops.bases[KEY].judging):
                 if task is not None:
                     task.cancel()
 
@@ -270,7 +264,7 @@ def test_requests_made_while_paused_run_once_when_the_pause_ends() -> None:
         (
             "patch",
             identity.path(*KEY),
-            {"metadata": {"annotations": dict.fromkeys(handlers.DEFERRED.values())}},
+            {"metadata": {"annotations": dict.fromkeys(runner.DEFERRED.values())}},
         )
     ]
     said = [reason for reason, _ in cluster.events()]
@@ -315,67 +309,7 @@ def test_a_request_withdrawn_while_paused_is_not_run() -> None:
     cluster, servers = resumed(annotations, 1)
     assert not [a for a in servers.indexer() if a.startswith("POST")]
     (patch,) = [w[2] for w in cluster.writes if w[0] == "patch"]
-    assert patch == {"metadata": {"annotations": dict.fromkeys(handlers.DEFERRED.values())}}
-
-
-@pytest.mark.parametrize(
-    ("annotations", "ran", "run", "clear"),
-    [
-        ({}, {}, {}, ()),
-        ({identity.REINDEX: "a"}, {}, {}, ()),
-        (
-            {identity.REINDEX: "a", identity.DEFERRED_REINDEX: "a"},
-            {},
-            {identity.REINDEX: "a"},
-            (),
-        ),
-        (
-            {identity.REINDEX: "a", identity.DEFERRED_REINDEX: "a"},
-            {identity.DEFERRED_REINDEX: "a"},
-            {},
-            (identity.DEFERRED_REINDEX,),
-        ),
-        (
-            {identity.REINDEX: "b", identity.DEFERRED_REINDEX: "b"},
-            {identity.DEFERRED_REINDEX: "a"},
-            {identity.REINDEX: "b"},
-            (),
-        ),
-        ({identity.DEFERRED_EVALUATE: "a"}, {}, {}, (identity.DEFERRED_EVALUATE,)),
-        (
-            {identity.EVALUATE: "b", identity.DEFERRED_EVALUATE: "a"},
-            {},
-            {},
-            (identity.DEFERRED_EVALUATE,),
-        ),
-    ],
-    ids=[
-        "nothing-deferred",
-        "a-request-kopf-ran",
-        "deferred-runs",
-        "ran-by-this-process-is-not-run-twice",
-        "a-new-value-runs-again",
-        "withdrawn-is-cleared",
-        "superseded-is-cleared",
-    ],
-)
-def test_which_deferred_requests_run(
-    annotations: dict[str, str],
-    ran: dict[str, str],
-    run: dict[str, str],
-    clear: tuple[str, ...],
-) -> None:
-    assert handlers.deferred_requests(annotations, ran) == handlers.Due(run, clear)
-
-
-def test_a_deferred_request_the_indexer_does_not_take_is_dropped_after_the_requests_timeout() -> (
-    None
-):
-    assert handlers.given_up("a pass", 0) is None
-    assert handlers.given_up("a pass", handlers.REQUEST_TIMEOUT - 1) is None
-    dropped = handlers.given_up("an evaluation", handlers.REQUEST_TIMEOUT)
-    assert dropped is not None and (dropped.kind, dropped.reason) == ("Warning", "RequestDropped")
-    assert dropped.message.startswith("an evaluation not run: its indexer did not take it")
+    assert patch == {"metadata": {"annotations": dict.fromkeys(runner.DEFERRED.values())}}
 
 
 def test_pausing_resuming_and_deferring_are_no_write_of_kopfs() -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from metis_operator import quality
 from metis_operator.api.status_types import Evaluation
+from metis_operator.status import quality
 
 BEFORE = {
     "k": 10,

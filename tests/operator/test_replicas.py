@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from metis_operator import children, kube, observe, reconcile, status_compose
+from metis_operator import apply, children, kube, observe
 from metis_operator.api.spec import SpecError, parse, to_indexer_config
 from metis_operator.settings import IndexerSettings, Settings
 from metis_operator.state import (
@@ -18,6 +18,7 @@ from metis_operator.state import (
     Verdict,
     derive,
 )
+from metis_operator.status import compose
 from tests.operator.test_children import OWNER, SETTINGS, spec_with
 from tests.operator.test_state import HEALTHY
 
@@ -225,7 +226,7 @@ def test_the_status_counts_replicas_and_warns_of_a_shared_machine() -> None:
     o = dataclasses.replace(
         HEALTHY, replicas=2, others=(ReplicaView(1, READY_POD),), shared_machines=("node-a",)
     )
-    s = status_compose.compose(
+    s = compose.compose(
         {},
         Verdict(State.READY, "everything is indexed"),
         o,
@@ -242,7 +243,7 @@ def test_the_status_counts_replicas_and_warns_of_a_shared_machine() -> None:
     alone = dataclasses.replace(o, replicas=1, others=())
     assert (
         "warnings"
-        not in status_compose.compose(
+        not in compose.compose(
             {},
             Verdict(State.READY, "everything is indexed"),
             dataclasses.replace(alone, shared_machines=()),
@@ -266,10 +267,10 @@ def test_a_base_named_like_another_s_replica_takes_nothing_of_it() -> None:
     theirs = children.deployment(
         children.Owner("handbook-replica-1", "team-a", "uid-2"), spec_with(), SETTINGS
     )
-    assert not reconcile._owned(theirs, OWNER)
-    assert reconcile._owned(children.deployment(OWNER, spec_with(), SETTINGS, replica=1), OWNER)
-    assert reconcile._owned({"kind": "Deployment", "metadata": {"name": "by-hand"}}, OWNER)
-    said = reconcile._conflict(theirs, 1)
+    assert not apply._owned(theirs, OWNER)
+    assert apply._owned(children.deployment(OWNER, spec_with(), SETTINGS, replica=1), OWNER)
+    assert apply._owned({"kind": "Deployment", "metadata": {"name": "by-hand"}}, OWNER)
+    said = apply._conflict(theirs, 1)
     assert said.startswith(
         "replica 1's Deployment metis-handbook-replica-1 belongs to base handbook-replica-1"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from metis_operator import children, reconcile
+from metis_operator import children, rollout
 from metis_operator.api.identity import POD_INPUTS_ANNOTATION
 from metis_operator.api.spec import KnowledgeBaseSpec, Placement, parse
 from metis_operator.settings import IndexerSettings, Settings
@@ -20,20 +20,36 @@ def deployment(inputs: str | None, image: str) -> dict[str, Any]:
 
 
 def test_at_most_the_limit_roll_at_once() -> None:
-    rolling = {("ns", "a"), ("ns", "b")}
-    assert reconcile.rollout_allowed(("ns", "a"), rolling, 2)
-    assert not reconcile.rollout_allowed(("ns", "c"), rolling, 2)
-    assert reconcile.rollout_allowed(("ns", "c"), {("ns", "a")}, 2)
+    rollouts = rollout.Rollouts(2)
+    assert rollouts.turn(("ns", "a")) == rollouts.turn(("ns", "b")) == rollout.STARTED
+    assert rollouts.turn(("ns", "a")) == rollout.STARTED, "a base rolling keeps its turn"
+    assert rollouts.turn(("ns", "c")) == rollout.HELD
+    assert rollouts.rolling == {("ns", "a"), ("ns", "b")}
+
+
+def test_a_turn_is_given_back_once_the_rollout_is_over() -> None:
+    """Over: the base settled (Ready or Failed) in a turn that did not start it; a base
+    gone gives its turn back too. Then the next may start."""
+    rollouts = rollout.Rollouts(1)
+    assert rollouts.turn(("ns", "a")) == rollout.STARTED
+    assert not rollouts.over(("ns", "a"), started=True, settled=True), "just started"
+    assert not rollouts.over(("ns", "a"), started=False, settled=False), "not settled"
+    assert rollouts.turn(("ns", "b")) == rollout.HELD
+    assert rollouts.over(("ns", "a"), started=False, settled=True)
+    assert not rollouts.over(("ns", "a"), started=False, settled=True), "no turn held"
+    assert rollouts.turn(("ns", "b")) == rollout.STARTED
+    assert rollouts.forget(("ns", "b")) and not rollouts.forget(("ns", "b"))
+    assert rollouts.rolling == set()
 
 
 def test_whose_change_it_is() -> None:
     running = deployment("3", "indexer:1")
-    assert reconcile.operators_change(deployment("3", "indexer:2"), running)  # a new image
-    assert not reconcile.operators_change(deployment("4", "indexer:2"), running)  # the user's
-    assert not reconcile.operators_change(deployment("3", "indexer:1"), running)  # no rollout
-    assert not reconcile.operators_change(deployment("3", "indexer:2"), None)  # a new base
+    assert rollout.operators_change(deployment("3", "indexer:2"), running)  # a new image
+    assert not rollout.operators_change(deployment("4", "indexer:2"), running)  # the user's
+    assert not rollout.operators_change(deployment("3", "indexer:1"), running)  # no rollout
+    assert not rollout.operators_change(deployment("3", "indexer:2"), None)  # a new base
     # A Deployment from before its pod inputs were recorded: an upgrade of the operator.
-    assert reconcile.operators_change(deployment("3", "indexer:2"), deployment(None, "indexer:1"))
+    assert rollout.operators_change(deployment("3", "indexer:2"), deployment(None, "indexer:1"))
 
 
 def test_whose_change_it_is_on_real_manifests() -> None:
@@ -53,8 +69,8 @@ def test_whose_change_it_is_on_real_manifests() -> None:
 
     running = children.deployment(owner, spec(), old)
     assert children.deployment(owner, spec("query: "), old) == running
-    assert reconcile.operators_change(children.deployment(owner, spec("query: "), new), running)
+    assert rollout.operators_change(children.deployment(owner, spec("query: "), new), running)
     grown = spec(drives=("docs", "wiki"))
-    assert not reconcile.operators_change(children.deployment(owner, grown, new), running)
+    assert not rollout.operators_change(children.deployment(owner, grown, new), running)
     moved = spec().model_copy(update={"placement": Placement(memory_gb=8)})
-    assert not reconcile.operators_change(children.deployment(owner, moved, new), running)
+    assert not rollout.operators_change(children.deployment(owner, moved, new), running)

@@ -9,7 +9,6 @@ from typing import Any, get_args
 
 import pytest
 
-from metis_operator import status_compose
 from metis_operator.api.status_types import StateName
 from metis_operator.state import (
     Model,
@@ -20,6 +19,7 @@ from metis_operator.state import (
     Verdict,
     derive,
 )
+from metis_operator.status import compose as status_compose
 from tests.operator.answers import indexer_status
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"

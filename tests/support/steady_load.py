@@ -177,7 +177,7 @@ WRITE_EVERY = 1.0
 """Seconds between two notes a `NoteWriter` writes."""
 WRITE_SECONDS = 30.0
 """A note write that takes longer has failed: it waits 5 s at most for the model, then is
-kept by its words (metis_indexer.notebook.EMBED_SECONDS)."""
+kept by its words (metis_indexer.service.notebook.EMBED_SECONDS)."""
 REFUSED_FOR_NOW = {409: "STANDBY", 503: "KNOWLEDGE_BASE_NOT_READY"}
 """The answers that say to ask again in a moment (a replacement taking over, an index not
 serving yet): the same note is written again, and it is no failure."""

@@ -2,7 +2,7 @@
 # Build helm from its Go module (helm.sh/helm/v4, pinned in tools/helm/go.mod) into a cache
 # outside the repository, keyed by version (tools/gobuild.sh: the first run on a machine pays
 # for the build, a few minutes; rebuilt only when missing or when its stamp does not match).
-# The chart tests (tests/unit/test_chart.py, tests/kube/test_helm.py) run it.
+# The chart tests (tests/repository/test_chart.py, tests/kube/test_helm.py) run it.
 #
 # Usage: tools/helm/build.sh [--print-path]
 #   --print-path   print where helm is (or will be) and exit

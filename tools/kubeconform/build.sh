@@ -3,7 +3,7 @@
 # tools/kubeconform/go.mod) into a cache outside the repository, keyed by version
 # (tools/gobuild.sh: the first run on a machine pays for the build, seconds; rebuilt only when
 # missing or when its stamp does not match). The chart tests validate the rendered chart with
-# it, offline: they give it the schemas (tests/unit/test_chart.py, tests/kube/test_helm.py).
+# it, offline: they give it the schemas (tests/repository/test_chart.py, tests/kube/test_helm.py).
 #
 # Usage: tools/kubeconform/build.sh [--print-path]
 #   --print-path   print where kubeconform is (or will be) and exit

@@ -1,6 +1,6 @@
 {{/* The labels every object of Metis carries, as in manifests/: its component's name (omitted
 when empty) and part-of. No Helm labels: the default render equals `kubectl kustomize
-manifests/` (tests/unit/test_chart.py); Helm tracks its objects by its own annotations. */}}
+manifests/` (tests/repository/test_chart.py); Helm tracks its objects by its own annotations. */}}
 {{- define "metis.labels" -}}
 {{- if . }}
 app.kubernetes.io/name: {{ . }}

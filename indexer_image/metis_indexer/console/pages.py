@@ -14,7 +14,6 @@ from metis_indexer.answer_text import score_line
 from metis_indexer.console.html import Html, el, join
 from metis_indexer.console.views import (
     COMPARED,
-    KINDS,
     CompareRow,
     Hit,
     SearchForm,
@@ -22,7 +21,7 @@ from metis_indexer.console.views import (
     telling_words,
     took_line,
 )
-from metis_indexer.schema import ErrorBody, Mode, Result, SearchAnswer
+from metis_indexer.schema import FILTERS, ErrorBody, Filter, Mode, Result, SearchAnswer
 
 
 class Choice(Protocol):
@@ -123,36 +122,14 @@ def search_form(form: SearchForm, bases: Sequence[Choice] | None, action: str) -
     filters = el(
         "details",
         el("summary", "Filters"),
-        el(
-            "label",
-            "Path prefix ",
-            el("input", name="prefix", value=form.prefix, placeholder="policies/"),
-        ),
-        el(
-            "fieldset",
-            el("legend", "Kinds"),
-            [
-                el(
-                    "label",
-                    el("input", type="checkbox", name="kind", value=k, checked=k in form.kinds),
-                    " ",
-                    k,
-                )
-                for k in KINDS
-            ],
-        ),
-        el(
-            "label",
-            "Sources ",
-            el("input", name="source", value=", ".join(form.sources), placeholder="docs, runbooks"),
-        ),
+        [filter_field(f, form.filter(f)) for f in FILTERS],
         el(
             "label",
             "Results ",
             el("input", name="top_k", type="number", min=1, max=50, value=form.top_k),
         ),
         class_="filters",
-        open=bool(form.prefix or form.kinds or form.sources),
+        open=any(form.filter(f) for f in FILTERS),
     )
     return el(
         "form",
@@ -195,6 +172,25 @@ def search_form(form: SearchForm, bases: Sequence[Choice] | None, action: str) -
         role="search",
         class_="search",
     )
+
+
+def filter_field(f: Filter, given: Collection[str]) -> Html:
+    """A search filter's field: a box for each of its choices, or a line of text (a list's
+    values comma-separated)."""
+    name, label = f.asked.name, f.asked.label
+    if f.choices is not None:
+        kind = "checkbox" if f.many else "radio"
+        return el(
+            "fieldset",
+            el("legend", label),
+            [
+                el("label", el("input", type=kind, name=name, value=c, checked=c in given), " ", c)
+                for c in f.choices
+            ],
+        )
+    example = f.asked.example or None
+    line = el("input", name=name, value=", ".join(given), placeholder=example)
+    return el("label", f"{label} ", line)
 
 
 def note_line(hit: Hit) -> Html:

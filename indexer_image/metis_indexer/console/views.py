@@ -23,11 +23,12 @@ from urllib.parse import urlencode
 
 from pydantic import BaseModel, ConfigDict
 
-from metis_indexer.documents import Kind
 from metis_indexer.schema import (
+    FILTERS,
     QUERY_MAX,
     TOP_K_MAX,
     ErrorBody,
+    Filter,
     Mode,
     Result,
     SearchAnswer,
@@ -37,7 +38,6 @@ from metis_indexer.schema import (
 RRF_K = 60
 """The search's fusion constant (search/fusion.py), used again to merge several bases' lists."""
 MODES: tuple[Mode, ...] = get_args(Mode)
-KINDS = tuple(k.value for k in Kind)
 COMPARED: tuple[Mode, ...] = ("hybrid", "dense", "keyword")
 """Compare asks these, shown as Both, Meaning, Words."""
 _WORD = re.compile(r"[^\W_]+")
@@ -55,20 +55,23 @@ class SearchForm(BaseModel):
     rerank: bool = True
     compare: bool = False
     top_k: int = 5
-    prefix: str = ""
+    # A field per search filter (schema.FILTERS), named as in the body's `filters`: a
+    # list's values as a tuple, "" and () when not asked.
+    path_prefix: str = ""
     kinds: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+
+    def filter(self, f: Filter) -> tuple[str, ...]:
+        """The values the form asks of filter `f`: none, one, or a list's."""
+        value = getattr(self, f.field)
+        return tuple(value) if f.many else (value,) if value else ()
 
     def request(self, mode: Mode | None = None) -> SearchRequest:
         """The indexer's search body for one mode (by default the form's)."""
         filters = {
-            k: v
-            for k, v in (
-                ("path_prefix", self.prefix),
-                ("kinds", list(self.kinds)),
-                ("sources", list(self.sources)),
-            )
-            if v
+            f.field: list(given) if f.many else given[0]
+            for f in FILTERS
+            if (given := self.filter(f))
         }
         body = {
             "query": self.q or "",
@@ -107,9 +110,7 @@ def parse_search(query: Mapping[str, Sequence[str]], *, base: str | None = None)
     mode = last("mode", "hybrid")
     if mode not in MODES:
         raise FormError("INVALID_BODY", f"mode is {mode!r}; it must be hybrid, dense or keyword")
-    kinds = tuple(dict.fromkeys(query.get("kind", [])))
-    if bad := [k for k in kinds if k not in KINDS]:
-        raise FormError("INVALID_BODY", f"kind {bad[0]!r} is not one of {', '.join(KINDS)}")
+    filters: dict[str, Any] = {f.field: asked(f, query.get(f.asked.name, [])) for f in FILTERS}
     try:
         top_k = int(last("top_k", "5"))
     except ValueError:
@@ -124,15 +125,24 @@ def parse_search(query: Mapping[str, Sequence[str]], *, base: str | None = None)
         rerank=last("rerank", "1").lower() in _ON,
         compare=last("compare", "0").lower() in _ON,
         top_k=top_k,
-        prefix=last("prefix"),
-        kinds=kinds,
-        sources=tuple(
-            dict.fromkeys(s for v in query.get("source", []) for s in re.split(r"[,\s]+", v) if s)
-        ),
+        **filters,
     )
     if form.q is not None:
         check_form(form)
     return form
+
+
+def asked(f: Filter, values: Sequence[str]) -> str | tuple[str, ...]:
+    """Filter `f` as the URL's values of its parameter ask it: a list's each once (a value
+    of free words may list several, comma-separated), one's the last; INVALID_BODY for a
+    value not among its choices."""
+    if f.many and f.choices is None:
+        values = [s for v in values for s in re.split(r"[,\s]+", v) if s]
+    given = tuple(dict.fromkeys(values)) if f.many else tuple(values[-1:])
+    if f.choices is not None and (bad := [v for v in given if v not in f.choices]):
+        choices = ", ".join(f.choices)
+        raise FormError("INVALID_BODY", f"{f.asked.name} {bad[0]!r} is not one of {choices}")
+    return given if f.many else given[0] if given else ""
 
 
 def check_form(form: SearchForm) -> None:
@@ -164,10 +174,7 @@ def search_query(form: SearchForm) -> str:
         pairs.append(("compare", "1"))
     if form.top_k != 5:
         pairs.append(("top_k", str(form.top_k)))
-    if form.prefix:
-        pairs.append(("prefix", form.prefix))
-    pairs += [("kind", k) for k in form.kinds]
-    pairs += [("source", s) for s in form.sources]
+    pairs += [(f.asked.name, v) for f in FILTERS for v in form.filter(f)]
     return urlencode(pairs)
 
 

@@ -7,7 +7,7 @@ few chunks a search returns or reranks.
 A replaced or dropped document's rows are marked dead and reclaimed by
 `compact` once they are a share of the rows (`compaction_capacity`), in the write path
 and again once a pass has stopped: a base read again and again holds what a fresh
-load of it would, within a few percent (`tests/index/test_compaction.py`).
+load of it would, within a few percent (`tests/indexer/index/test_compaction.py`).
 """
 
 from __future__ import annotations

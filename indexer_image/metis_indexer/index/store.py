@@ -49,10 +49,12 @@ DAMAGED_SUFFIX = ".damaged"
 """A damaged index is moved aside under this suffix (one copy, the latest), for a
 person to look at; the index is derived data, rebuilt from the sources."""
 
+PASSED = "first_pass_ended_at"
+"""The meta key that says the index has had one whole pass (when the first ended)."""
 PASSES_TRACKED = "first_pass_tracked"
 """The meta key an index made empty by this version gets at once: from it on, whether it
-has had one whole pass is kept in it (the passes' `PASSED`); one without it was made
-before that was kept."""
+has had one whole pass is kept in it (`PASSED`); one without it was made before that was
+kept."""
 
 INDEX_FORMAT = 1
 """The index's format, kept in its `meta` as `format`: a change that an older indexer would

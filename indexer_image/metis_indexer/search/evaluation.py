@@ -1,7 +1,8 @@
 """Evaluation: recall@k and MRR of an evaluation set, per retrieval mode (docs/search.md,
 "Evaluation sets").
 
-The set lives in `.metis/evals.jsonl` of a source drive, never indexed. One JSON
+The set lives in `.metis/evals.jsonl` of a source drive, or of the folder a source
+reads of it, never indexed. One JSON
 object a line:
 
     {"question": "How many vacation days do I get?", "expected": ["docs/handbook/leave.md"]}
@@ -112,20 +113,22 @@ def parse_cases(lines: Sequence[tuple[str, str]]) -> list[Case]:
     return cases
 
 
-def read_cases(drives: Sequence[tuple[str, Path]]) -> list[Case]:
-    """The cases of every source drive's `.metis/evals.jsonl`."""
+def read_cases(places: Sequence[tuple[str, Path]]) -> list[Case]:
+    """The cases of every `.metis/evals.jsonl` in `places`: (name, folder) pairs, a source
+    drive's root and the folder a source reads of it. None found names where it looked."""
     found: list[tuple[str, str]] = []
-    for drive, root in drives:
-        path = root / EVALS_FILE
+    for place, folder in places:
+        path = folder / EVALS_FILE
         if not path.is_file():
             continue
-        name = f"{drive}/{EVALS_FILE}"
+        name = f"{place}/{EVALS_FILE}"
         try:
             found.append((name, path.read_text(encoding="utf-8-sig")))
         except (OSError, UnicodeDecodeError) as e:
             raise BadRequest("EVAL_FILE", f"{name} could not be read: {e}") from None
     if not found:
-        raise BadRequest("EVAL_EMPTY", f"no {EVALS_FILE} in any source drive")
+        looked = ", ".join(f"{place}/{EVALS_FILE}" for place, _ in places) or "no source"
+        raise BadRequest("EVAL_EMPTY", f"no evaluation set: looked in {looked}")
     return parse_cases(found)
 
 
