@@ -37,6 +37,10 @@ REPLICA_LABEL = "metis.astraeus.io/replica"
 """The label naming a pod's replica, past the first."""
 
 
+class Unmounted(Exception):
+    """A configuration names a path on no volume the pod mounts."""
+
+
 def hostpath_volume(name: str, folder: Path, namespace: str, claim: str) -> dict[str, Any]:
     """A PersistentVolume at `folder`, reserved for the claim `namespace/claim`."""
     return {
@@ -285,7 +289,7 @@ class Kubelet:
             for mount, host in sorted(mounts.items(), key=lambda m: -len(m[0])):
                 if path == mount or path.startswith(mount + "/"):
                     return str(host) + path[len(mount) :]
-            raise AssertionError(f"{path} is not on a mounted volume: {sorted(mounts)}")
+            raise Unmounted(f"{path} is not on a mounted volume: {sorted(mounts)}")
 
         config = json.loads(text)
         for source in config["sources"]:
@@ -335,10 +339,17 @@ class Kubelet:
         return env
 
     def _follow_config(self, pod: _Pod) -> None:
+        """A new ConfigMap into the running pod's file, unless it names a drive the pod
+        does not mount (a source added): that change comes with the pod that replaces
+        this one, and it must not keep the loop from starting that pod."""
         text = self._configmap_text(pod.configmap, pod.namespace)
-        if text != pod.config_text:
+        if text == pod.config_text:
+            return
+        try:
             pod.config_path.write_text(self._localised(text, pod.mounts, pod.port))
-            pod.config_text = text
+        except Unmounted:
+            return
+        pod.config_text = text
 
     @staticmethod
     def _ready(process: Indexer) -> bool:
