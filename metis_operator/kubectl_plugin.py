@@ -14,7 +14,11 @@ kubectl runs any `kubectl-<name>` on PATH as `kubectl <name>`, so the console sc
 
 Searches, document lists and notes go through the API server's service proxy to the
 base's Service, so no port-forward is needed: a user who may `get services/proxy` in the
-namespace may ask. Writing or forgetting a note needs the base's token too, read from its
+namespace may ask. The proxy routes by the Service's Endpoints object and connects to a
+pod's address from the API server's host; where it cannot (no endpoints controller, no
+route to the pods: metis-dev's local cluster), `--url` asks the indexer at a URL instead,
+a port-forward's or the stand-in's loopback port, and a failure of the proxy says so.
+Writing or forgetting a note needs the base's token too, read from its
 Secret (`metis-<name>`): a user who may read that Secret may write the base's notes.
 Rendering is pure (the objects as the API server gives them in, a
 base's status read through the models the operator writes it with, text out); the
@@ -26,12 +30,15 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as dt
+import functools
 import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, get_args
+from typing import Any, Protocol, get_args
+from urllib.parse import urlsplit
 
+import httpx
 from pydantic import ValidationError
 
 from metis_indexer import schema
@@ -41,11 +48,15 @@ from metis_operator import kube
 from metis_operator.api.identity import API_VERSION, EVALUATE, GROUP, KIND, PLURAL, REINDEX
 from metis_operator.api.spec import KnowledgeBaseSpec
 from metis_operator.api.status_types import IndexTotals, KnowledgeBaseStatus, Observed
+from metis_operator.children import child_name
 
 EVENTS_SHOWN = 8
 """The most recent Events `status` prints: enough to see the last state changes."""
 REQUEST_SECONDS = 130
 """How long one call may take: a search through the service proxy, reranked, included."""
+INDEXER_RUNS = frozenset({"Indexing", "Waiting", "Ready"})
+"""The states in which a base's indexer runs and answers: a failure of the proxy then is
+the path's, never "not ready"."""
 
 
 class PluginError(Exception):
@@ -218,6 +229,79 @@ def evaluate_value(k: int, stamp: int) -> str:
     return f"k={k} {stamp}"
 
 
+def indexer_error(name: str, body: object) -> str | None:
+    """The indexer's own refusal (`{"error": {"code", "message"}}`), as one line; None for
+    an answer that is not the indexer's."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return None
+    return f"{name}: {error.get('code')}: {error.get('message')}"
+
+
+def endpoints_missing(e: kube.ApiError) -> bool:
+    """The proxy's own 404: the API server found no Endpoints object named after the
+    Service. It names the request's resource, `services "metis-x" not found`, whether the
+    Service exists or not, so only a look at the Service tells which is missing."""
+    body = e.body if isinstance(e.body, dict) else {}
+    details = body.get("details") or {}
+    return e.status == 404 and body.get("kind") == "Status" and details.get("kind") == "services"
+
+
+def _service_port(address: str | None) -> int | None:
+    """The Service's port, from the base's `observed.address` (`http://metis-x.ns.svc:7700`)."""
+    return urlsplit(address).port if address else None
+
+
+def proxy_failure(base: Mapping[str, Any], e: kube.ApiError, service: bool | None) -> str:
+    """Why the API server's proxy gave no answer of the indexer, said as what failed: a base
+    whose indexer does not run yet is "not ready"; for one that runs, the path is named (its
+    Service, the Endpoints the proxy routes by, the pod's address), with what to check and
+    how to ask without the proxy. `service`: whether the Service exists (None: unknown)."""
+    meta = base["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    st = KnowledgeBaseStatus.read(base.get("status"))
+    if st.state not in INDEXER_RUNS:
+        return (
+            f"knowledge base {name} is not ready: it is {_shown(st.state, 'not reconciled yet')}"
+            + (f" ({st.reason})" if st.reason else "")
+            + f"; its indexer answers once it is Indexing or Ready (kubectl metis status {name}"
+            f" -n {ns})"
+        )
+    svc, said = child_name(name), _api_message(e)
+    if endpoints_missing(e) and service is False:
+        cause = (
+            f"Service {svc} does not exist; the operator creates it with the base, so check "
+            f"that the operator runs and its Events (kubectl metis status {name} -n {ns})"
+        )
+    elif endpoints_missing(e) and service:
+        cause = (
+            f"Service {svc} exists but has no Endpoints object, which the proxy routes by (the "
+            f"API server said: {said}); kube-controller-manager's endpoints controller writes "
+            f"it: check kubectl get endpoints {svc} -n {ns}"
+        )
+    elif endpoints_missing(e):
+        cause = (
+            f"no Endpoints object of Service {svc} was found (the API server said: {said}); "
+            f"check kubectl get service,endpoints {svc} -n {ns}"
+        )
+    elif e.status == 503:
+        cause = (
+            f"{said}; check that the indexer's pod is Ready (kubectl get pods -n {ns} -l "
+            f"app.kubernetes.io/instance={name}) and that the API server's host can connect "
+            f"to the address kubectl get endpoints {svc} -n {ns} lists"
+        )
+    else:
+        cause = f"HTTP {e.status}: {said}"
+    port = _service_port((st.observed or Observed()).address) or "PORT"
+    return (
+        f"the API server's proxy could not reach knowledge base {name} (it is {st.state}) "
+        f"through Service {svc} in namespace {ns}: {cause}. To ask its indexer without the "
+        f"proxy: kubectl port-forward -n {ns} svc/{svc} {port}, then add "
+        f"--url http://127.0.0.1:{port} (on metis-dev's stand-in cluster the Service already "
+        "answers there)"
+    )
+
+
 # --------------------------------------------------------------------------- the cluster
 
 
@@ -298,23 +382,26 @@ class Cluster:
         """`route` of the base's indexer, through the API server's service proxy; `token`:
         the base's, for a route that writes."""
         ns, name = base["metadata"]["namespace"], base["metadata"]["name"]
-        path = f"/api/v1/namespaces/{ns}/services/http:metis-{name}:http/proxy{route}"
+        path = f"/api/v1/namespaces/{ns}/services/http:{child_name(name)}:http/proxy{route}"
         headers = {TOKEN_HEADER: token} if token else None
         try:
             return self.request(method, path, body=body, query=query, headers=headers)
         except kube.ApiError as e:
-            error = e.body.get("error") if isinstance(e.body, dict) else None
-            if isinstance(error, dict):  # the indexer's own answer
-                raise PluginError(f"{name}: {error.get('code')}: {error.get('message')}") from None
+            own = indexer_error(name, e.body)
+            if own is not None:
+                raise PluginError(own) from None
             if e.status == 403:
                 raise PluginError(f"not allowed: {_api_message(e)}") from None
-            st = KnowledgeBaseStatus.read(base.get("status"))
-            state = _shown(st.state, "not reconciled yet")
-            raise PluginError(
-                f"knowledge base {name} is not ready: it is {state}"
-                + (f" ({st.reason})" if st.reason else "")
-                + f"; the API server's proxy said: {_api_message(e)}"
-            ) from None
+            service = self._service_exists(ns, name) if endpoints_missing(e) else None
+            raise PluginError(proxy_failure(base, e, service)) from None
+
+    def _service_exists(self, namespace: str, name: str) -> bool | None:
+        """Whether the base's Service exists; None where this user may not read it."""
+        try:
+            self.request("GET", kube.path("v1", "services", namespace, child_name(name)))
+        except kube.ApiError as e:
+            return False if e.status == 404 else None
+        return True
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
         """One call with the kubeconfig's credentials: its JSON; non-2xx as kube.ApiError."""
@@ -338,6 +425,54 @@ def _refusal(e: kube.ApiError, missing: str) -> PluginError:
     return PluginError(_api_message(e))
 
 
+class Ask(Protocol):
+    """One call to a base's indexer, whichever way it is reached."""
+
+    def __call__(
+        self,
+        method: str,
+        route: str,
+        body: Mapping[str, Any] | None = None,
+        query: Mapping[str, str | int] | None = None,
+        token: str | None = None,
+    ) -> Any: ...
+
+
+def direct(
+    url: str,
+    name: str,
+    method: str,
+    route: str,
+    body: Mapping[str, Any] | None = None,
+    query: Mapping[str, str | int] | None = None,
+    token: str | None = None,
+) -> Any:
+    """`route` of the indexer at `url` (`--url`): where the API server's proxy cannot reach
+    it, a port-forward's local port or a Service this machine reaches itself."""
+    target = url.rstrip("/") + route
+    headers = {TOKEN_HEADER: token} if token else None
+    try:
+        answer = httpx.request(
+            method, target, json=body, params=query, headers=headers, timeout=REQUEST_SECONDS
+        )
+    except httpx.HTTPError as e:
+        raise PluginError(
+            f"cannot reach the indexer of {name} at {url}: {e} (is the port-forward running?)"
+        ) from None
+    try:
+        data = answer.json()
+    except ValueError:
+        raise PluginError(
+            f"{target} answered HTTP {answer.status_code}, not JSON: is {url} the indexer of "
+            f"{name}?"
+        ) from None
+    if answer.is_error:
+        raise PluginError(
+            indexer_error(name, data) or f"{target} answered HTTP {answer.status_code}"
+        ) from None
+    return data
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -359,24 +494,41 @@ def _common(suppress: bool) -> argparse.ArgumentParser:
     return c
 
 
+def _reach() -> argparse.ArgumentParser:
+    """`--url`, for the commands that ask a base's indexer."""
+    r = argparse.ArgumentParser(add_help=False)
+    r.add_argument(
+        "--url",
+        help="ask the base's indexer at URL, not through the API server's service proxy: "
+        "http://127.0.0.1:7700 after kubectl port-forward -n NS svc/metis-BASE 7700, or "
+        "without one on metis-dev's stand-in cluster, where a Service is a loopback port",
+    )
+    return r
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = _common(suppress=True)
+    common, reach = _common(suppress=True), _reach()
     p = argparse.ArgumentParser(
         prog="kubectl metis",
         parents=[_common(suppress=False)],
         description="Metis knowledge bases from kubectl",
+        epilog="search, documents and note ask the base's indexer through the API server's "
+        "service proxy (the services/proxy right in the namespace). The proxy routes by the "
+        "Service's Endpoints and connects to the pod's address from the API server's host; "
+        "where it cannot, the error says what failed, and --url asks the indexer through a "
+        "port-forward instead.",
     )
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("status", parents=[common], help="a base's state, index and evaluation")
     s.add_argument("base", nargs="?")
-    q = sub.add_parser("search", parents=[common], help="ask a base a question")
+    q = sub.add_parser("search", parents=[common, reach], help="ask a base a question")
     q.add_argument("base")
     q.add_argument("question")
     q.add_argument("--mode", choices=get_args(schema.Mode), default="hybrid")
     q.add_argument("--top-k", type=int, default=5)
     q.add_argument("--no-rerank", action="store_true")
     q.add_argument("--json", action="store_true", help="print the answer as JSON")
-    d = sub.add_parser("documents", parents=[common], help="a base's documents")
+    d = sub.add_parser("documents", parents=[common, reach], help="a base's documents")
     d.add_argument("base")
     d.add_argument("--failed", action="store_true", help="only those that failed, with why")
     r = sub.add_parser("reindex", parents=[common], help="ask a base for a pass now")
@@ -387,15 +539,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--k", type=int, default=10)
     n = sub.add_parser("note", parents=[common], help="a base's own notes: add, list, rm")
     notes = n.add_subparsers(dest="note", required=True)
-    add = notes.add_parser("add", parents=[common], help="keep a note, searchable at once")
+    add = notes.add_parser("add", parents=[common, reach], help="keep a note, searchable at once")
     add.add_argument("base")
     add.add_argument("text")
     add.add_argument("--title")
     add.add_argument("--replaces", action="append", default=[], metavar="ID")
     add.add_argument("--id", help="the note's id (a note of that id is written over)")
-    listed = notes.add_parser("list", parents=[common], help="the notes, newest first")
+    listed = notes.add_parser("list", parents=[common, reach], help="the notes, newest first")
     listed.add_argument("base")
-    rm = notes.add_parser("rm", parents=[common], help="forget a note")
+    rm = notes.add_parser("rm", parents=[common, reach], help="forget a note")
     rm.add_argument("base")
     rm.add_argument("id")
     for each in (add, listed, rm):
@@ -420,13 +572,18 @@ def run(args: argparse.Namespace, now: dt.datetime) -> str:
         cluster.annotate(ns, args.base, key, value)
         return f"knowledgebase.{GROUP}/{args.base} annotated {key}={value}"
     base = cluster.base(ns, args.base)
+    ask: Ask = (
+        functools.partial(direct, args.url, args.base)
+        if args.url
+        else functools.partial(cluster.indexer, base)
+    )
     if args.command == "note":
-        answer = _note(cluster, base, args)
+        answer = _note(cluster, base, ask, args)
         return json.dumps(answer, indent=2, ensure_ascii=False) if args.json else notes_text(answer)
     if args.command == "documents":
         query: dict[str, str | int] = {"page_size": schema.PAGE_SIZE_MAX}
         query |= {"state": "failed"} if args.failed else {}
-        page = cluster.indexer(base, "GET", "/v1/documents", query=query)
+        page = ask("GET", "/v1/documents", query=query)
         return render_documents(schema.DocumentsPage.model_validate(page))
     request = schema.SearchRequest(
         query=args.question,
@@ -434,24 +591,23 @@ def run(args: argparse.Namespace, now: dt.datetime) -> str:
         mode=args.mode,
         rerank=False if args.no_rerank else None,
     )
-    answer = cluster.indexer(base, "POST", "/v1/search", request.model_dump(exclude_none=True))
+    answer = ask("POST", "/v1/search", request.model_dump(exclude_none=True))
     if args.json:
         return json.dumps(answer, indent=2, ensure_ascii=False)
     return answer_text(schema.SearchAnswer.model_validate(answer))
 
 
-def _note(cluster: Cluster, base: Mapping[str, Any], args: argparse.Namespace) -> Any:
+def _note(cluster: Cluster, base: Mapping[str, Any], ask: Ask, args: argparse.Namespace) -> Any:
     if args.note == "list":
-        query = {"page_size": schema.PAGE_SIZE_MAX}
-        return cluster.indexer(base, "GET", "/v1/notes", query=query)
+        return ask("GET", "/v1/notes", query={"page_size": schema.PAGE_SIZE_MAX})
     token = cluster.token(base["metadata"]["namespace"], base["metadata"]["name"])
     if args.note == "rm":
-        return cluster.indexer(base, "DELETE", f"/v1/notes/{args.id}", token=token)
+        return ask("DELETE", f"/v1/notes/{args.id}", token=token)
     request = schema.NoteRequest(
         text=args.text, title=args.title, replaces=args.replaces, id=args.id
     )
     body = request.model_dump(exclude_none=True)
-    return cluster.indexer(base, "POST", "/v1/notes", body, token=token)
+    return ask("POST", "/v1/notes", body, token=token)
 
 
 def main(argv: list[str] | None = None) -> int:

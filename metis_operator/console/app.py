@@ -34,11 +34,26 @@ KEEPALIVE_SECONDS = 15.0
 
 
 @dataclasses.dataclass(frozen=True)
+class Credentials:
+    """One place to read the API server's credentials from, named as an error names it."""
+
+    origin: str
+    """Where it comes from: `--kubeconfig`, `$KUBECONFIG`, `in-cluster`, `~/.kube/config`."""
+    kubeconfig: str | None = None
+    """The kubeconfig file (or kubectl's colon-separated list, merged as kubectl merges
+    it); None: the pod's service account."""
+
+    def __str__(self) -> str:
+        where = self.kubeconfig or "the pod's service account"
+        return f"{self.origin} ({where})"
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     """How the console reaches the cluster and the bases."""
 
-    kubeconfig: str | None = None
-    """None: the pod's service account (in-cluster)."""
+    credentials: tuple[Credentials, ...] = (Credentials("in-cluster"),)
+    """Tried in order; the first that loads is used (main.credentials chooses them)."""
     namespace: str | None = None
     """Only this namespace's bases; None: every namespace."""
     url_template: str | None = None
@@ -190,9 +205,20 @@ def setup_routes(app: web.Application) -> None:
 
 
 def connect(settings: Settings) -> kube.Cluster:
-    """`settings.kubeconfig`'s credentials, or the pod's service account."""
-    api = kube.from_kubeconfig(settings.kubeconfig) if settings.kubeconfig else kube.in_cluster()
-    return kube.Cluster(api, manager="metis-console")
+    """The first of `settings.credentials` that loads; where none does, the error names
+    each one tried and why it failed."""
+    tried = []
+    for source in settings.credentials:
+        try:
+            if source.kubeconfig is None:
+                api = kube.in_cluster()
+            else:
+                api = kube.from_kubeconfig(source.kubeconfig)
+        except kube.ConfigError as e:
+            tried.append(f"{source}: {e}")
+            continue
+        return kube.Cluster(api, manager="metis-console")
+    raise kube.ConfigError("tried " + "; ".join(tried))
 
 
 def create_app(settings: Settings) -> web.Application:

@@ -7,7 +7,9 @@ an address of its Endpoints, and the API refuses loopback addresses in Endpoints
 be in the loopback range"), so the indexer of this test listens on every address and its
 pod and Endpoints carry this machine's own non-loopback address (the one the test API
 server advertises): the API server's proxy connects there, on this machine. The test
-writes the Endpoints itself, as the endpoints controller (not run here) would.
+writes the Endpoints itself, as the endpoints controller (not run here) would. Before it
+does, the proxy cannot reach the Ready base, as on metis-dev's local cluster: the error
+says what failed, and `--url` asks the indexer at its loopback port instead.
 """
 
 from __future__ import annotations
@@ -201,13 +203,27 @@ def test_kubectl_metis_status_search_and_requests(
     assert not_ready.returncode == 1
     assert "error: knowledge base lost is not ready: it is Failed (" in not_ready.stderr
 
+    # A Ready base the proxy cannot reach (its Service has no Endpoints object yet) is not
+    # "not ready": the error names the Service, what is missing and the way around it.
+    unreached = kubectl_metis(kube, "search", "handbook", "anything", "-n", ns)
+    assert unreached.returncode == 1 and "not ready" not in unreached.stderr
+    assert (
+        "error: the API server's proxy could not reach knowledge base handbook (it is Ready) "
+        f"through Service metis-handbook in namespace {ns}: Service metis-handbook exists but "
+        "has no Endpoints object"
+    ) in unreached.stderr
+    url = f"http://127.0.0.1:{operator.indexer_port}"
+    assert f"then add --url {url} " in unreached.stderr
+    question = ("search", "handbook", "How many holidays do I get?", "--top-k", "2", "-n", ns)
+    through_url = ok(kubectl_metis(kube, *question, "--url", url)).splitlines()
+    assert through_url[0].startswith("1. handbook/policies/leave.md, line ")
+    nowhere = kubectl_metis(kube, *question, "--url", "http://127.0.0.1:1")
+    assert nowhere.returncode == 1
+    assert "error: cannot reach the indexer of handbook at http://127.0.0.1:1: " in nowhere.stderr
+
     # Search through the API server's service proxy, printed as `metis search` prints.
     publish(kube, ns, "handbook", operator.indexer_port)
-    out = ok(
-        kubectl_metis(
-            kube, "search", "handbook", "How many holidays do I get?", "--top-k", "2", "-n", ns
-        )
-    )
+    out = ok(kubectl_metis(kube, *question))
     direct = subprocess.run(
         metis(
             "search",
@@ -223,7 +239,7 @@ def test_kubectl_metis_status_search_and_requests(
         check=True,
     ).stdout
     lines = out.splitlines()
-    assert lines[:-1] == direct.splitlines()[:-1]  # all but the time it took
+    assert lines[:-1] == direct.splitlines()[:-1] == through_url[:-1]  # all but the time
     assert lines[0].startswith("1. handbook/policies/leave.md, line ")
     assert lines[-1].startswith("(hybrid; ") and lines[-1].endswith(" ms)")
     answer = json.loads(
