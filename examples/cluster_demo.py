@@ -15,6 +15,7 @@ machine.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -223,14 +224,33 @@ def model_services(demo: Demo) -> None:
     demo.apply("services.yaml", objects, note)
 
 
+def example_evals(text: str) -> str:
+    """The handbook's questions with their documents named as the example base names them:
+    `docs/handbook/...` (drive docs, folder handbook), `runbooks/...` (drive runbooks)."""
+    out = []
+    for line in text.splitlines():
+        case = json.loads(line)
+        case["expected"] = [
+            d.replace("handbook/runbooks/", "runbooks/", 1)
+            if d.startswith("handbook/runbooks/")
+            else f"docs/{d}"
+            for d in case["expected"]
+        ]
+        out.append(json.dumps(case))
+    return "\n".join(out) + "\n"
+
+
 def drives(demo: Demo) -> None:
-    """The example's two drives as hostPath volumes: `docs` holding `handbook/`, and
-    `runbooks`."""
+    """The example's two drives as hostPath volumes: `docs` holding `handbook/` and its
+    evaluation set (where the example's evaluation reads it), and `runbooks`."""
     docs, runbooks = demo.work / "drives" / "docs", demo.work / "drives" / "runbooks"
     shutil.copytree(
         HANDBOOK, docs / "handbook", ignore=shutil.ignore_patterns("runbooks", ".metis")
     )
     shutil.copytree(HANDBOOK / "runbooks", runbooks)
+    evals = docs / "handbook" / ".metis" / "evals.jsonl"
+    evals.parent.mkdir()
+    evals.write_text(example_evals((HANDBOOK / ".metis" / "evals.jsonl").read_text()))
     objects = drive(NAMESPACE, "docs", docs) + drive(NAMESPACE, "runbooks", runbooks)
     demo.apply("drives.yaml", objects, f"PVCs docs and runbooks on folders under {docs.parent}")
 
@@ -411,13 +431,6 @@ def main() -> None:
             )
         install(demo)
         demo.kubectl("create", "namespace", NAMESPACE)
-        demo.kubectl(
-            "label",
-            "node",
-            demo.node.name,
-            "pool=cpu",
-            note="handbook.yaml places its indexer on pool=cpu",
-        )
         model_services(demo)
         drives(demo)
         operator(demo)

@@ -10,6 +10,7 @@ of the look it makes); a child the API server would not take is `Refused`, namin
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
@@ -83,8 +84,9 @@ class Applying:
     rollout: str = ""
     conflicts: list[str] = dataclasses.field(default_factory=list)
     """Children another base owns under the names this one's would take."""
-    drive_notes: list[str] = dataclasses.field(default_factory=list)
-    """Index claims that cannot grow to what the base's memory holds, and why."""
+    child_notes: list[str] = dataclasses.field(default_factory=list)
+    """What keeps a child from being what the spec asks, and why: an index claim that cannot
+    grow, or that has another StorageClass; a pull secret the operator cannot copy."""
 
     def found(self) -> Applied:
         """The part of the look it makes: replica 0's index drive bound or not, what
@@ -94,7 +96,7 @@ class Applying:
             replicas=len(self.replicas),
             index_drive_bound=observe.claim_bound(claim),
             conflicts=tuple(self.conflicts),
-            drive_notes=tuple(self.drive_notes),
+            child_notes=tuple(self.child_notes),
         )
 
 
@@ -119,6 +121,8 @@ async def children_of(
             await _refusing(f"Secret {owner.child}", ctx.cluster.create(token))
             applied.done.append(f"Secret {owner.child} created")
         ctx.tokens.add(key)
+    if ctx.settings.indexer.image_pull_secrets:
+        await _pull_secret(ctx, owner, fresh, applied, alive)
     shared = [
         children.config_map(owner, config),
         children.service(owner, ctx.settings),
@@ -144,6 +148,58 @@ async def children_of(
     return applied
 
 
+PULL_SECONDS = 60.0
+"""How long the operator's pull secrets, once read, serve every base: a rotated one reaches
+the bases' copies within it, at one read a minute whatever the number of bases."""
+
+
+async def _pull_sources(ctx: Context) -> list[dict[str, Any]] | str:
+    """The operator's pull secrets (`METIS_INDEXER_IMAGE_PULL_SECRETS`), as read in the
+    last `PULL_SECONDS`; or what keeps them from being copied."""
+    now = time.monotonic()
+    if ctx.pull_sources is not None and now - ctx.pull_sources[0] < PULL_SECONDS:
+        return ctx.pull_sources[1]
+    ns, found = ctx.settings.runtime.operator_namespace, []
+    for name in ctx.settings.indexer.image_pull_secrets:
+        secret = await ctx.cluster.get(kube.path("v1", "secrets", ns, name))
+        if secret is None:
+            ctx.pull_sources = (now, f"Secret {name} does not exist in namespace {ns}")
+            return ctx.pull_sources[1]
+        found.append(dict(secret))
+    ctx.pull_sources = (now, found)
+    return found
+
+
+async def _pull_secret(
+    ctx: Context, owner: children.Owner, fresh: bool, applied: Applying, alive: _Alive
+) -> None:
+    """The copy of the operator's pull secrets the base's indexer pods name, applied when
+    its credentials changed (remembered, not read: Secrets are not watched); what keeps
+    it from being made is a warning of the base."""
+    sources = await _pull_sources(ctx)
+    try:
+        if isinstance(sources, str):
+            raise children.PullProblem(sources)
+        manifest = children.with_hash(children.pull_secret(owner, sources))
+    except children.PullProblem as e:
+        applied.child_notes.append(
+            f"cannot copy the image pull secrets (METIS_INDEXER_IMAGE_PULL_SECRETS): {e}; the "
+            "node pulls the indexer image without them"
+        )
+        return
+    key = (owner.namespace, owner.name)
+    if not fresh and ctx.pulls.get(key) == _hash(manifest):
+        return
+    found = await ctx.cluster.get(kube.manifest_path(manifest))
+    if found is None or _hash(found) != _hash(manifest):
+        if found is None:
+            await alive()
+        what = f"Secret {manifest['metadata']['name']}"
+        await _refusing(what, ctx.cluster.apply(manifest))
+        applied.done.append(f"{what} {'created' if found is None else 'updated'}")
+    ctx.pulls[key] = _hash(manifest)
+
+
 def _named(kind: str, owner: children.Owner, name: str) -> dict[str, Any]:
     """Enough of a child to find and delete it by (a whole Deployment's manifest for
     each replica a base does not have was a twentieth of the operator's work while 100
@@ -166,10 +222,12 @@ async def _apply_replica(
 ) -> Replica:
     """Replica `i`'s index drive (created once: its spec is immutable once bound) and
     Deployment, as they are now."""
+    least = spec.index_drive.size_gb if spec.index_drive else None
     size = index_drive.size_gib(
-        spec.placement.memory_gb, spec.vectors, ctx.settings.indexer.index_storage
+        spec.placement.memory_gb, spec.vectors, ctx.settings.indexer.index_storage, least
     )
-    claim = children.index_claim(owner, ctx.settings, i, size)
+    klass = children.storage_class(spec, ctx.settings)
+    claim = children.index_claim(owner, ctx.settings, i, size, klass)
     actual_claim = await _read(ctx, "PersistentVolumeClaim", claim, fresh)
     wish = children.deployment(owner, spec, ctx.settings, replica=i)
     current = await _read(ctx, "Deployment", wish, fresh)
@@ -182,8 +240,11 @@ async def _apply_replica(
         what = f"PersistentVolumeClaim {owner.replica(i)}"
         actual_claim = await _refusing(what, ctx.cluster.create(claim))
         applied.done.append(f"PersistentVolumeClaim {owner.replica(i)} created")
-    elif observe.claim_bound(actual_claim):
-        actual_claim = await _grow(ctx, actual_claim, size, fresh, applied)
+    else:
+        if spec.index_drive and (note := index_drive.class_note(actual_claim, klass)):
+            applied.child_notes.append(note)
+        if observe.claim_bound(actual_claim):
+            actual_claim = await _grow(ctx, actual_claim, size, fresh, applied)
     moving = children.must_move(spec.placement, current, observe.node(pods))
     deployment = children.deployment(owner, spec, ctx.settings, replica=i, moving=moving)
     manifest = children.with_hash(deployment)
@@ -210,7 +271,7 @@ async def _grow(
     key, wanted = (meta["namespace"], meta["name"]), f"{size_gib}Gi"
     refused = ctx.refused_growth.get(key)
     if refused is not None and refused[0] == size_gib and not fresh:
-        applied.drive_notes.append(refused[1])
+        applied.child_notes.append(refused[1])
         return claim
     patch = {"spec": {"resources": {"requests": {"storage": wanted}}}}
     try:
@@ -224,7 +285,7 @@ async def _grow(
             "allows expansion, or set METIS_INDEX_STORAGE for new drives"
         )
         ctx.refused_growth[key] = (size_gib, note)
-        applied.drive_notes.append(note)
+        applied.child_notes.append(note)
         return claim
     ctx.refused_growth.pop(key, None)
     applied.done.append(

@@ -24,7 +24,14 @@ from typing import Any, NamedTuple
 
 from metis_indexer.config import IndexerConfig
 from metis_operator.api import identity
-from metis_operator.api.spec import DRIVES_ROOT, INDEX_DIR, KnowledgeBaseSpec, Placement
+from metis_operator.api.spec import (
+    DRIVES_ROOT,
+    INDEX_DIR,
+    OWN_LABELS,
+    KnowledgeBaseSpec,
+    Placement,
+    Pod,
+)
 from metis_operator.settings import Settings
 
 APP = "metis-indexer"
@@ -101,7 +108,7 @@ def by_replica(pods: Sequence[Mapping[str, Any]]) -> dict[int, list[Mapping[str,
 
 def selector(name: str) -> dict[str, str]:
     """The labels that pick a base's indexer pods (a Deployment's immutable selector)."""
-    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": name}
+    return dict(zip(OWN_LABELS[:2], (APP, name), strict=True))
 
 
 def replica_selector(name: str, i: int) -> dict[str, Any]:
@@ -127,12 +134,7 @@ def others_selector(name: str, i: int) -> dict[str, Any]:
 
 
 def labels(name: str, component: str, replica: int = 0) -> dict[str, str]:
-    out = {
-        **selector(name),
-        "app.kubernetes.io/component": component,
-        "app.kubernetes.io/part-of": "metis",
-        "app.kubernetes.io/managed-by": MANAGER,
-    }
+    out = dict(zip(OWN_LABELS, (APP, name, component, "metis", MANAGER), strict=True))
     if replica:
         out[REPLICA_LABEL] = str(replica)
     return out
@@ -168,18 +170,30 @@ def config_map(owner: Owner, config: IndexerConfig) -> dict[str, Any]:
     }
 
 
+def storage_class(spec: KnowledgeBaseSpec, settings: Settings) -> str | None:
+    """The StorageClass a new index drive of the base asks: the base's, else the
+    operator's; None: the cluster's default."""
+    own = spec.index_drive.storage_class if spec.index_drive else None
+    return own or settings.indexer.storage_class or None
+
+
 def index_claim(
-    owner: Owner, settings: Settings, replica: int = 0, size_gib: int | None = None
+    owner: Owner,
+    settings: Settings,
+    replica: int = 0,
+    size_gib: int | None = None,
+    storage_class: str | None = None,
 ) -> dict[str, Any]:
     """A replica's own drive (one indexer writes it at a time: the indexer locks it), of
-    `size_gib` (`index_drive.size_gib`), else of the operator's least size."""
+    `size_gib` (`index_drive.size_gib`), else of the operator's least size; of
+    `storage_class` (`storage_class`), else the cluster's default."""
     size = f"{size_gib}Gi" if size_gib is not None else settings.indexer.index_storage
     spec: dict[str, Any] = {
         "accessModes": [settings.indexer.index_access_mode],
         "resources": {"requests": {"storage": size}},
     }
-    if settings.indexer.storage_class:
-        spec["storageClassName"] = settings.indexer.storage_class
+    if storage_class:
+        spec["storageClassName"] = storage_class
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -198,8 +212,22 @@ SPREAD_WEIGHT = 100
 takes, so that only a machine no other can stand in for puts two replicas together."""
 
 
+def node_terms(placement: Placement) -> list[dict[str, Any]]:
+    """The required node affinity's terms: the user's (any one matches), each with the
+    machines rule added (both must hold); the machines rule alone without terms."""
+    machines = (
+        [{"key": HOSTNAME, "operator": "In", "values": list(placement.machines)}]
+        if placement.machines
+        else []
+    )
+    terms = [t.manifest() for t in placement.node_affinity]
+    if not terms:
+        return [{"matchExpressions": machines}] if machines else []
+    return [{"matchExpressions": t["matchExpressions"] + machines} for t in terms]
+
+
 def _affinity(
-    name: str, machines: list[str], settings: Settings, replica: int, replicas: int
+    name: str, placement: Placement, settings: Settings, replica: int, replicas: int
 ) -> dict[str, Any]:
     """The machines a pod may run on, and for a ReadWriteOnce index drive (mountable by
     the pods of one machine) the machine of the pod it replaces: a required affinity to
@@ -210,12 +238,9 @@ def _affinity(
     cluster of fewer machines than replicas still runs them all, and the status warns
     of two on one machine (`observe.shared_machines`)."""
     out: dict[str, Any] = {}
-    if machines:
-        term = {"key": HOSTNAME, "operator": "In", "values": list(machines)}
+    if terms := node_terms(placement):
         out["nodeAffinity"] = {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [term]}]
-            }
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
         }
     if settings.indexer.index_access_mode == "ReadWriteOnce":
         own = replica_selector(name, replica) if replicas > 1 or replica else None
@@ -267,11 +292,26 @@ def must_move(placement: Placement, actual: Mapping[str, Any] | None, node: str 
         return True
     if node is None:
         return False
-    asked = ((have.get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
+    pod = (have.get("template") or {}).get("spec") or {}
+    asked = pod.get("nodeSelector") or {}
     fits = placement.labels.items() <= asked.items() and (
         not placement.machines or node in placement.machines
     )
-    return not fits
+    return not fits or _may_exclude(placement, pod)
+
+
+def _may_exclude(placement: Placement, pod: Mapping[str, Any]) -> bool:
+    """Whether `placement` may exclude the machine a pod of template `pod` runs on, past
+    its labels and machines (the operator reads no node): node affinity terms it did
+    not ask, or a toleration it no longer has."""
+    if placement.node_affinity:
+        required = ((pod.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ) or {}
+        if required.get("nodeSelectorTerms") != node_terms(placement):
+            return True
+    kept = [t.manifest() for t in placement.tolerations]
+    return any(t not in kept for t in pod.get("tolerations") or [])
 
 
 class PodInputs(NamedTuple):
@@ -281,14 +321,71 @@ class PodInputs(NamedTuple):
     drives: list[str]
     placement: Placement
     replicas: int
+    pod: Pod | None = None
 
     def digest(self) -> str:
-        """Tells a user's change of the pod from the operator's (`rollout.operators_change`)."""
-        return _digest([self.drives, self.placement.model_dump(mode="json"), self.replicas])
+        """Tells a user's change of the pod from the operator's (`rollout.operators_change`).
+        Settings a spec leaves unset are left out, so a base made before they existed
+        keeps its digest."""
+        place = self.placement.model_dump(mode="json", by_alias=True)
+        for later in ("tolerations", "node_affinity"):
+            if not place[later]:
+                del place[later]
+        plain: list[Any] = [self.drives, place, self.replicas]
+        if self.pod is not None:
+            plain.append(self.pod.model_dump(mode="json"))
+        return _digest(plain)
 
 
 def pod_inputs(spec: KnowledgeBaseSpec) -> PodInputs:
-    return PodInputs(spec.drives, spec.placement, spec.replicas)
+    return PodInputs(spec.drives, spec.placement, spec.replicas, spec.pod)
+
+
+def pull_secret_name(owner: Owner) -> str:
+    return f"{owner.child}-pull"
+
+
+class PullProblem(ValueError):
+    """A pull secret the operator is told to copy cannot be: the message names it."""
+
+
+def pull_secret(owner: Owner, sources: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The credentials of the operator's pull secrets (`METIS_INDEXER_IMAGE_PULL_SECRETS`)
+    as one Secret of the base's namespace, for its indexer pods: a pod may name only
+    Secrets of its own namespace, and one Secret owned by the base goes with it. Of two
+    secrets naming one registry, the first named wins."""
+    auths: dict[str, Any] = {}
+    for secret in sources:
+        name = (secret.get("metadata") or {}).get("name", "?")
+        data = secret.get("data") or {}
+        try:
+            if ".dockerconfigjson" in data:
+                found = json.loads(base64.b64decode(data[".dockerconfigjson"]))["auths"]
+            elif ".dockercfg" in data:
+                found = json.loads(base64.b64decode(data[".dockercfg"]))
+            else:
+                raise PullProblem(
+                    f"Secret {name} holds no .dockerconfigjson: make it with `kubectl create "
+                    "secret docker-registry`"
+                )
+        except (ValueError, KeyError, TypeError) as e:
+            if isinstance(e, PullProblem):
+                raise
+            raise PullProblem(f"Secret {name} holds no registry credentials ({e})") from None
+        if not isinstance(found, dict):
+            raise PullProblem(f"Secret {name} holds no registry credentials")
+        for registry, entry in found.items():
+            auths.setdefault(registry, entry)
+    config = json.dumps({"auths": auths}, sort_keys=True).encode()
+    meta = _meta(owner, "image-pull")
+    meta["name"] = pull_secret_name(owner)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta,
+        "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": base64.b64encode(config).decode()},
+    }
 
 
 def deployment(
@@ -374,13 +471,27 @@ def deployment(
     }
     if place.labels:
         pod["nodeSelector"] = dict(sorted(place.labels.items()))
-    if affinity := _affinity(owner.name, place.machines, settings, replica, inputs.replicas):
+    if affinity := _affinity(owner.name, place, settings, replica, inputs.replicas):
         pod["affinity"] = affinity
+    if place.tolerations:
+        pod["tolerations"] = [t.manifest() for t in place.tolerations]
+    if inputs.pod and inputs.pod.priority_class:
+        pod["priorityClassName"] = inputs.pod.priority_class
+    if ix.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": pull_secret_name(owner)}]
     picks = selector(owner.name)
     if replica:
         picks[REPLICA_LABEL] = str(replica)
     meta = _meta(owner, "indexer", replica)
     meta["annotations"] = {identity.POD_INPUTS_ANNOTATION: inputs.digest()}
+    template: dict[str, Any] = {
+        "labels": {
+            **(inputs.pod.labels if inputs.pod else {}),
+            **labels(owner.name, "indexer", replica),
+        }
+    }
+    if inputs.pod and inputs.pod.annotations:
+        template["annotations"] = dict(sorted(inputs.pod.annotations.items()))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -389,10 +500,7 @@ def deployment(
             "replicas": 1,
             "strategy": _strategy(settings, moving),
             "selector": {"matchLabels": picks},
-            "template": {
-                "metadata": {"labels": labels(owner.name, "indexer", replica)},
-                "spec": pod,
-            },
+            "template": {"metadata": template, "spec": pod},
         },
     }
 
@@ -440,8 +548,13 @@ def api_secret(owner: Owner) -> dict[str, Any]:
 def network_policy(owner: Owner, settings: Settings, operator_namespace: str) -> dict[str, Any]:
     """Only the workspace reaches the indexer: every pod of the base's own namespace
     (the workspace: its runs search the base) and the operator's namespace, where
-    the operator and the console run. Nothing else may connect, on any port."""
-    operator = {"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: operator_namespace}}}
+    the operator and the console run; besides, the namespaces and IP ranges the operator
+    is told (`NetworkSettings`: a monitoring namespace, the API server's proxy). Nothing
+    else may connect, on any port."""
+    peers: list[dict[str, Any]] = [{"podSelector": {}}]
+    for ns in (operator_namespace, *settings.network.allow_namespaces):
+        peers.append({"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: ns}}})
+    peers += [{"ipBlock": {"cidr": cidr}} for cidr in settings.network.allow_cidrs]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -451,7 +564,7 @@ def network_policy(owner: Owner, settings: Settings, operator_namespace: str) ->
             "policyTypes": ["Ingress"],
             "ingress": [
                 {
-                    "from": [{"podSelector": {}}, operator],
+                    "from": peers,
                     "ports": [{"protocol": "TCP", "port": settings.indexer.port}],
                 }
             ],

@@ -5,6 +5,7 @@ indexer both take it without importing each other."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import httpx
 
@@ -30,3 +31,13 @@ class Context:
     refused_growth: dict[tuple[str, str], tuple[int, str]] = dataclasses.field(default_factory=dict)
     """Index claims the API server would not let grow, by (namespace, name): the size asked
     (GiB) and why not; asked again only for another size or at a resync."""
+    pull_sources: tuple[float, list[dict[str, Any]] | str] | None = None
+    """The operator's image pull secrets as last read: a monotonic time, and the Secrets or
+    why they cannot be copied."""
+    pulls: dict[tuple[str, str], str | None] = dataclasses.field(default_factory=dict)
+    """The hash of each base's pull secret copy as last applied, by (namespace, name)."""
+    machines: dict[str, tuple[float, list[dict[str, Any]]]] = dataclasses.field(
+        default_factory=dict
+    )
+    """Nodes as last read for a taint that keeps a pod off them, by node selector: a
+    monotonic time and the nodes."""

@@ -7,7 +7,9 @@ storage class allows, and the base warns well before it fills (`FILLING`)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from decimal import Decimal
+from typing import Any
 
 from kubernetes.utils import parse_quantity
 
@@ -38,11 +40,26 @@ def chunks_held(memory_gb: int, vectors: VectorKind) -> int:
     return int(memory_gb * GIB * MEMORY_FOR_CHUNKS / RESIDENT_BYTES[vectors])
 
 
-def size_gib(memory_gb: int, vectors: VectorKind, floor: str) -> int:
+def size_gib(memory_gb: int, vectors: VectorKind, floor: str, least_gib: int | None = None) -> int:
     """The drive's size in GiB: what the memory holds, on disk, twice; at least `floor`
-    (the operator's `METIS_INDEX_STORAGE`, a Kubernetes quantity), rounded up."""
+    (the operator's `METIS_INDEX_STORAGE`, a Kubernetes quantity), rounded up, and at
+    least `least_gib` (the base's `index_drive.size_gb`)."""
     wanted = chunks_held(memory_gb, vectors) * DISK_BYTES[vectors] * BESIDE
-    return max(math.ceil(wanted / GIB), math.ceil(parse_quantity(floor) / GIB))
+    return max(math.ceil(wanted / GIB), math.ceil(parse_quantity(floor) / GIB), least_gib or 0)
+
+
+def class_note(claim: Mapping[str, Any], wanted: str | None) -> str | None:
+    """What to say when a drive has another StorageClass than the base asks (a class is
+    fixed when the drive is made); None when it has that one, or the base asks none."""
+    have = (claim.get("spec") or {}).get("storageClassName")
+    if wanted is None or have == wanted:
+        return None
+    name = (claim.get("metadata") or {}).get("name", "?")
+    return (
+        f"index drive {name} has StorageClass {have or '(the default)'}, the base asks "
+        f"{wanted}: a drive keeps the class it was made with, so only new replicas get "
+        f"{wanted}; to move the index, make a new base"
+    )
 
 
 def grows(requested: str | None, wanted_gib: int) -> bool:

@@ -52,7 +52,7 @@ class Applied:
     index_drive_bound: bool = False
     conflicts: tuple[str, ...] = ()
     """Children of the base's names that another base owns."""
-    drive_notes: tuple[str, ...] = ()
+    child_notes: tuple[str, ...] = ()
     """Index claims that cannot grow to what the base's memory holds, and why."""
     refused: str | None = None
     """A child the API server would not take, and its words."""
@@ -102,7 +102,7 @@ class Look:
             replicas=applied.replicas,
             index_drive_bound=applied.index_drive_bound,
             conflicts=applied.conflicts,
-            drive_notes=applied.drive_notes,
+            child_notes=applied.child_notes,
             refused=applied.refused,
             pod_failure=running.pod_failure,
             replacing=running.replacing,

@@ -244,3 +244,40 @@ def service_port(svc: Mapping[str, Any]) -> int:
     ports = (svc.get("spec") or {}).get("ports") or []
     named = [p for p in ports if p.get("name") == "http"]
     return int((named or ports or [{"port": 80}])[0]["port"])
+
+
+UNTOLERATED = "untolerated taint"
+"""The scheduler's words for a machine whose taint the pod does not tolerate; newer
+schedulers do not say which taint, so the operator reads the machines (`untolerated`)."""
+REPELLING = ("NoSchedule", "NoExecute")
+
+
+def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """Kubernetes' rule: the effect (when given) and the key (when given) match, and
+    the value with Equal (the default operator), anything with Exists."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("key") and toleration["key"] != taint.get("key"):
+        return False
+    if toleration.get("operator") == "Exists":
+        return True
+    return bool(toleration.get("key")) and toleration.get("value", "") == taint.get("value", "")
+
+
+def untolerated(nodes: Sequence[Mapping[str, Any]], pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The taints that keep pod spec `pod` off the machines its node selector picks, as
+    `key=value:Effect`, each once."""
+    wanted = pod.get("nodeSelector") or {}
+    tolerations = pod.get("tolerations") or []
+    out: set[str] = set()
+    for node in nodes:
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        if not wanted.items() <= labels.items():
+            continue
+        for taint in (node.get("spec") or {}).get("taints") or []:
+            if taint.get("effect") not in REPELLING:
+                continue
+            if not any(_tolerates(t, taint) for t in tolerations):
+                value = f"={taint['value']}" if taint.get("value") else ""
+                out.add(f"{taint.get('key')}{value}:{taint['effect']}")
+    return tuple(sorted(out))

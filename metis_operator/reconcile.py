@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from metis_indexer.config import IndexerConfig
 from metis_indexer.schema import StatusAnswer
-from metis_operator import apply, children, indexer_client, observe, rollout
+from metis_operator import apply, children, indexer_client, kube, observe, rollout
 from metis_operator.api.spec import (
     KnowledgeBaseSpec,
     SpecError,
@@ -233,6 +234,30 @@ def _config(
     ).model_copy(update={"generation": asked.generation})
 
 
+MACHINES_SECONDS = 30.0
+"""How long a read of the machines a pod may run on serves the looks that ask again."""
+
+
+async def _machines(ctx: Context, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The nodes pod spec `pod`'s node selector picks (at most 500), read only for a pod the
+    scheduler keeps off them for a taint, and kept `MACHINES_SECONDS`; none where the
+    operator may not read nodes (a namespaced install): the scheduler's words then."""
+    selector = ",".join(f"{k}={v}" for k, v in sorted((pod.get("nodeSelector") or {}).items()))
+    now = time.monotonic()
+    kept = ctx.machines.get(selector)
+    if kept is not None and now - kept[0] < MACHINES_SECONDS:
+        return kept[1]
+    try:
+        found = await ctx.cluster.call(
+            "GET", "/api/v1/nodes", query={"labelSelector": selector, "limit": 500}
+        )
+    except kube.ApiError:
+        found = {}
+    nodes = list((found or {}).get("items") or [])
+    ctx.machines[selector] = (now, nodes)
+    return nodes
+
+
 async def _running(
     ctx: Context, owner: children.Owner, replicas: Sequence[apply.Replica]
 ) -> Running:
@@ -244,6 +269,10 @@ async def _running(
     pods = by_replica.get(0, [])
     seen = dt.datetime.now(dt.UTC)
     pod = observe.pod_view(pods, seen)
+    if pod is not None and observe.UNTOLERATED in (pod.unschedulable or "") and deployment:
+        template = deployment["spec"]["template"]["spec"]
+        taints = observe.untolerated(await _machines(ctx, template), template)
+        pod = dataclasses.replace(pod, taints=taints)
     old = observe.old_pod_view(pods, seen)
     indexer, error = (None, None)
     if pod is not None and pod.running and not pod.terminating:

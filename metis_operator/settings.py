@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
+import ipaddress
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 ACCESS_MODES = ("ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany")
 LOG_FORMATS = ("text", "json")
+
+
+VERSION = importlib.metadata.version("metis")
+"""The release this operator is: its default indexer image is the same release's."""
+IMAGE_REPOSITORY = "ghcr.io/astraeus/metis-indexer"
 
 
 def _env(name: str, default: Any) -> Any:
@@ -27,8 +34,16 @@ def _env(name: str, default: Any) -> Any:
 class IndexerSettings:
     """How each base's indexer runs."""
 
-    image: str = _env("METIS_INDEXER_IMAGE", "ghcr.io/astraeus/metis-indexer:0.1.0")
-    """The indexer image every base runs (`metis serve --config /etc/metis/config.json`)."""
+    image: str = _env("METIS_INDEXER_IMAGE", f"{IMAGE_REPOSITORY}:{VERSION}")
+    """The indexer image every base runs (`metis serve --config /etc/metis/config.json`):
+    by default the release's own (the operator's version); a release into a team's registry
+    sets it (docs/release.md)."""
+
+    image_pull_secrets: tuple[str, ...] = _env("METIS_INDEXER_IMAGE_PULL_SECRETS", ())
+    """Secrets of the operator's namespace (type kubernetes.io/dockerconfigjson), comma-
+    separated, that let a node pull the indexer image: the operator copies their
+    credentials into each base's namespace (Secret `metis-<name>-pull`, owned by the base)
+    and names it in the indexer pods' imagePullSecrets. Empty: none."""
 
     image_pull_policy: str = _env("METIS_INDEXER_IMAGE_PULL_POLICY", "IfNotPresent")
     """Kubernetes' imagePullPolicy of the indexer container."""
@@ -72,6 +87,22 @@ class ReachSettings:
     evaluate_timeout_seconds: float = _env("METIS_EVALUATE_TIMEOUT_SECONDS", 90.0)
     """Seconds an evaluation may take: the indexer stops its own at 60 s
     (tests/indexer/search/test_evaluation.py)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkSettings:
+    """Who besides the base's namespace and the operator's may reach an indexer (each
+    base's NetworkPolicy)."""
+
+    allow_namespaces: tuple[str, ...] = _env("METIS_NETWORK_ALLOW_NAMESPACES", ())
+    """Namespaces whose pods may reach every indexer, comma-separated: a Prometheus that
+    scrapes them, an ingress controller. Empty: none."""
+
+    allow_cidrs: tuple[str, ...] = _env("METIS_NETWORK_ALLOW_CIDRS", ())
+    """IP ranges (CIDR) that may reach every indexer, comma-separated: the control plane's
+    nodes, for the API server's service proxy (`kubectl metis search`) on a network plugin
+    that enforces policies (Calico, Cilium) — the API server is no pod of a namespace.
+    Empty: none."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +185,7 @@ class Settings:
 
     indexer: IndexerSettings = dataclasses.field(default_factory=IndexerSettings)
     reach: ReachSettings = dataclasses.field(default_factory=ReachSettings)
+    network: NetworkSettings = dataclasses.field(default_factory=NetworkSettings)
     poll: PollSettings = dataclasses.field(default_factory=PollSettings)
     runtime: RuntimeSettings = dataclasses.field(default_factory=RuntimeSettings)
     quality: QualitySettings = dataclasses.field(default_factory=QualitySettings)
@@ -214,6 +246,13 @@ def load(environ: Mapping[str, str], argv: Sequence[str] | None = None) -> Setti
             f"METIS_INDEX_ACCESS_MODE={settings.indexer.index_access_mode!r}: expected one of "
             f"{', '.join(ACCESS_MODES)}"
         )
+    for cidr in settings.network.allow_cidrs:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ValueError(
+                f"METIS_NETWORK_ALLOW_CIDRS: {cidr!r} is not an IP range (10.0.0.0/16, fd00::/64)"
+            ) from None
     try:
         settings.url("probe", "default", 1)
     except (KeyError, IndexError, ValueError) as e:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 
 from metis_indexer.schema import Searches, StatusAnswer
 from metis_operator.api.spec import Placement
@@ -64,6 +65,9 @@ class PodView:
     node: str | None = None
     unschedulable: str | None = None
     """The scheduler's message when it cannot place the pod."""
+    taints: tuple[str, ...] = ()
+    """The taints of the machines it may run on that it does not tolerate, when the
+    scheduler says of one and the operator may read the machines."""
     running: bool = False
     ready: bool = False
     waiting: str | None = None
@@ -153,7 +157,7 @@ class Observation:
     refused: str | None = None
     """A child the API server would not take (a quota, a full Service range, a webhook),
     and its words: nothing after it was applied this turn."""
-    drive_notes: tuple[str, ...] = ()
+    child_notes: tuple[str, ...] = ()
     """Index claims that cannot grow to what the base's memory holds, and why."""
     unknown_fields: tuple[str, ...] = ()
     """Spec fields this operator does not know (a newer CRD's): kept, and without effect."""
@@ -201,8 +205,14 @@ def _placement(p: Placement) -> str:
     return " and ".join(parts) or "(none set)"
 
 
-def unschedulable(message: str, placement: Placement) -> str:
-    """The scheduler's message as what to do about it, followed by the message itself."""
+TAINT = re.compile(r"untolerated taint\(?s?\)?[: ]*\{([^}]*)\}")
+"""The scheduler's words for a taint no toleration matches: `had untolerated taint
+{dedicated: search}` (the taint's key and value)."""
+
+
+def unschedulable(message: str, placement: Placement, taints: Sequence[str] = ()) -> str:
+    """The scheduler's message as what to do about it, followed by the message itself;
+    `taints`: those the machines have that the pod does not tolerate, when known."""
     said = message.split(" preemption:")[0].strip()
     why = []
     if "didn't match pod affinity" in said:  # a replacement of a ReadWriteOnce drive's pod
@@ -219,6 +229,13 @@ def unschedulable(message: str, placement: Placement) -> str:
         why.append("its index drive is still mounted by the pod it replaces")
     elif "PersistentVolumeClaim" in said:
         why.append("its drives are not bound to volumes yet")
+    named = taints or sorted({t.strip().removesuffix(":") for t in TAINT.findall(said)})
+    if named or "untolerated taint" in said:
+        which = f" ({', '.join(named)})" if named else ""
+        why.append(
+            f"machines have taints it does not tolerate{which}: add them to "
+            "placement.tolerations, or place it elsewhere"
+        )
     if "no nodes available" in said:
         why.append("the cluster has no machine to run it")
     head = "; ".join(why) or "no machine can run it"
@@ -270,7 +287,7 @@ def _replacement(o: Observation) -> Verdict | None:
         return None if old.terminating else Verdict(State.STARTING, STANDBY)
     waits = "waits for a machine"
     if pod.unschedulable is not None:
-        waits += ": " + unschedulable(pod.unschedulable, o.placement)
+        waits += ": " + unschedulable(pod.unschedulable, o.placement, pod.taints)
     rollout = o.replacing or old.template != pod.template
     if old.terminating and not rollout:
         head = f"its pod {old.name} is going away (deleted or evicted); a new one"
@@ -311,7 +328,7 @@ def _pending(o: Observation) -> str | None:
     if o.pod is None or o.pod.terminating:
         return "its pod is not created yet"
     if o.pod.unschedulable is not None:
-        return unschedulable(o.pod.unschedulable, o.placement)
+        return unschedulable(o.pod.unschedulable, o.placement, o.pod.taints)
     if o.pod.node is None:
         return "its pod waits for a machine"
     return None

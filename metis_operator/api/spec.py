@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -50,6 +50,26 @@ LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 LABEL_VALUE_MAX = 63
 LABEL_KEY_MAX = DRIVE_MAX + 1 + LABEL_VALUE_MAX
 """A prefix (a DNS subdomain), a /, and a name."""
+TOLERATIONS_MAX = 32
+TERMS_MAX = 8
+"""Node affinity terms (any one matches) and the expressions of each (all match)."""
+EXPRESSIONS_MAX = 16
+VALUES_MAX = 64
+ANNOTATIONS_MAX = 32
+ANNOTATION_VALUE_MAX = 4096
+INDEX_SIZE_MAX = 65_536
+"""GiB: 64 TiB, past any drive a base's memory could fill."""
+OWN_PREFIX = "metis.astraeus.io/"
+OWN_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+)
+"""The labels the operator puts on an indexer pod (`children.labels`): its Deployment's
+selector, its Service and its NetworkPolicy pick the pods by them, so a pod label of the
+spec may not set them, nor any label or annotation under the operator's group."""
 
 DRIVES_ROOT = "/drives"
 INDEX_DIR = "/index"
@@ -224,6 +244,264 @@ class Chunking(_Model):
         return self
 
 
+def _label_key_problem(key: str) -> str | None:
+    if len(key) > LABEL_KEY_MAX or not LABEL_KEY_RE.match(key):
+        return f"{key!r} is not a label key"
+    return None
+
+
+def _label_problems(labels: Mapping[str, str]) -> list[str]:
+    out = []
+    for key, value in labels.items():
+        if problem := _label_key_problem(key):
+            out.append(problem)
+        elif len(value) > LABEL_VALUE_MAX or not LABEL_VALUE_RE.match(value):
+            out.append(f"{value!r} (of {key}) is not a label value")
+    return out
+
+
+_LABEL_KEYS_RULE = {
+    "rule": f"self.all(k, size(k) <= {LABEL_KEY_MAX} && "
+    f"k.matches('{cel_regex(LABEL_KEY_RE.pattern)}'))",
+}
+
+
+class Toleration(_Model):
+    """A taint the pod tolerates, as in a pod's spec (Kubernetes' names and rules)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "description": "A taint the indexer pod tolerates, as in a pod's tolerations.",
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.operator) || self.operator != 'Exists' || "
+                    "!has(self.value) || self.value == ''",
+                    "message": "a toleration with operator Exists has no value",
+                },
+                {
+                    "rule": "(has(self.key) && self.key != '') || "
+                    "(has(self.operator) && self.operator == 'Exists')",
+                    "message": "a toleration without a key must have operator Exists "
+                    "(it tolerates every taint)",
+                },
+                {
+                    "rule": "!has(self.tolerationSeconds) || "
+                    "(has(self.effect) && self.effect == 'NoExecute')",
+                    "message": "tolerationSeconds is for effect NoExecute only",
+                },
+            ],
+        }
+    )
+
+    key: str | None = Field(
+        default=None,
+        max_length=LABEL_KEY_MAX,
+        description="The taint's key. Not set, with operator Exists: every taint.",
+    )
+    operator: Literal["Equal", "Exists"] | None = Field(
+        default=None,
+        description="Equal: the taint's value must be value. Exists: any value. Not set, Equal.",
+    )
+    value: str | None = Field(
+        default=None, max_length=LABEL_VALUE_MAX, description="The taint's value, for Equal."
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="The taint's effect. Not set: every effect."
+    )
+    toleration_seconds: int | None = Field(
+        default=None,
+        alias="tolerationSeconds",
+        ge=0,
+        description="For NoExecute: how long the pod stays on a machine after the taint is "
+        "added. Not set: for ever.",
+    )
+
+    @model_validator(mode="after")
+    def _kubernetes_rules(self) -> Toleration:
+        if self.key and (problem := _label_key_problem(self.key)):
+            raise ValueError(problem)
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator Exists has no value")
+        if not self.key and self.operator != "Exists":
+            raise ValueError(
+                "a toleration without a key must have operator Exists (it tolerates every taint)"
+            )
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds is for effect NoExecute only")
+        return self
+
+    def manifest(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class NodeRequirement(_Model):
+    """One rule on a node's labels, as in a pod's node affinity."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "description": "A rule on a node's labels, as in a node selector term.",
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.operator in ['Exists', 'DoesNotExist'] ? "
+                    "(!has(self.values) || size(self.values) == 0) : "
+                    "self.operator in ['Gt', 'Lt'] ? "
+                    "(has(self.values) && size(self.values) == 1) : "
+                    "(has(self.values) && size(self.values) > 0)",
+                    "message": "values: none for Exists and DoesNotExist, one number for Gt "
+                    "and Lt, at least one for In and NotIn",
+                }
+            ],
+        }
+    )
+
+    key: str = Field(max_length=LABEL_KEY_MAX, description="A node label's key.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"] = Field(
+        description="How the label's value is compared with values."
+    )
+    values: list[str] = Field(
+        default_factory=list,
+        max_length=VALUES_MAX,
+        description="In and NotIn: one or more; Gt and Lt: one integer; none otherwise.",
+        json_schema_extra={"items": {"maxLength": LABEL_VALUE_MAX}},
+    )
+
+    @model_validator(mode="after")
+    def _kubernetes_rules(self) -> NodeRequirement:
+        if problem := _label_key_problem(self.key):
+            raise ValueError(problem)
+        n = len(self.values)
+        if self.operator in ("Exists", "DoesNotExist") and n:
+            raise ValueError(f"operator {self.operator} takes no values")
+        if self.operator in ("Gt", "Lt") and (n != 1 or not self.values[0].lstrip("-").isdigit()):
+            raise ValueError(f"operator {self.operator} takes one integer value")
+        if self.operator in ("In", "NotIn") and not n:
+            raise ValueError(f"operator {self.operator} takes at least one value")
+        return self
+
+
+class NodeTerm(_Model):
+    """Nodes matching every requirement; of several terms, a node matching any one."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "description": "Nodes that match every one of matchExpressions (a node selector term)."
+        }
+    )
+
+    match_expressions: list[NodeRequirement] = Field(
+        alias="matchExpressions",
+        min_length=1,
+        max_length=EXPRESSIONS_MAX,
+        description="Rules on the node's labels; all must match.",
+    )
+
+    def manifest(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class Pod(_Model):
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Put on the indexer pods (cost allocation, a service mesh, policies). Not "
+        "the app.kubernetes.io/ labels the operator sets, nor any under metis.astraeus.io/. "
+        "A change replaces the pods, one at a time, searches answered meanwhile.",
+        json_schema_extra={
+            "maxProperties": LABELS_MAX,
+            "x-kubernetes-validations": [
+                {
+                    **_LABEL_KEYS_RULE,
+                    "message": "spec.pod.labels has a key that is not a label key",
+                },
+                {
+                    "rule": "self.all(k, !(k in "
+                    + "["
+                    + ", ".join(f"'{k}'" for k in OWN_LABELS)
+                    + "]) && "
+                    f"!k.startsWith('{OWN_PREFIX}'))",
+                    "message": "spec.pod.labels may not set the labels the operator picks its "
+                    f"pods by ({', '.join(OWN_LABELS)}) nor any under {OWN_PREFIX}",
+                },
+            ],
+            "additionalProperties": {
+                "maxLength": LABEL_VALUE_MAX,
+                "pattern": LABEL_VALUE_RE.pattern,
+            },
+        },
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Put on the indexer pods (a service mesh's, a backup tool's). None under "
+        "metis.astraeus.io/. A change replaces the pods, one at a time.",
+        json_schema_extra={
+            "maxProperties": ANNOTATIONS_MAX,
+            "x-kubernetes-validations": [
+                {
+                    **_LABEL_KEYS_RULE,
+                    "message": "spec.pod.annotations has a key that is not an annotation key",
+                },
+                {
+                    "rule": f"self.all(k, !k.startsWith('{OWN_PREFIX}'))",
+                    "message": f"spec.pod.annotations may not set any under {OWN_PREFIX}",
+                },
+            ],
+            "additionalProperties": {"maxLength": ANNOTATION_VALUE_MAX},
+        },
+    )
+
+    priority_class: str | None = Field(
+        default=None,
+        pattern=DRIVE_RE,
+        max_length=DRIVE_MAX,
+        description="The PriorityClass of the indexer pods: which pods the scheduler evicts "
+        "for them, or them for. Not set, the cluster's default.",
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if problems := _label_problems(v):
+            raise ValueError(problems[0])
+        own = [k for k in v if k in OWN_LABELS or k.startswith(OWN_PREFIX)]
+        if own:
+            raise ValueError(
+                f"{own[0]} is a label the operator sets on its pods (it picks them by "
+                f"{', '.join(OWN_LABELS)}); name another"
+            )
+        return v
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if problem := _label_key_problem(key):
+                raise ValueError(problem.replace("label key", "annotation key"))
+            if key.startswith(OWN_PREFIX):
+                raise ValueError(f"{key} is under {OWN_PREFIX}, the operator's own; name another")
+            if len(value) > ANNOTATION_VALUE_MAX:
+                raise ValueError(f"the value of {key} is over {ANNOTATION_VALUE_MAX} characters")
+        return v
+
+
+class IndexDrive(_Model):
+    storage_class: str | None = Field(
+        default=None,
+        pattern=DRIVE_RE,
+        max_length=DRIVE_MAX,
+        description="The StorageClass of the base's own drives (its index and notes, one per "
+        "replica). Not set: the operator's (METIS_STORAGE_CLASS), else the cluster's default. "
+        "A drive keeps the class it was made with: a change reaches new replicas only, and "
+        "the base warns.",
+    )
+    size_gb: int | None = Field(
+        default=None,
+        ge=1,
+        le=INDEX_SIZE_MAX,
+        description="GiB each index drive asks at least. Not set: what placement.memory_gb "
+        "holds, twice (a change is built beside), and at least the operator's "
+        "METIS_INDEX_STORAGE. A larger size grows a bound drive where its StorageClass allows.",
+    )
+
+
 class Placement(_Model):
     machines: list[str] = Field(
         default_factory=list,
@@ -239,8 +517,7 @@ class Placement(_Model):
             "maxProperties": LABELS_MAX,
             "x-kubernetes-validations": [
                 {
-                    "rule": f"self.all(k, size(k) <= {LABEL_KEY_MAX} && "
-                    f"k.matches('{cel_regex(LABEL_KEY_RE.pattern)}'))",
+                    **_LABEL_KEYS_RULE,
                     "message": "spec.placement.labels has a key that is not a label key",
                 }
             ],
@@ -249,6 +526,19 @@ class Placement(_Model):
                 "pattern": LABEL_VALUE_RE.pattern,
             },
         },
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=TOLERATIONS_MAX,
+        description="Taints the indexer pods tolerate, as in a pod's tolerations: a tainted "
+        "pool (GPU, dedicated search machines) runs a base only with one. Not set, none.",
+    )
+    node_affinity: list[NodeTerm] = Field(
+        default_factory=list,
+        max_length=TERMS_MAX,
+        description="Only on nodes that match one of these terms (a pod's required node "
+        "affinity, nodeSelectorTerms): zones, instance types, anything labels alone cannot say. "
+        "With machines, both must hold. Not set, any node.",
     )
     cpu_cores: int = Field(
         default=CPU_DEFAULT,
@@ -277,11 +567,8 @@ class Placement(_Model):
     @field_validator("labels")
     @classmethod
     def _label_syntax(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            if len(key) > LABEL_KEY_MAX or not LABEL_KEY_RE.match(key):
-                raise ValueError(f"{key!r} is not a label key")
-            if len(value) > LABEL_VALUE_MAX or not LABEL_VALUE_RE.match(value):
-                raise ValueError(f"{value!r} (of {key}) is not a label value")
+        if problems := _label_problems(v):
+            raise ValueError(problems[0])
         return v
 
 
@@ -322,6 +609,15 @@ class KnowledgeBaseSpec(_Model):
     placement: Placement = Field(
         default=Placement(),
         description="Where its indexer pod runs, and the cores and memory it is given.",
+    )
+    pod: Pod | None = Field(
+        default=None,
+        description="What the indexer pods carry besides the operator's own: labels, "
+        "annotations, a priority class.",
+    )
+    index_drive: IndexDrive | None = Field(
+        default=None,
+        description="The base's own drives: their StorageClass and least size.",
     )
     replicas: int = Field(
         default=REPLICAS_DEFAULT,
@@ -391,7 +687,9 @@ def unknown_fields(
     """The fields of `raw` (a spec as stored) that the models do not know, as a user would
     name them (`spec.sources[0].exclude`)."""
     out: list[str] = []
-    fields = (model or KnowledgeBaseSpec).model_fields
+    fields = {
+        info.alias or name: info for name, info in (model or KnowledgeBaseSpec).model_fields.items()
+    }
     for key, value in raw.items():
         field = fields.get(key)
         if field is None:

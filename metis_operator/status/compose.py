@@ -173,7 +173,7 @@ def warnings(o: Observation) -> list[str]:
             f"{', '.join(o.unknown_fields)}: not known to this operator (a newer CRD's field): "
             "kept, and without effect until an operator that knows it runs"
         )
-    out += o.drive_notes
+    out += o.child_notes
     if note := drive_note(o):
         out.append(note)
     unlisted: dict[str, int] = {}

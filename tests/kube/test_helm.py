@@ -192,14 +192,15 @@ def test_install_upgrade_and_uninstall_the_chart(
     plane: ControlPlane, helm_binary: Path, tmp_path: Path
 ) -> None:
     helm = Helm(helm_binary, plane, tmp_path / "helm")
-    # The chart renders its namespace (restricted Pod Security Standard): helm makes it
-    # first with --create-namespace, as it must hold the release's record.
-    helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace")
+    # The namespace is the team's: made before, under the restricted Pod Security Standard;
+    # the release installs into it and leaves it.
+    plane.kubectl("create", "namespace", NAMESPACE)
+    plane.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
+    helm("install", RELEASE, str(CHART), "-n", NAMESPACE)
     plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
     installed = helm.manifest()
     assert len(present(plane, installed)) == len(installed)
-    labels = plane.rest().get(f"/api/v1/namespaces/{NAMESPACE}")["metadata"]["labels"]
-    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert "Namespace" not in {o["kind"] for o in installed}
     # The operator's pods pass the restricted standard (the ReplicaSet could make them).
     wait_for(
         lambda: plane.rest().get(
@@ -247,7 +248,6 @@ def test_install_upgrade_and_uninstall_the_chart(
 
     upgraded = helm.manifest()
     assert {o["kind"] for o in upgraded} >= {
-        "Namespace",
         "ClusterRole",
         "ClusterRoleBinding",
         "ServiceAccount",
@@ -271,5 +271,6 @@ def test_install_upgrade_and_uninstall_the_chart(
         "name",
     ).stdout.split()
     assert left == []
+    assert plane.rest().get(f"/api/v1/namespaces/{NAMESPACE}")["status"]["phase"] == "Active"
     # Helm keeps the CRD of crds/ (and so every base of the cluster): it is the admin's.
     plane.rest().get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}")

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from metis_dev.kubelet import Kubelet
 from metis_dev.plane import ControlPlane
 from metis_dev.process import free_port, wait_for
 from tests.kube.operator_support import (
@@ -31,6 +33,7 @@ from tests.kube.operator_support import (
     kb_path,
     make_drive,
     model_service,
+    running_operator,
     wait_state,
 )
 from tests.support import processes
@@ -172,6 +175,91 @@ def test_a_base_gets_a_network_policy_and_a_token_made_once(
     again = api.get(f"/api/v1/namespaces/{ns}/secrets/metis-handbook")
     assert again["data"] == secret["data"]
     assert again["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
+
+
+def test_a_teams_pool_pull_secrets_and_peers_reach_the_pods(
+    kube: ControlPlane, installed: None, models: ModelServer, namespace: str, tmp_path: Path
+) -> None:
+    """A tainted pool runs the base that tolerates its taint and not the one that does
+    not, which says which taint; the operator's pull secret is copied into the team's
+    namespace and named by the pods; the NetworkPolicy admits the peers it is told."""
+    api, ns, tag = kube.rest(), namespace, secrets.token_hex(3)
+    pool, pull = f"search-{tag}", f"regcred-{tag}"
+    kube.kubectl(
+        "create", "secret", "docker-registry", pull, "-n", "metis-system",
+        "--docker-server=registry.team.example:5000", "--docker-username=team",
+        "--docker-password=s3cret",
+    )  # fmt: skip
+    kube.add_node(pool, {"pool": pool})
+    kube.kubectl("taint", "node", pool, f"dedicated={pool}:NoSchedule")
+    model_service(kube, ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
+    (tmp_path / "docs").mkdir()
+    make_drive(kube, ns, "docs", tmp_path / "docs")
+    env = {
+        "METIS_INDEXER_IMAGE_PULL_SECRETS": pull,
+        "METIS_NETWORK_ALLOW_NAMESPACES": "monitoring",
+        "METIS_NETWORK_ALLOW_CIDRS": "10.96.0.0/12",
+    }
+    (tmp_path / "operator").mkdir()
+    place = {"labels": {"pool": pool}}
+    toleration = {"key": "dedicated", "operator": "Equal", "value": pool, "effect": "NoSchedule"}
+    bases = {
+        "refused": {"placement": place},
+        "tolerated": {
+            "placement": {**place, "tolerations": [toleration]},
+            "pod": {"labels": {"team": "support"}, "annotations": {"example.com/cost": "42"}},
+        },
+    }
+    try:
+        with (
+            Kubelet(kube, ns, tmp_path / "kubelet") as kubelet,
+            running_operator(
+                kube, tmp_path / "operator", free_port(), namespaces=(ns,), env=env
+            ) as op,
+        ):
+            kubelet.hold = True  # it binds the index drives; no pod need run
+            for name, extra in bases.items():
+                body = kb(name, {"sources": [{"drive": "docs"}],
+                                 "embedding": {"deployment": "minilm"}, **extra})  # fmt: skip
+                kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(body))
+            s = wait_state(
+                kube, ns, "refused", "Pending", alive=op.check_alive,
+                check=lambda s: "taint" in s["reason"],
+            )  # fmt: skip
+            assert s["reason"].startswith(
+                "machines have taints it does not tolerate "
+                f"(dedicated={pool}:NoSchedule): add them to placement.tolerations"
+            )
+
+            def scheduled() -> dict[str, Any] | None:
+                found = api.get(
+                    f"/api/v1/namespaces/{ns}/pods?labelSelector=app.kubernetes.io%2Finstance"
+                    "%3Dtolerated"
+                )["items"]
+                return next((p for p in found if p["spec"].get("nodeName") == pool), None)
+
+            pod = wait_for(scheduled, timeout=60, what="tolerated's pod on the tainted node",
+                           alive=op.check_alive)  # fmt: skip
+            assert pod["metadata"]["labels"]["team"] == "support"
+            assert pod["metadata"]["annotations"]["example.com/cost"] == "42"
+            assert toleration in pod["spec"]["tolerations"]
+            assert pod["spec"]["imagePullSecrets"] == [{"name": "metis-tolerated-pull"}]
+            copy = api.get(f"/api/v1/namespaces/{ns}/secrets/metis-tolerated-pull")
+            assert copy["type"] == "kubernetes.io/dockerconfigjson"
+            auths = json.loads(base64.b64decode(copy["data"][".dockerconfigjson"]))["auths"]
+            assert list(auths) == ["registry.team.example:5000"]
+            assert base64.b64decode(auths["registry.team.example:5000"]["auth"]) == b"team:s3cret"
+            policy = api.get(
+                f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/metis-tolerated"
+            )
+            peers = policy["spec"]["ingress"][0]["from"]
+            assert {"ipBlock": {"cidr": "10.96.0.0/12"}} in peers
+            monitoring = {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+            assert {"namespaceSelector": monitoring} in peers
+    finally:
+        kube.kubectl("delete", "node", pool, "--ignore-not-found", "--wait=false", check=False)
+        kube.kubectl("delete", "secret", pull, "-n", "metis-system", "--ignore-not-found",
+                     check=False)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the installs

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "manifests" / "monitoring" / "component" / "rules.yaml"
 UNIT_TESTS = Path(__file__).with_name("rules_test.yaml")
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
+SITE = re.search(r"^site_url: (\S+)$", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE)[1]  # type: ignore[index]
+"""Where the docs are published: each alert's runbook_url is its section there."""
 
 
 def alerts() -> list[dict[str, Any]]:
@@ -88,4 +90,4 @@ def test_each_alert_has_a_runbook_section() -> None:
     assert sorted(headings) == sorted(names)
     for alert in alerts():
         anchor = alert["annotations"]["runbook_url"]
-        assert anchor == f"docs/runbooks.md#{alert['alert'].lower()}"
+        assert anchor == f"{SITE}runbooks/#{alert['alert'].lower()}"

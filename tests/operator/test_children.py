@@ -181,9 +181,17 @@ def test_volume_names_are_dns_labels_for_any_drive_name() -> None:
 def test_index_claim_class_only_when_set() -> None:
     assert "storageClassName" not in children.index_claim(OWNER, SETTINGS)["spec"]
     fast = Settings(indexer=IndexerSettings(storage_class="fast", index_storage="50Gi"))
-    spec = children.index_claim(OWNER, fast)["spec"]
+    spec = children.index_claim(OWNER, fast, storage_class="fast")["spec"]
     assert spec["storageClassName"] == "fast"
     assert spec["resources"] == {"requests": {"storage": "50Gi"}}
+
+
+def test_a_bases_storage_class_wins_over_the_operators() -> None:
+    fast = Settings(indexer=IndexerSettings(storage_class="fast"))
+    assert children.storage_class(spec_with(), SETTINGS) is None
+    assert children.storage_class(spec_with(), fast) == "fast"
+    own = spec_with(index_drive={"storage_class": "nvme"})
+    assert children.storage_class(own, fast) == "nvme"
 
 
 def test_a_shared_index_drive_lets_a_replacement_start_beside_the_old_pod() -> None:

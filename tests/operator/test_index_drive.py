@@ -102,4 +102,4 @@ def test_a_roomy_drive_says_so_and_warns_nothing() -> None:
 
 def test_a_drive_that_cannot_grow_is_a_warning() -> None:
     note = "index drive metis-handbook has 10Gi, ... cannot grow"
-    assert compose.warnings(Observation(drive_notes=(note,))) == [note]
+    assert compose.warnings(Observation(child_notes=(note,))) == [note]

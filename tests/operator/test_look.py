@@ -31,7 +31,7 @@ APPLIED = Applied(
     replicas=2,
     index_drive_bound=True,
     conflicts=("taken",),
-    drive_notes=("cannot grow",),
+    child_notes=("cannot grow",),
     refused="quota",
 )
 RUNNING = Running(

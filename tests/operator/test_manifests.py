@@ -14,7 +14,7 @@ import yaml
 from metis_operator.settings import load
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
-CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces"}
+CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces", "nodes"}
 
 
 def documents(path: Path) -> list[dict[str, Any]]:

@@ -615,9 +615,9 @@ def test_the_state_table(o: Observation, state: State, reason: str | None) -> No
             "(placement.memory_gb); no machine has 4 CPU cores free (placement.cpu_cores) (sch",
         ),
         (
-            "0/1 nodes are available: 1 node(s) had untolerated taint {x: y}.",
+            "0/1 nodes are available: 1 node(s) were unschedulable.",
             Placement(),
-            "no machine can run it (scheduler: 0/1 nodes are available: 1 node(s) had untolerated",
+            "no machine can run it (scheduler: 0/1 nodes are available: 1 node(s) were unsch",
         ),
     ],
     ids=[

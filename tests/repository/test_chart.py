@@ -56,10 +56,17 @@ VALUE_SETS: dict[str, list[str]] = {
         "--set=operator.nodeSelector.pool=system",
         "--set=operator.tolerations[0].key=dedicated",
         "--set=operator.tolerations[0].operator=Exists",
+        "--set=networkPolicy.indexerPeers.namespaces[0]=monitoring",
+        "--set=networkPolicy.indexerPeers.cidrs[0]=10.0.0.0/24",
+        "--set=monitoring.runbookBaseURL=https://docs.team.example/metis/",
+        "--set=namespace.create=true",
+        "--set=test.base=handbook",
+        "--set=test.namespace=team-a",
+        "--set=test.question=How many holidays?",
+        "--set=test.port=7701",
     ],
     "single-namespace": ["--set=singleNamespace=true", "--set=console.enabled=true"],
     "nothing-optional": [
-        "--set=namespace.create=false",
         "--set=networkPolicy.enabled=false",
         "--set=operator.podDisruptionBudget.enabled=false",
         "--set=operator.replicas=1",
@@ -186,11 +193,36 @@ def test_monitoring_objects_carry_the_labels_a_prometheus_selects_on(helm: Path)
 
 
 def test_default_values_render_what_kustomize_renders(helm: Path) -> None:
-    """`helm install` with no values installs what `kubectl apply -k manifests/` does: the CRD,
-    the namespace, the cluster-wide RBAC and the operator; no Helm labels on them."""
-    chart = template(helm)
+    """`helm install` installs what `kubectl apply -k manifests/` does: the CRD, the
+    cluster-wide RBAC and the operator, and with namespace.create the namespace; no Helm
+    labels on them."""
+    chart = template(helm, "--set=namespace.create=true")
     assert_same_objects(chart, kustomize(MANIFESTS))
     assert {o["kind"] for o in chart} >= {"CustomResourceDefinition", "Namespace", "Deployment"}
+
+
+def test_the_namespace_is_the_teams_unless_asked(helm: Path) -> None:
+    """By default the release renders no Namespace: installed into one that exists, and left
+    by `helm uninstall` (Helm deletes what a release rendered)."""
+    assert "Namespace" not in {o["kind"] for o in template(helm)}
+
+
+def test_indexer_pull_secrets_peers_and_runbooks_reach_the_operator(helm: Path) -> None:
+    chart = template(helm, *VALUE_SETS["everything"])
+    (operator,) = [o for o in chart if o["kind"] == "Deployment" and o["metadata"]["name"]
+                   == "metis-operator"]  # fmt: skip
+    env = {e["name"]: e.get("value") for e in
+           operator["spec"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+    assert env["METIS_INDEXER_IMAGE_PULL_SECRETS"] == "registry"
+    assert env["METIS_NETWORK_ALLOW_NAMESPACES"] == "monitoring"
+    assert env["METIS_NETWORK_ALLOW_CIDRS"] == "10.0.0.0/24"
+    (rule,) = [o for o in chart if o["kind"] == "PrometheusRule"]
+    urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert urls and all(u.startswith("https://docs.team.example/metis/runbooks/#") for u in urls)
+    defaults = template(helm, "--set=monitoring.enabled=true")
+    (rule,) = [o for o in defaults if o["kind"] == "PrometheusRule"]
+    first = rule["spec"]["groups"][0]["rules"][0]["annotations"]["runbook_url"]
+    assert first.startswith("https://astraeus.github.io/metis/runbooks/#")
 
 
 @pytest.mark.parametrize(
@@ -202,7 +234,7 @@ def test_a_switched_value_adds_what_its_kustomization_adds(
 ) -> None:
     """console.enabled and monitoring.enabled stand for `kubectl apply -k manifests/console/`
     and `-k manifests/monitoring/` after manifests/."""
-    chart = template(helm, f"--set={value}=true")
+    chart = template(helm, f"--set={value}=true", "--set=namespace.create=true")
     assert_same_objects(chart, kustomize(MANIFESTS, MANIFESTS / folder))
 
 
@@ -405,3 +437,20 @@ def test_kubeconform_refuses_a_misspelt_field(kubeconform: Path, schemas: Path, 
     for wrong in (deployment, base):
         report = conform(kubeconform, schemas, [wrong])
         assert report["returncode"] != 0 and report["summary"]["invalid"] == 1, report
+
+
+def test_helm_test_searches_the_base_it_is_given(helm: Path) -> None:
+    """`helm test` runs one Pod hook: `metis search` of test.base through its Service, from the
+    release namespace, under the restricted standard; none without a base."""
+    assert not [o for o in template(helm) if o["kind"] == "Pod"]
+    (pod,) = [o for o in template(helm, *VALUE_SETS["everything"]) if o["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["metadata"]["namespace"] == "metis-system"
+    (container,) = pod["spec"]["containers"]
+    assert container["image"].startswith("ghcr.io/astraeus/metis-indexer:")
+    assert container["command"][-2:] == [
+        "http://metis-handbook.team-a.svc:7701",
+        "How many holidays?",
+    ]
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "registry"}]

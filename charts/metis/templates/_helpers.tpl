@@ -69,9 +69,10 @@ ones. Secrets are read by name, never listed or watched. */}}
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   verbs: [get, list, watch, create, patch, delete]
+# patch: the copy of the image pull secrets in a base's namespace (METIS_INDEXER_IMAGE_PULL_SECRETS).
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get, create]
+  verbs: [get, create, patch]
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
