@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: test test-fast lint lock crd kube promtool lua-health helm kubeconform browser \
-	node-packages images demo \
+	node-packages images release demo \
 	demo-indexer bench clean
 
 # Installed from the lock (requirements/, written by `make lock`): every package at its pinned
@@ -83,10 +83,12 @@ browser:
 		{ apt-get update -qq && apt-get install -y -qq chromium chromium-driver > /dev/null; }
 
 # The real node of tests/node (metis_dev/node.py) and the image build (metis_dev/images.py)
-# use Debian's podman, containerd, runc, debootstrap, CNI plugins, dnsmasq and iptables.
-# Installed as root only; elsewhere the node tests skip and say why.
+# use Debian's podman, containerd, runc, debootstrap, CNI plugins, dnsmasq and iptables;
+# tests/node/test_release.py, the CNCF distribution registry (docker-registry) and htpasswd
+# (apache2-utils: the registry's bcrypt password file). Installed as root only; elsewhere the
+# node tests skip and say why.
 NODE_PACKAGES := podman containerd runc debootstrap containernetworking-plugins dnsmasq-base \
-	iptables conntrack
+	iptables conntrack docker-registry apache2-utils
 node-packages:
 	@[ "$$(id -u)" != 0 ] || dpkg -s $(NODE_PACKAGES) > /dev/null 2>&1 || \
 		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends \
@@ -95,6 +97,18 @@ node-packages:
 # Both images from their Dockerfiles on a locally made base, cached by their inputs.
 images: $(STAMP) node-packages
 	$(PY) -m metis_dev.images
+
+# A release into a registry of yours (docs/release.md): both images pushed as
+# REGISTRY/metis-{operator,indexer}:VERSION (default: pyproject's version), the chart at
+# oci://REGISTRY/charts/metis, and build/release/VERSION/ (digests.json, the chart's archive,
+# metis.yaml with every image pinned by digest). PLAIN_HTTP=1 for a registry without TLS;
+# credentials from METIS_REGISTRY_USERNAME and METIS_REGISTRY_PASSWORD, or REGISTRY_AUTH_FILE.
+# The build needs root and podman and debootstrap (`make node-packages`).
+release: $(STAMP) helm
+	@[ -n "$(REGISTRY)" ] || { echo "usage: make release REGISTRY=host[:port]/path" \
+		"[VERSION=x.y.z] [PLAIN_HTTP=1]" >&2; exit 2; }
+	$(PY) -m metis_dev.release --registry "$(REGISTRY)" $(if $(VERSION),--version "$(VERSION)") \
+		$(if $(PLAIN_HTTP),--plain-http)
 
 # The main job on a local cluster (`metis-dev cluster up`); DEMO_KEEP=1 keeps it running.
 demo: $(STAMP)
