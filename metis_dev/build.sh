@@ -25,6 +25,8 @@ kube_mod="$here/go/kube-bin"
 etcd_mod="$here/go/etcd-bin"
 kstatus_mod="$here/go/kstatus"
 
+# shellcheck source=../tools/progress.sh
+source "$here/../tools/progress.sh"
 die() { echo "build.sh: error: $*" >&2; exit 1; }
 log() { echo "build.sh: $*" >&2; }
 
@@ -72,10 +74,11 @@ mkdir -p "$out"
 # Two builders (CI and a pytest fixture, `metis-dev cluster up`, two pytest workers) must not race.
 exec 9>"$out/.build.lock"
 if ! flock -n 9; then
-  log "another build holds $out/.build.lock; waiting for it"
-  flock 9
+  take_lock 9 "$out/.build.lock" "the Kubernetes binaries in $out"
+  exec 9>&-
   exec bash "$0" "$@"   # re-check: the other build probably finished the job
 fi
+take_lock 9 "$out/.build.lock" "the Kubernetes binaries in $out"
 
 GO="${GO:-go}"
 command -v "$GO" >/dev/null 2>&1 \
@@ -100,7 +103,9 @@ if [[ ${#missing_kube[@]} -gt 0 ]]; then
   for b in "${missing_kube[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
   log "go build ${missing_kube[*]} ..."
   t=$SECONDS
-  (cd "$kube_mod" && "$GO" build -trimpath -ldflags "${ld[*]}" -o "$tmp/" "${pkgs[@]}") \
+  with_heartbeat "building ${missing_kube[*]}" \
+    bash -c 'cd "$1" && shift && exec "$@"' _ "$kube_mod" \
+    "$GO" build -trimpath -ldflags "${ld[*]}" -o "$tmp/" "${pkgs[@]}" \
     || die "go build of ${missing_kube[*]} ($kube_version) failed; see the output above"
   log "built ${missing_kube[*]} in $((SECONDS - t)) s"
   for b in "${missing_kube[@]}"; do
@@ -112,7 +117,8 @@ fi
 if [[ ${#missing_etcd[@]} -gt 0 ]]; then
   log "go build etcd ..."
   t=$SECONDS
-  (cd "$etcd_mod" && "$GO" build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3) \
+  with_heartbeat "building etcd" bash -c 'cd "$1" && shift && exec "$@"' _ "$etcd_mod" \
+    "$GO" build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3 \
     || die "go build of etcd ($etcd_version) failed; see the output above"
   log "built etcd in $((SECONDS - t)) s"
   mv -f "$tmp/etcd" "$out/etcd"
@@ -129,7 +135,7 @@ if [[ ${#missing_kstatus[@]} -gt 0 ]]; then
   echo "$kstatus_stamp" >"$out/.stamp-kstatus"
 fi
 
-log "build took $((SECONDS - t0)) s in all"
+log "build took $((SECONDS - t0)) s in all: the binaries are in $out"
 "$out/kube-apiserver" --version >&2
 "$out/etcd" --version 2>&1 | sed -n 1p >&2  # sed reads to the end: `head` could end first and SIGPIPE etcd (pipefail: exit 141)
 echo "$out"

@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from metis_dev import progress
+
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("METIS_IMAGES_CACHE", Path.home() / ".cache" / "metis" / "images"))
 
@@ -182,7 +184,13 @@ def make_base(podman: Podman) -> tuple[str, bool]:
     if podman.exists(ref):
         podman("tag", ref, BASE_FROM)
         return ref, True
-    with tempfile.TemporaryDirectory(dir=podman.cache) as tmp:
+    with (
+        progress.step(
+            f"building the base image (debootstrap of Debian {SUITE}; once per machine)",
+            done=f"tagged {ref}",
+        ),
+        tempfile.TemporaryDirectory(dir=podman.cache) as tmp,
+    ):
         rootfs = Path(tmp) / "rootfs"
         _run(
             [
@@ -250,22 +258,26 @@ def build(images: Sequence[Image] = (INDEXER, OPERATOR), root: Path = REPO) -> B
         cached[image.name] = podman.exists(ref)
         if not cached[image.name]:
             ctx = ctx or _context(podman, root)
-            podman(
-                "build",
-                "--pull=never",
-                "--network",
-                "host",
-                "--layers",
-                "--volume",
-                f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro",
-                "-f",
-                str(ctx / DOCKERFILE),
-                "--target",
-                image.target,
-                "-t",
-                ref,
-                str(ctx),
-            )
+            with progress.step(
+                f"building the {image.name} image (pip installs its packages: minutes)",
+                done=f"tagged {ref}",
+            ):
+                podman(
+                    "build",
+                    "--pull=never",
+                    "--network",
+                    "host",
+                    "--layers",
+                    "--volume",
+                    f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro",
+                    "-f",
+                    str(ctx / DOCKERFILE),
+                    "--target",
+                    image.target,
+                    "-t",
+                    ref,
+                    str(ctx),
+                )
         refs[image.name], seconds[image.name] = ref, time.monotonic() - t
         sizes[image.name] = podman.size(ref)
     return Built(refs, sizes, seconds, cached)

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from kubernetes import client, config
 
-from metis_dev import images
+from metis_dev import images, progress
 from metis_dev.process import _die_with_parent as die_with_parent
 
 HERE = Path(__file__).resolve().parent
@@ -207,7 +207,11 @@ def ensure_binaries(assets: Path = ASSETS) -> Path:
             tmp + "/",
             *(pkgs[b] for b in missing),
         ]
-        proc = subprocess.run(cmd, cwd=NODE_MODULE, env=env, capture_output=True, text=True)
+        with progress.step(
+            f"building {', '.join(missing)} for the real node (once per machine: minutes)",
+            done=f"in {assets}",
+        ):
+            proc = subprocess.run(cmd, cwd=NODE_MODULE, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise NodeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
         for b in missing:

@@ -20,6 +20,8 @@
 # ~/.cache/metis/NAME/<version>), GO (default go).
 # On success the binary's path is the only line on stdout; progress goes to stderr.
 set -euo pipefail
+# shellcheck source=progress.sh
+source "$(dirname "${BASH_SOURCE[0]}")/progress.sh"
 
 die() { echo "gobuild.sh: $*" >&2; exit 1; }
 
@@ -58,7 +60,7 @@ GO="${GO:-go}"
 command -v "$GO" > /dev/null 2>&1 || die "Go is not installed (needed once to build $name into $out)"
 mkdir -p "$out"
 exec 9>"$out/.build.lock"
-flock 9
+take_lock 9 "$out/.build.lock" "$name $version in $out"
 # Another run may have built it while this one waited for the lock.
 if fresh; then
   echo "$out/$name"
@@ -67,9 +69,10 @@ fi
 echo "gobuild.sh: building $name ($module $version) into $out (once a machine)" >&2
 cd "$here"
 t0=$SECONDS
-GOTOOLCHAIN=local CGO_ENABLED=0 "$GO" build -mod=readonly -trimpath -tags "$tags" \
-  -ldflags "${ldflags//\{version\}/${version#v}}" -o "$out/$name.new" "$package"
+GOTOOLCHAIN=local CGO_ENABLED=0 with_heartbeat "building $name" "$GO" build -mod=readonly \
+  -trimpath -tags "$tags" -ldflags "${ldflags//\{version\}/${version#v}}" -o "$out/$name.new" \
+  "$package"
 mv "$out/$name.new" "$out/$name"
 echo "$stamp" > "$out/.stamp"
-echo "gobuild.sh: built $name in $((SECONDS - t0)) s" >&2
+echo "gobuild.sh: built $name in $((SECONDS - t0)) s: $out/$name" >&2
 echo "$out/$name"
