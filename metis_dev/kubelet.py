@@ -2,7 +2,7 @@
 the real scheduler binds an indexer pod, this starts a real `metis serve` as a local
 process with the pod's ConfigMap, its paths rewritten through the pod's volume mounts to
 the hostPath folders of the PersistentVolumes bound to its claims, and reports the pod
-Running once the indexer is ready. It also binds the operator's index claims to hostPath
+Running once its own indexer is ready. It also binds the operator's index claims to hostPath
 volumes (no provisioner here) and follows ConfigMap updates into the config file, as a
 ConfigMap volume does. Other pods are scheduled but never run.
 
@@ -10,6 +10,14 @@ Services are loopback ports: an indexer listens on 127.0.0.1 at the port of its
 configuration, so the operator reaches Services with the URL template
 `http://127.0.0.1:{port}`. A replica past the first listens on a port of its own, with
 its peer (the base's Service) at that port: the Service here is replica 0.
+
+Every base's Service has the same port (the operator's METIS_INDEXER_PORT), so one base
+at a time has its indexer here: the pod of another base is not started while that port
+is held, and says why (its container waiting, `PortInUse`, naming the pod that holds it).
+Started, it would die on the taken port while the other base's indexer answered for it.
+A pod is reported Running only once its own process answers ready from the socket
+listening on its port; one whose indexer exits is reported waiting (`IndexerExited`,
+with the exit code and the log's last line), and is not restarted.
 """
 
 from __future__ import annotations
@@ -17,12 +25,15 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import datetime as dt
 import json
+import os
 import sys
 import threading
 import traceback
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -35,6 +46,12 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 """The label naming a pod's base."""
 REPLICA_LABEL = "metis.astraeus.io/replica"
 """The label naming a pod's replica, past the first."""
+PORT_IN_USE = "PortInUse"
+"""Why a pod waits whose Service port another base's indexer holds."""
+EXITED = "IndexerExited"
+"""Why a pod waits whose indexer process exited (the stand-in does not restart it)."""
+LISTEN = "0A"
+"""A listening socket's state in /proc/net/tcp."""
 
 
 class Unmounted(Exception):
@@ -107,8 +124,21 @@ class Indexer(IndexerClient):
     def log(self) -> str:
         return self.process.tail(60)
 
+    def running(self) -> bool:
+        return self.process.running()
+
+    def answers_itself(self) -> bool:
+        """Whether the socket listening on its port is this process's: another process
+        (another base's indexer) may answer there."""
+        proc = self.process.proc
+        return proc is not None and listening(proc.pid, urlsplit(self.base_url).port or 80)
+
     def stop(self) -> None:
         self.process.stop()
+
+
+def _configmap_of(pod: dict[str, Any]) -> str:
+    return str(next(v["configMap"]["name"] for v in pod["spec"]["volumes"] if "configMap" in v))
 
 
 def _replica_of(pod: dict[str, Any]) -> tuple[str, str | None, str]:
@@ -116,6 +146,61 @@ def _replica_of(pod: dict[str, Any]) -> tuple[str, str | None, str]:
     meta = pod["metadata"]
     labels = meta.get("labels", {})
     return meta["namespace"], labels.get(INSTANCE_LABEL), labels.get(REPLICA_LABEL, "0")
+
+
+def listening(pid: int, port: int) -> bool:
+    """Whether process `pid` holds a socket listening on TCP `port` (Linux: /proc)."""
+    inodes = set()
+    for table in (Path("/proc/net/tcp"), Path("/proc/net/tcp6")):
+        with contextlib.suppress(FileNotFoundError):
+            for line in table.read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:  # gone
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) in inodes:
+                return True
+    return False
+
+
+def not_running(
+    pod: dict[str, Any], reason: str, message: str, exit_code: int | None = None
+) -> dict[str, Any]:
+    """The status of a pod whose indexer does not run: Pending and not ready, its
+    containers waiting with `reason` and `message` (what the operator reads and says),
+    and the exit code of the one that ran, if one did."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    last = {"terminated": {"exitCode": exit_code, "reason": "Error", "finishedAt": now}}
+    containers = [
+        {
+            "name": c["name"],
+            "image": c["image"],
+            "imageID": "",
+            "ready": False,
+            "started": False,
+            "restartCount": 0,
+            "state": {"waiting": {"reason": reason, "message": message}},
+            "lastState": last if exit_code is not None else {},
+        }
+        for c in pod["spec"]["containers"]
+    ]
+    unready = {"status": "False", "reason": "ContainersNotReady", "message": message}
+    conditions = [
+        {"type": "PodScheduled", "status": "True"},
+        {"type": "Initialized", "status": "True"},
+        {"type": "ContainersReady", **unready},
+        {"type": "Ready", **unready},
+    ]
+    return {
+        "phase": "Pending",
+        "conditions": [{**c, "lastTransitionTime": now} for c in conditions],
+        "containerStatuses": containers,
+    }
 
 
 def metis(*args: str) -> list[str]:
@@ -135,6 +220,12 @@ class _Pod:
     namespace: str = ""
     port: int | None = None
     """A replica's own port, past the first."""
+    service: int | None = None
+    """Its base's Service port (its configuration's), held by one base at a time."""
+    base: tuple[str, str | None] = ("", None)
+    """(namespace, base)."""
+    exited: bool = False
+    """Its process exited, and its status says so."""
 
 
 class Kubelet:
@@ -150,6 +241,8 @@ class Kubelet:
     at once, standing for a replacement that loaded the index in standby, and its
     process starts once the old pod's has stopped. The searches through that moment
     are the real node's to measure (tests/node/test_never_dark.py), not this stand-in's.
+    That pretence stays within a base: a pod of another base waits for the port instead
+    (see the module's doc).
     """
 
     def __init__(self, kube: ControlPlane, namespace: str | None, workdir: Path) -> None:
@@ -163,6 +256,8 @@ class Kubelet:
         self.pods: dict[str, _Pod] = {}
         self.beside: set[str] = set()
         """Pods reported ready whose process waits for the old pod's to stop (a surge)."""
+        self.refused: dict[str, str] = {}
+        """Pods not started while another base holds their port: why, as reported."""
         self.errors: list[str] = []
         self.volumes: list[str] = []
         self._stop = threading.Event()
@@ -215,16 +310,24 @@ class Kubelet:
         live = {p["metadata"]["uid"]: p for p in pods if not p["metadata"].get("deletionTimestamp")}
         for uid in [u for u in self.pods if u not in live]:
             self.pods.pop(uid).process.stop()
+        for uid in [u for u in self.refused if u not in live]:
+            del self.refused[uid]
         for uid, pod in live.items():
             known = self.pods.get(uid)
             if known is None:
                 if pod["spec"].get("nodeName") and not self.hold:
-                    if self._beside_another(pod, live):
+                    if self._beside_another(pod, live) or self._refuse(pod):
                         continue
                     self.beside.discard(uid)
+                    self.refused.pop(uid, None)
                     started = self.pods[uid] = self._start(pod)
-                    # An override of `_start` (bench/operator_scale.py) may leave it out.
+                    # An override of `_start` (bench/operator_scale.py) may leave them out.
                     started.namespace = pod["metadata"]["namespace"]
+                    started.base = _replica_of(pod)[:2]
+                continue
+            if not known.process.running():
+                if not known.exited:
+                    self._exited(known, pod)
                 continue
             if not self.late_config:
                 self._follow_config(known)
@@ -236,12 +339,59 @@ class Kubelet:
         """Whether `pod` replaces a pod of its base's replica whose process still runs:
         then it is reported ready (once), and started when that process has stopped."""
         base = _replica_of(pod)
-        running = any(_replica_of(live[u]) == base for u in self.pods if u in live)
+        running = any(
+            _replica_of(live[u]) == base and p.process.running()
+            for u, p in self.pods.items()
+            if u in live
+        )
         meta = pod["metadata"]
         if running and meta["uid"] not in self.beside:
             self.kube.mark_pod_running(meta["namespace"], meta["name"])
             self.beside.add(meta["uid"])
         return running
+
+    def _refuse(self, pod: dict[str, Any]) -> bool:
+        """Whether another base's running indexer holds the Service port of `pod`'s base:
+        then `pod` is reported waiting, naming that indexer's pod, until the port is free."""
+        meta = pod["metadata"]
+        port = json.loads(self._configmap_text(_configmap_of(pod), meta["namespace"]))["port"]
+        base = _replica_of(pod)[:2]
+        holder = next(
+            (
+                p
+                for p in self.pods.values()
+                if p.service == port and p.base != base and p.process.running()
+            ),
+            None,
+        )
+        if holder is None:
+            return False
+        why = (
+            f"port {port}, its Service's, is held by pod {holder.namespace}/{holder.name} "
+            f"of knowledge base {holder.base[0]}/{holder.base[1]}: the stand-in kubelet's "
+            "Services are loopback ports, every base's the same, so one base at a time has "
+            "its indexer here; this pod starts once that port is free"
+        )
+        if self.refused.get(meta["uid"]) != why:
+            self._report(pod, not_running(pod, PORT_IN_USE, why))
+            self.refused[meta["uid"]] = why
+        return True
+
+    def _exited(self, known: _Pod, pod: dict[str, Any]) -> None:
+        """Report the pod of an indexer that exited as not running, with why."""
+        process = known.process.process
+        code = process.proc.returncode if process.proc is not None else None
+        why = (
+            f"the indexer exited with code {code} and the stand-in kubelet does not restart "
+            f"it (delete the pod for a new one): {process.tail(1)}"
+        )
+        self._report(pod, not_running(pod, EXITED, why, code))
+        known.exited, known.running = True, False
+
+    def _report(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        path = f"{self._scope(meta['namespace'])}/pods/{meta['name']}/status"
+        self.kube.rest().patch(path, {"status": status})
 
     def _bind_index_claims(self, claims: list[dict[str, Any]]) -> None:
         for claim in claims:
@@ -304,7 +454,7 @@ class Kubelet:
 
     def _start(self, pod: dict[str, Any]) -> _Pod:
         name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
-        configmap = next(v["configMap"]["name"] for v in pod["spec"]["volumes"] if "configMap" in v)
+        configmap = _configmap_of(pod)
         mounts = self._host_paths(pod)
         text = self._configmap_text(configmap, namespace)
         folder = self.workdir / "pods" / namespace / name
@@ -321,7 +471,15 @@ class Kubelet:
         )
         indexer = Indexer(f"http://127.0.0.1:{port}", process).start()
         return _Pod(
-            name, indexer, config_path, configmap, mounts, text, namespace=namespace, port=own
+            name,
+            indexer,
+            config_path,
+            configmap,
+            mounts,
+            text,
+            namespace=namespace,
+            port=own,
+            service=json.loads(text)["port"],
         )
 
     def _env(self, pod: dict[str, Any]) -> dict[str, str]:
@@ -353,6 +511,10 @@ class Kubelet:
 
     @staticmethod
     def _ready(process: Indexer) -> bool:
+        """Whether the indexer answers ready, itself: the port alone may answer from
+        another process while this one dies on the port it could not take."""
+        if not process.answers_itself():
+            return False
         try:
             return process.get("/readyz").status_code == 200
         except httpx.HTTPError:

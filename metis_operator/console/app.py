@@ -122,9 +122,11 @@ def askers(request: web.Request, form: SearchForm) -> asking.Askers:
                 code="KNOWLEDGE_BASE_NOT_FOUND",
                 message=f"no knowledge base {key} that the console may see",
             )
-        elif not view.address:
+        elif not view.address or not view.served:
+            # Its indexer never answered: what answers at its address now is not its own.
             out[key] = ErrorBody(
-                code="KNOWLEDGE_BASE_NOT_READY", message=f"{key} is {view.state}: {view.reason}"
+                code="KNOWLEDGE_BASE_NOT_READY",
+                message=f"{key} answers no searches yet: it is {view.state}: {view.reason}",
             )
         else:
             out[key] = asking.http_asker(request.app[http_key], _url(request, view.address))

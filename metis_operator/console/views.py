@@ -47,6 +47,8 @@ class BaseView(BaseModel):
     reason: str = ""
     index: IndexTotals = Field(default_factory=IndexTotals)
     address: str | None = None
+    served: bool = False
+    """An indexer of the base has answered the operator (its status holds index totals)."""
     machine: str | None = None
     warnings: list[str] = Field(default_factory=list)
     evaluation: Evaluation | None = None
@@ -77,6 +79,7 @@ def base_view(obj: Mapping[str, Any]) -> BaseView:
         reason=status.reason or ("" if status.state else "not looked at by the operator yet"),
         index=observed.index or IndexTotals(),
         address=observed.address,
+        served=observed.index is not None,
         machine=observed.machine,
         warnings=observed.warnings or [],
         evaluation=status.evaluation,

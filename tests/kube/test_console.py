@@ -313,7 +313,21 @@ def test_a_search_of_a_base_not_ready_shows_its_state_and_why(
 
     error = wait(browser, "the base's state in the error", shown)
     assert "KNOWLEDGE_BASE_NOT_READY" in error
-    assert f"{key} is Pending: no machine matches placement labels pool=gpu" in error
+    assert f"{key} answers no searches yet: it is Pending: no machine matches placement" in error
+    # An address but no indexer of its own ever answered (on the stand-in, another base's
+    # holds the port): what answers there is not asked in its name.
+    waiting = "its pod waits: PortInUse: port 7700 is held by pod metis-alpha-1"
+    make_base(kube, namespace, "starting", {"state": "Starting", "reason": waiting,
+              "observed": {"address": console.base_url}})  # fmt: skip
+    key = f"{namespace}/starting"
+
+    def refused(d: webdriver.Chrome) -> str:
+        d.get(f"{console.base_url}/search?{urlencode({'q': 'vacation', 'base': key})}")
+        found = d.find_elements(By.CSS_SELECTOR, "[role=alert]")
+        return found[0].text if found and "Starting" in found[0].text else ""
+
+    error = wait(browser, "the starting base refused", refused)
+    assert f"{key} answers no searches yet: it is Starting: {waiting}" in error
 
 
 @pytest.fixture(scope="module")
