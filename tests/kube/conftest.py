@@ -116,6 +116,16 @@ def fresh_namespace(kube: ControlPlane, name: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def node_object(kube: ControlPlane) -> Iterator[str]:
+    """A Ready node object of its own, with no kubelet behind it (a stand-in kubelet runs
+    what the test binds to it); gone after the test."""
+    name = f"cpu-{secrets.token_hex(3)}"
+    kube.add_node(name)
+    yield name
+    kube.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
+
+
+@pytest.fixture
 def namespace(kube: ControlPlane) -> Iterator[str]:
     """A fresh namespace for one test."""
     with fresh_namespace(kube, f"t-{secrets.token_hex(4)}") as name:

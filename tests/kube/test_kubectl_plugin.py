@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import socket
 import subprocess
@@ -60,14 +59,6 @@ class AnyAddressKubelet(Kubelet):
 def kubelet(kube: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[Kubelet]:
     with AnyAddressKubelet(kube, namespace, tmp_path / "kubelet") as k:
         yield k
-
-
-@pytest.fixture
-def node(kube: ControlPlane) -> Iterator[str]:
-    name = f"cpu-{secrets.token_hex(3)}"
-    kube.add_node(name)
-    yield name
-    kube.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
 
 
 def kubectl_metis(
@@ -140,7 +131,7 @@ def test_kubectl_metis_status_search_and_requests(
     kube: ControlPlane,
     operator: Operator,
     kubelet: Kubelet,
-    node: str,
+    node_object: str,
     namespace: str,
     models: ModelServer,
     tmp_path: Path,
@@ -169,7 +160,7 @@ def test_kubectl_metis_status_search_and_requests(
     assert f"Documents:     {index['documents']} (1 failed)" in out
     assert f"Chunks:        {index['chunks']}" in out
     assert f"Address:         http://metis-handbook.{ns}.svc:{operator.indexer_port}" in out
-    assert f"Machine:         {node}" in out
+    assert f"Machine:         {node_object}" in out
     conditions = out.split("\nConditions\n")[1].split("\nEvents\n")
     assert any(
         line.split()[:3] == ["Ready", "True", "Ready"] for line in conditions[0].splitlines()

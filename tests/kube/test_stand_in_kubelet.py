@@ -56,14 +56,6 @@ def test_listening_names_the_process_that_holds_the_port() -> None:
 
 
 @pytest.fixture
-def node(kube: ControlPlane) -> Iterator[str]:
-    name = f"cpu-{secrets.token_hex(3)}"
-    kube.add_node(name)
-    yield name
-    kube.kubectl("delete", "node", name, "--ignore-not-found", "--wait=false", check=False)
-
-
-@pytest.fixture
 def kubelet(kube: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[Kubelet]:
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -162,16 +154,16 @@ def assert_not_running(status: dict[str, Any]) -> None:
 
 
 def test_a_second_base_waits_for_the_port_the_first_holds_and_a_dead_indexer_is_not_running(
-    kube: ControlPlane, namespace: str, node: str, kubelet: Kubelet, tmp_path: Path
+    kube: ControlPlane, namespace: str, node_object: str, kubelet: Kubelet, tmp_path: Path
 ) -> None:
     ns, port = namespace, free_port()
     service = IndexerClient(f"http://127.0.0.1:{port}")
     make_bases(kube, ns, port, tmp_path, "alpha", "beta")
-    alpha = start_pod(kube, ns, "alpha", node)
+    alpha = start_pod(kube, ns, "alpha", node_object)
     wait_running(kubelet, kube, ns, alpha)
     assert service.status()["name"] == "alpha"
 
-    beta = start_pod(kube, ns, "beta", node)
+    beta = start_pod(kube, ns, "beta", node_object)
     status = wait_waiting(kubelet, kube, ns, beta, PORT_IN_USE)
     assert_not_running(status)
     said = waiting(status)["message"]
@@ -204,7 +196,7 @@ class Answers(http.server.BaseHTTPRequestHandler):
 
 
 def test_an_indexer_whose_port_another_process_answers_on_is_never_running(
-    kube: ControlPlane, namespace: str, node: str, kubelet: Kubelet, tmp_path: Path
+    kube: ControlPlane, namespace: str, node_object: str, kubelet: Kubelet, tmp_path: Path
 ) -> None:
     ns, port = namespace, free_port()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Answers)
@@ -212,7 +204,7 @@ def test_an_indexer_whose_port_another_process_answers_on_is_never_running(
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
         make_bases(kube, ns, port, tmp_path, "alpha")
-        alpha = start_pod(kube, ns, "alpha", node)
+        alpha = start_pod(kube, ns, "alpha", node_object)
         status = wait_waiting(kubelet, kube, ns, alpha, EXITED)
         assert_not_running(status)
         assert "address already in use" in waiting(status)["message"]
