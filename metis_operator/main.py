@@ -10,12 +10,32 @@ only the holder runs, and it exits when it loses the Lease (leader.py).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import kopf
 
 from metis_operator import handlers, kube, leader, report
 from metis_operator.settings import load
+
+
+def _stop_standing_by(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _stand_by(elector: leader.Elector) -> None:
+    """Wait for the Lease, and stop at SIGTERM while waiting: as a pod's first process a
+    standby has no default action for it, so a drain, a rollout or an uninstall waited
+    out the whole grace period, and a standby being deleted could still take the Lease
+    and be killed holding it. A Lease taken as the signal came is given back."""
+    before = signal.signal(signal.SIGTERM, _stop_standing_by)
+    try:
+        elector.acquire()
+    except SystemExit:
+        elector.release()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,9 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         health_while_standing_by = (
             leader.StandbyHealth(runtime.health_port) if runtime.health_port else None
         )
-        elector.acquire()
-        if health_while_standing_by is not None:
-            health_while_standing_by.close()
+        try:
+            _stand_by(elector)
+        finally:
+            if health_while_standing_by is not None:
+                health_while_standing_by.close()
     registry = kopf.OperatorRegistry()
     handlers.register(registry, settings)
     health = f"http://0.0.0.0:{runtime.health_port}/healthz" if runtime.health_port else None
