@@ -1,5 +1,7 @@
 """Fixtures of the real-node tests: the control plane of tests/kube (its `kube`
-fixture, re-exported), the project's images, and a real node running them.
+fixture, re-exported), the project's images, a real node running them, and a release of
+them in a real registry on loopback (`registry`, `released`: tests/node/registry.py), made
+once per session for test_release.py and test_readme.py.
 
 They skip, saying why, only where the machine cannot run a real node (not root, or
 the Debian packages of `make node-packages` missing)."""
@@ -13,10 +15,20 @@ import pytest
 
 from metis_dev import images, node
 from tests.kube import conftest as kube_conftest
-from tests.kube.conftest import ControlPlane, kube, kubectl, namespace
+from tests.kube.conftest import ControlPlane, kube, kube_binaries, kubectl, namespace
 from tests.kube.pods import real_node as real_node_of
+from tests.node import registry as registry_of
 
-__all__ = ["built", "kube", "kubectl", "namespace", "real_node"]
+__all__ = [
+    "built",
+    "kube",
+    "kube_binaries",
+    "kubectl",
+    "namespace",
+    "real_node",
+    "registry",
+    "released",
+]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -57,3 +69,20 @@ def real_node(
         pytest.skip(f"no real node now: {why}")
     with real_node_of(kube, Path(tmp_path_factory.mktemp("node")), claimed) as (n, _):
         yield n
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[registry_of.Registry]:
+    """`docker-registry serve` on a free loopback port, with password auth, until the
+    session ends."""
+    with registry_of.serving(tmp_path_factory.mktemp("registry")) as reg:
+        yield reg
+
+
+@pytest.fixture(scope="session")
+def released(
+    built: images.Built, registry: registry_of.Registry, tmp_path_factory: pytest.TempPathFactory
+) -> registry_of.Released:
+    """`make release` into `registry`, once per session: what it recorded (digests.json),
+    its folder and its output."""
+    return registry_of.make_release(registry, tmp_path_factory.mktemp("release"))

@@ -8,141 +8,40 @@ version and the registry's images, and metis.yaml names every image by digest. W
 machine's real node can run, it pulls the released images from that registry with a pull
 secret (the indexer in a plain Pod; the operator as `helm install` from the OCI chart
 deploys it), and a pull without the secret is refused for want of credentials.
+
+The registry and the release are the session's (`registry`, `released`: conftest.py and
+tests/node/registry.py), shared with tests/node/test_readme.py.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
-import os
 import secrets
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
-from metis_dev import images, node, release
+from metis_dev import node, release
 from metis_dev.build import ensure_binaries
 from metis_dev.node import wait_for
 from metis_dev.plane import ControlPlane
-from metis_dev.process import free_port
 from tests.kube.conftest import fresh_namespace
-from tests.support import go_tools, processes
+from tests.node.registry import PULL_SECRET, USER, Helm, Registry, Released
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-REGISTRY_BINARY = "/usr/bin/docker-registry"
-USER = "metis"
-PATH = "metis"
-"""The path under the registry's host a release goes to (REGISTRY=host:port/metis)."""
 MANIFEST_TYPES = (
     "application/vnd.oci.image.manifest.v1+json",
     "application/vnd.docker.distribution.manifest.v2+json",
 )
-PULL_SECRET = "metis-pull"
-
-
-@dataclasses.dataclass(frozen=True)
-class Registry:
-    host: str
-    password: str
-
-    @property
-    def name(self) -> str:
-        """What `make release REGISTRY=` names."""
-        return f"{self.host}/{PATH}"
-
-    def get(self, path: str, *, authenticated: bool = True, **kw: Any) -> httpx.Response:
-        basic = (USER, self.password) if authenticated else None
-        return httpx.get(f"http://{self.host}{path}", auth=basic, timeout=10, **kw)
-
-
-def _status(registry: Registry) -> int | None:
-    try:
-        return registry.get("/v2/", authenticated=False).status_code
-    except httpx.HTTPError:
-        return None
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    """`docker-registry serve` on a free loopback port until the module ends."""
-    missing = [c for c in (REGISTRY_BINARY, "htpasswd") if shutil.which(c) is None]
-    if missing:
-        pytest.skip(f"{missing} missing: as root, `make node-packages` installs them")
-    folder = tmp_path_factory.mktemp("registry")
-    password = secrets.token_hex(12)
-    # distribution reads bcrypt lines only; htpasswd takes the password on stdin (-i).
-    line = subprocess.run(
-        ["htpasswd", "-niB", USER], input=password, capture_output=True, text=True, check=True
-    ).stdout
-    (folder / "htpasswd").write_text(line)
-    port = free_port()
-    config = {
-        "version": 0.1,
-        "log": {"level": "warn"},
-        "storage": {"filesystem": {"rootdirectory": str(folder / "data")}},
-        "http": {"addr": f"127.0.0.1:{port}"},
-        "auth": {"htpasswd": {"realm": "metis", "path": str(folder / "htpasswd")}},
-    }
-    (folder / "config.yml").write_text(yaml.safe_dump(config))
-    reg = Registry(f"127.0.0.1:{port}", password)
-    with (folder / "registry.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [REGISTRY_BINARY, "serve", str(folder / "config.yml")],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def alive() -> None:
-        if proc.poll() is not None:
-            raise AssertionError((folder / "registry.log").read_text()[-3000:])
-
-    try:
-        # Unauthenticated, /v2/ answers 401 once the registry serves.
-        wait_for(lambda: _status(reg) == 401, timeout=30, what="the registry's /v2/", alive=alive)
-        yield reg
-    finally:
-        processes.stop(proc)
-
-
-@pytest.fixture(scope="module")
-def released(
-    built: images.Built, registry: Registry, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[release.Release, Path, str]:
-    """`python -m metis_dev.release` (what `make release` runs) into the registry, its
-    credentials from the environment: what it recorded, its folder and its output."""
-    out = tmp_path_factory.mktemp("release")
-    env = {
-        **os.environ,
-        "METIS_REGISTRY_USERNAME": USER,
-        "METIS_REGISTRY_PASSWORD": registry.password,
-    }
-    argv = ["--registry", registry.name, "--plain-http", "--out", str(out)]
-    done = subprocess.run(
-        [sys.executable, "-m", "metis_dev.release", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1800,
-        check=False,
-    )
-    output = done.stdout + done.stderr
-    print(f"\n{output}")
-    assert done.returncode == 0, output
-    recorded = release.Release.model_validate_json((out / "digests.json").read_text())
-    return recorded, out, output
 
 
 def test_the_release_says_each_step_and_records_what_it_pushed(
-    released: tuple[release.Release, Path, str], registry: Registry
+    released: Released, registry: Registry
 ) -> None:
     """The version defaults to pyproject's; each step is a line with the seconds so far;
     the password is never printed."""
@@ -159,7 +58,7 @@ def test_the_release_says_each_step_and_records_what_it_pushed(
 
 
 def test_the_registry_serves_each_image_at_the_recorded_digest(
-    released: tuple[release.Release, Path, str], registry: Registry
+    released: Released, registry: Registry
 ) -> None:
     recorded, _, _ = released
     accept = {"Accept": ", ".join(MANIFEST_TYPES)}
@@ -174,37 +73,8 @@ def test_the_registry_serves_each_image_at_the_recorded_digest(
         assert refused.status_code == 401
 
 
-class Helm:
-    """helm with a home of its own, logged in to the registry as docs/release.md says."""
-
-    def __init__(self, registry: Registry, home: Path, kubeconfig: Path | None = None) -> None:
-        self.binary = go_tools.built("helm")
-        self.env = {
-            **os.environ,
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_DATA_HOME": str(home / "data"),
-            **({"KUBECONFIG": str(kubeconfig)} if kubeconfig else {}),
-        }
-        login = ["registry", "login", registry.host, "--username", USER, "--password-stdin"]
-        self(*login, "--plain-http", input=registry.password)
-
-    def __call__(self, *args: str, input: str | None = None) -> str:
-        done = subprocess.run(
-            [str(self.binary), *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            env=self.env,
-            timeout=180,
-            check=False,
-        )
-        assert done.returncode == 0, f"helm {' '.join(args)}: {done.stdout}{done.stderr}"
-        return done.stdout
-
-
 def test_the_chart_from_the_registry_is_the_release_pointed_at_the_registry(
-    released: tuple[release.Release, Path, str], registry: Registry, tmp_path: Path
+    released: Released, registry: Registry, tmp_path: Path
 ) -> None:
     """`helm show` and `helm template` of oci://…/charts/metis: the release's version, the
     registry's images as the defaults, METIS_INDEXER_IMAGE the release's indexer."""
@@ -225,7 +95,7 @@ def test_the_chart_from_the_registry_is_the_release_pointed_at_the_registry(
 
 
 def test_the_manifest_names_every_image_by_its_pushed_digest(
-    released: tuple[release.Release, Path, str],
+    released: Released,
 ) -> None:
     recorded, out, _ = released
     objects = [o for o in yaml.safe_load_all((out / recorded.manifest).read_text()) if o]
@@ -268,7 +138,7 @@ def env_of(pod: dict[str, Any]) -> dict[str, str]:
 
 
 def test_the_manifest_installs_as_the_docs_say(
-    released: tuple[release.Release, Path, str], registry: Registry, plane: ControlPlane
+    released: Released, registry: Registry, plane: ControlPlane
 ) -> None:
     """`kubectl apply -f metis.yaml`, the pull secret, the operator's service account
     pulling with it, and METIS_INDEXER_IMAGE_PULL_SECRETS for the indexers: the operator's
@@ -292,7 +162,7 @@ def test_the_manifest_installs_as_the_docs_say(
 
 
 def test_helm_installs_from_the_registry_as_the_docs_say(
-    released: tuple[release.Release, Path, str],
+    released: Released,
     registry: Registry,
     plane: ControlPlane,
     tmp_path: Path,
@@ -375,7 +245,7 @@ def test_the_node_pulls_the_released_indexer_with_the_pull_secret(
     real_node: node.Node,
     kube: ControlPlane,
     team: str,
-    released: tuple[release.Release, Path, str],
+    released: Released,
 ) -> None:
     indexer = released[0].images["indexer"]
     kube.rest().post(f"/api/v1/namespaces/{team}/pods", sleeper("pulled", indexer.ref, secret=True))
@@ -393,7 +263,7 @@ def test_without_the_secret_the_registry_refuses_the_node(
     real_node: node.Node,
     kube: ControlPlane,
     team: str,
-    released: tuple[release.Release, Path, str],
+    released: Released,
 ) -> None:
     """imagePullPolicy Always: the node asks the registry even where containerd has the
     image, and with no credentials it is told 401."""
@@ -418,7 +288,7 @@ def test_helm_installs_the_chart_from_the_registry_and_the_node_pulls_the_operat
     kube: ControlPlane,
     team: str,
     registry: Registry,
-    released: tuple[release.Release, Path, str],
+    released: Released,
     tmp_path: Path,
 ) -> None:
     """docs/release.md's `helm install` from oci:// into an existing namespace holding the
