@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from metis_dev import images, node
 from metis_dev.build import assets_dir, ensure_binaries, missing_binaries
+from metis_dev.components import DEFAULT_CONTROLLERS, ENDPOINTS
 from metis_dev.kubelet import Kubelet
 from metis_dev.pki import write
 from metis_dev.plane import ControlPlane
@@ -183,8 +184,16 @@ def cluster_up(workdir: Path, audit_log: Path | None, requested: str = "auto") -
         policy.write_text(AUDIT_POLICY)
         audit_log = audit_log.resolve()
     say(f"starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler in {workdir}")
+    # With a real node, the endpoints controller too: the API server's service proxy
+    # (`kubectl metis search`) routes by Endpoints objects, and the node's pods are reachable.
+    controllers = DEFAULT_CONTROLLERS if parts is None else (*DEFAULT_CONTROLLERS, ENDPOINTS)
     cp = ControlPlane(
-        bin_dir, workdir=workdir, keep_workdir=True, audit_policy=policy, audit_log=audit_log
+        bin_dir,
+        workdir=workdir,
+        keep_workdir=True,
+        audit_policy=policy,
+        audit_log=audit_log,
+        controllers=controllers,
     )
     with cp, contextlib.ExitStack() as stack:
         if parts is None:

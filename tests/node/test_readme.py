@@ -74,7 +74,7 @@ import pytest
 import yaml
 
 from metis_dev import images, node
-from metis_dev.components import DEFAULT_CONTROLLERS
+from metis_dev.components import DEFAULT_CONTROLLERS, ENDPOINTS
 from metis_dev.node import wait_for
 from metis_dev.plane import ControlPlane
 from metis_dev.process import ControlPlaneError
@@ -167,7 +167,7 @@ def plane(kube_binaries: Path) -> Iterator[ControlPlane]:
     if why:
         pytest.skip(f"no real node now: {why}")
     CLOCK["start"] = time.monotonic()
-    controllers = (*DEFAULT_CONTROLLERS, "endpoints-controller")
+    controllers = (*DEFAULT_CONTROLLERS, ENDPOINTS)
     cp = ControlPlane(kube_binaries, controllers=controllers)
     with mock.patch.dict(os.environ, {"METIS_KUBE_ADVERTISE_ADDRESS": node.GATEWAY}):
         cp.start()
