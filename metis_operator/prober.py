@@ -39,6 +39,11 @@ class History:
     """The model the Service served at the last real call."""
     failing_since: float | None = None
     failure: str = ""
+    odd_since: float | None = None
+    """Since when it serves something else while its last good answer said otherwise (or
+    it had none): believed only once that spans the grace too. A new Service's address
+    may still lead, for a moment, to whatever had it before (a reused cluster IP, a
+    proxy's rules not yet rewritten): one odd answer never fails a base."""
 
 
 def verdict(h: History, now: float, grace: float) -> Result | None:
@@ -147,6 +152,13 @@ class Prober:
         if model is Model.NOT_ANSWERING:
             self._failed(detail or cheap_failure, now)
             return
+        good = self.history.good
+        if model is Model.SERVES_ELSE and (good is None or good[0] is not Model.SERVES_ELSE):
+            since = self.history.odd_since if self.history.odd_since is not None else now
+            if now - since < self.grace:
+                self._failed(detail, now)
+                self.history = dataclasses.replace(self.history, odd_since=since)
+                return
         if self.history.failing_since is not None:
             log.info("%s %s answers again", self.role, self.name, extra={"service": self.name})
         self.history = after_success(self.history, (model, detail), model_id)

@@ -4,6 +4,7 @@ failures count only once they span the grace period."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable
 
@@ -117,6 +118,31 @@ def test_a_slow_answer_does_not_flip_and_idle_probes_are_cheap() -> None:
             calls = len(server.calls)
             await p.probe_once()  # a new model: the real call again
             assert "POST /v1/embeddings" in server.calls[calls:]
+
+    asyncio.run(scenario())
+
+
+def test_one_odd_answer_does_not_fail_a_base() -> None:
+    """A new Service's address may lead for a moment to whatever had it before (a reused
+    cluster IP, kube-proxy's rules not yet rewritten): a web server that serves no model
+    is believed only once that spans the grace; meanwhile the base waits, saying why."""
+
+    def web(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404 if request.url.path != "/" else 200, headers={"server": "wiki"})
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(web)) as http:
+            p = model_prober(http, interval=60, grace=20, on_change=lambda: None)
+            await p.probe_once()
+            odd = "answers HTTP (wiki) but serves no model API"
+            now = p.history.odd_since
+            assert now is not None
+            seen = prober.verdict(p.history, now, 20)
+            assert seen is not None and seen[0] is Model.NOT_ANSWERING and odd in seen[1]
+            p.history = dataclasses.replace(p.history, odd_since=now - 21)
+            await p.probe_once()
+            seen = prober.verdict(p.history, now, 20)
+            assert seen is not None and seen[0] is Model.SERVES_ELSE and odd in seen[1]
 
     asyncio.run(scenario())
 
