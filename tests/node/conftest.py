@@ -68,7 +68,11 @@ def real_node(
     if claimed is None:
         pytest.skip(f"no real node now: {why}")
     with real_node_of(kube, Path(tmp_path_factory.mktemp("node")), claimed) as (n, _):
-        yield n
+        registry_of.forget_pulled(n)  # a release's name for the image is not this module's
+        try:
+            yield n
+        finally:
+            registry_of.forget_pulled(n)
 
 
 @pytest.fixture(scope="session")

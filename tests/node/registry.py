@@ -25,7 +25,7 @@ import httpx
 import pytest
 import yaml
 
-from metis_dev import release
+from metis_dev import node, release
 from metis_dev.node import wait_for
 from metis_dev.process import free_port
 from tests.support import go_tools, processes
@@ -155,3 +155,20 @@ class Helm:
         )
         assert done.returncode == 0, f"helm {' '.join(args)}: {done.stdout}{done.stderr}"
         return done.stdout
+
+
+LOOPBACK_REGISTRY = "127.0.0.1:"
+"""How a reference pulled from a test's registry starts (a loopback host and its port)."""
+
+
+def forget_pulled(n: node.Node) -> list[str]:
+    """Remove from the node's containerd every reference pulled from a test's loopback
+    registry; the references removed. containerd keeps its images from node to node: a
+    release's image is the project's image under another name, and the kubelet reports
+    either name for a container of it, so a name left by one module is what the next one's
+    pod reports (test_real_node read `127.0.0.1:<port>/metis/metis-indexer:0.1.0`)."""
+    refs = [r for r in n.ctr("images", "ls", "-q").split() if r.startswith(LOOPBACK_REGISTRY)]
+    for ref in refs:
+        with contextlib.suppress(node.NodeError):
+            n.ctr("images", "rm", ref)
+    return refs

@@ -80,7 +80,7 @@ from metis_dev.plane import ControlPlane
 from metis_dev.process import ControlPlaneError
 from tests.kube.operator_support import ROOT, wait_state
 from tests.kube.pods import real_node as real_node_of
-from tests.node.registry import PULL_SECRET, USER, Helm, Registry, Released
+from tests.node.registry import PULL_SECRET, USER, Helm, Registry, Released, forget_pulled
 from tests.support import processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -193,9 +193,7 @@ def real_node(
     with real_node_of(plane, Path(tmp_path_factory.mktemp("node")), claimed) as (n, _):
         # containerd keeps its images between nodes: without the released references
         # the node must pull them now, from the registry, with the secrets.
-        for pushed in released[0].images.values():
-            with contextlib.suppress(node.NodeError):
-                n.ctr("images", "rm", pushed.ref)
+        forget_pulled(n)
         port = int(plane.server.rsplit(":", 1)[1])
         slice_ = plane.rest().get(
             "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes"
@@ -208,6 +206,7 @@ def real_node(
         finally:
             relay.close()
             say(f"the API relay carried {relay.connections} connection(s) of the pods")
+            forget_pulled(n)
 
 
 def kubectl(plane: ControlPlane, *args: str, input: str | None = None) -> str:
