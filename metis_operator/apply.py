@@ -10,7 +10,6 @@ of the look it makes); a child the API server would not take is `Refused`, namin
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
@@ -148,26 +147,19 @@ async def children_of(
     return applied
 
 
-PULL_SECONDS = 60.0
-"""How long the operator's pull secrets, once read, serve every base: a rotated one reaches
-the bases' copies within it, at one read a minute whatever the number of bases."""
-
-
 async def _pull_sources(ctx: Context) -> list[dict[str, Any]] | str:
     """The operator's pull secrets (`METIS_INDEXER_IMAGE_PULL_SECRETS`), as read in the
-    last `PULL_SECONDS`; or what keeps them from being copied."""
-    now = time.monotonic()
-    if ctx.pull_sources is not None and now - ctx.pull_sources[0] < PULL_SECONDS:
-        return ctx.pull_sources[1]
+    last `context.PULL_SECONDS`; or what keeps them from being copied."""
+    kept = ctx.pull_sources.get(None)
+    if kept is not None:
+        return kept
     ns, found = ctx.settings.runtime.operator_namespace, []
     for name in ctx.settings.indexer.image_pull_secrets:
         secret = await ctx.cluster.get(kube.path("v1", "secrets", ns, name))
         if secret is None:
-            ctx.pull_sources = (now, f"Secret {name} does not exist in namespace {ns}")
-            return ctx.pull_sources[1]
+            return ctx.pull_sources.put(None, f"Secret {name} does not exist in namespace {ns}")
         found.append(dict(secret))
-    ctx.pull_sources = (now, found)
-    return found
+    return ctx.pull_sources.put(None, found)
 
 
 async def _pull_secret(

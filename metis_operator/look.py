@@ -53,7 +53,7 @@ class Applied:
     conflicts: tuple[str, ...] = ()
     """Children of the base's names that another base owns."""
     child_notes: tuple[str, ...] = ()
-    """Index claims that cannot grow to what the base's memory holds, and why."""
+    """What keeps a child from being what the spec asks, and why (`apply.Applying`)."""
     refused: str | None = None
     """A child the API server would not take, and its words."""
 

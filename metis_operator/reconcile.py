@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -234,28 +233,21 @@ def _config(
     ).model_copy(update={"generation": asked.generation})
 
 
-MACHINES_SECONDS = 30.0
-"""How long a read of the machines a pod may run on serves the looks that ask again."""
-
-
 async def _machines(ctx: Context, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The nodes pod spec `pod`'s node selector picks (at most 500), read only for a pod the
-    scheduler keeps off them for a taint, and kept `MACHINES_SECONDS`; none where the
-    operator may not read nodes (a namespaced install): the scheduler's words then."""
+    scheduler keeps off them for a taint, and kept `context.MACHINES_SECONDS`; none where
+    the operator may not read nodes (a namespaced install): the scheduler's words then."""
     selector = ",".join(f"{k}={v}" for k, v in sorted((pod.get("nodeSelector") or {}).items()))
-    now = time.monotonic()
     kept = ctx.machines.get(selector)
-    if kept is not None and now - kept[0] < MACHINES_SECONDS:
-        return kept[1]
+    if kept is not None:
+        return kept
     try:
         found = await ctx.cluster.call(
             "GET", "/api/v1/nodes", query={"labelSelector": selector, "limit": 500}
         )
     except kube.ApiError:
         found = {}
-    nodes = list((found or {}).get("items") or [])
-    ctx.machines[selector] = (now, nodes)
-    return nodes
+    return ctx.machines.put(selector, list((found or {}).get("items") or []))
 
 
 async def _running(

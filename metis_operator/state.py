@@ -158,7 +158,7 @@ class Observation:
     """A child the API server would not take (a quota, a full Service range, a webhook),
     and its words: nothing after it was applied this turn."""
     child_notes: tuple[str, ...] = ()
-    """Index claims that cannot grow to what the base's memory holds, and why."""
+    """What keeps a child from being what the spec asks, and why (`apply.Applying`)."""
     unknown_fields: tuple[str, ...] = ()
     """Spec fields this operator does not know (a newer CRD's): kept, and without effect."""
 
