@@ -358,19 +358,17 @@ def pull_secret(owner: Owner, sources: Sequence[Mapping[str, Any]]) -> dict[str,
     for secret in sources:
         name = (secret.get("metadata") or {}).get("name", "?")
         data = secret.get("data") or {}
+        if ".dockerconfigjson" not in data and ".dockercfg" not in data:
+            raise PullProblem(
+                f"Secret {name} holds no .dockerconfigjson: make it with `kubectl create "
+                "secret docker-registry`"
+            )
         try:
             if ".dockerconfigjson" in data:
                 found = json.loads(base64.b64decode(data[".dockerconfigjson"]))["auths"]
-            elif ".dockercfg" in data:
-                found = json.loads(base64.b64decode(data[".dockercfg"]))
             else:
-                raise PullProblem(
-                    f"Secret {name} holds no .dockerconfigjson: make it with `kubectl create "
-                    "secret docker-registry`"
-                )
+                found = json.loads(base64.b64decode(data[".dockercfg"]))
         except (ValueError, KeyError, TypeError) as e:
-            if isinstance(e, PullProblem):
-                raise
             raise PullProblem(f"Secret {name} holds no registry credentials ({e})") from None
         if not isinstance(found, dict):
             raise PullProblem(f"Secret {name} holds no registry credentials")
