@@ -4,8 +4,14 @@ so none keeps an old client or an old configuration."""
 
 from __future__ import annotations
 
+import asyncio
+
 from metis_indexer.config import EmbeddingConfig, IndexerConfig
 from metis_indexer.models.clients import EmbeddingClient, RerankClient
+from metis_indexer.search import hybrid
+
+RETIRING = "metis-retiring-client"
+"""The name of a task that closes a client let go of."""
 
 
 class Configured:
@@ -16,22 +22,34 @@ class Configured:
         self.config = config
         self.embedder = _embedder(config)
         self.reranker = _reranker(config)
+        self._retiring: set[asyncio.Task[None]] = set()
+        """Clients let go of, closing once the searches that took them are over."""
 
-    async def take(self, config: IndexerConfig) -> None:
+    def take(self, config: IndexerConfig) -> None:
         """Run `config` from now on; each client is made again only when its own model
-        (or the embedding batch) changed: a search in flight keeps a client that did not
-        change (a reranker closed under it answered in the fused order)."""
+        (or the embedding batch) changed, and the one it replaces is retired, not closed:
+        a search in flight keeps the client it took (one closed under its request was
+        answered by words only, a clean-clone CI run saw it)."""
         old, self.config = self.config, config
         if (config.embedding, config.embedding_batch) != (old.embedding, old.embedding_batch):
-            if self.embedder is not None:
-                await self.embedder.close()
+            self._retire(self.embedder)
             self.embedder = _embedder(config)
         if config.reranker != old.reranker:
-            if self.reranker is not None:
-                await self.reranker.close()
+            self._retire(self.reranker)
             self.reranker = _reranker(config)
 
+    def _retire(self, client: EmbeddingClient | RerankClient | None) -> None:
+        """Close `client` once every search that took it has had its model's time."""
+        if client is not None:
+            task = asyncio.create_task(_close_after(client, hybrid.MODEL_TIMEOUT), name=RETIRING)
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
     async def close(self) -> None:
+        """Close every client, those retired too (at once)."""
+        for task in self._retiring:
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
         for client in (self.embedder, self.reranker):
             if client is not None:
                 await client.close()
@@ -41,6 +59,14 @@ class Configured:
         """The embedding model as a log line or a reason names it."""
         e = self.config.embedding
         return e.name if e is not None else "the embedding model"
+
+
+async def _close_after(client: EmbeddingClient | RerankClient, seconds: float) -> None:
+    """Close `client` after `seconds`, or at once when cancelled."""
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        await client.close()
 
 
 def _embedder(config: IndexerConfig) -> EmbeddingClient | None:

@@ -48,7 +48,7 @@ class Follower:
         old = self._configured.config
         if config == old:
             return
-        await self._configured.take(config)
+        self._configured.take(config)
         if self._passes.loaded:
             await self._passes.model_change.follow_recorded()
         if config.vectors != old.vectors and self._passes.loaded:
