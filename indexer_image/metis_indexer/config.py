@@ -37,12 +37,25 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ArtifactConfig(_Model):
+    """A source's revision as an artifact (a Flux source object's tarball): fetched,
+    checked against its digest and unpacked under the source's root (`ingest.artifacts`)."""
+
+    url: str = Field(pattern=r"^https?://")
+    digest: str = Field(pattern=r"^[a-z0-9]+:[0-9a-f]+$")
+    revision: str = Field(min_length=1)
+    origin: str = Field(min_length=1)
+    """What reasons name it by: "GitRepository docs"."""
+
+
 class SourceConfig(_Model):
-    """One source: a drive mounted at `root`, and optionally one folder of it."""
+    """One source: a drive mounted at `root`, and optionally one folder of it; or an
+    artifact, unpacked into folders of `root` (the indexer's own, on its index drive)."""
 
     drive: str = Field(min_length=1)
     root: Path
     path: str | None = None
+    artifact: ArtifactConfig | None = None
 
     @field_validator("path")
     @classmethod
@@ -147,6 +160,12 @@ class IndexerConfig(_Model):
                 f"rescan_seconds is {v}; it must be 0 or {limits.RESCAN_MIN} to {limits.RESCAN_MAX}"
             )
         return v
+
+    def all_revisions(self) -> dict[str, str]:
+        """The revision each source drive is to be read at: a data source's (its claim's
+        annotation), an artifact's."""
+        artifacts = {s.drive: s.artifact.revision for s in self.sources if s.artifact}
+        return dict(sorted({**self.revisions, **artifacts}.items()))
 
     @model_validator(mode="after")
     def _no_overlapping_sources(self) -> IndexerConfig:

@@ -27,6 +27,7 @@ from metis_indexer.configured import Configured
 from metis_indexer.errors import BadRequest, Refusal, Unavailable
 from metis_indexer.index import folders, store
 from metis_indexer.index.memory import Index
+from metis_indexer.ingest import artifacts
 from metis_indexer.ingest.runner import now
 from metis_indexer.metrics import Metrics
 from metis_indexer.models.clients import ModelUnavailable
@@ -58,8 +59,8 @@ BROKE = "the indexer failed on a search; see its log"
 class Answered(Protocol):
     """What the answers read of the passes (`passes.Passes`): the index that answers,
     whether it is loaded and has had a whole pass, what a status says of it (damage, notes,
-    the changes made beside it, where its vectors came from), the notes, and where a pass
-    is asked for and damage met is told."""
+    the changes made beside it, where its vectors came from), the notes, the folders of
+    the artifacts read, and where a pass is asked for and damage met is told."""
 
     @property
     def loaded(self) -> bool: ...
@@ -90,6 +91,9 @@ class Answered(Protocol):
 
     @property
     def chunking_change(self) -> ChunkingChange: ...
+
+    @property
+    def artifacts(self) -> artifacts.Fetched: ...
 
     def request(self, full: bool = False) -> None: ...
 
@@ -210,7 +214,7 @@ class Answers:
                 "chunking": chunking,
                 "reranker": None if reranker is None else reranker.name,
                 "skipped": dict(sorted(s.skipped.items())),
-                "revisions": dict(config.revisions),
+                "revisions": config.all_revisions(),
                 "indexed_revisions": s.indexed_revisions,
                 "generation": config.generation,
                 "indexed_generation": s.indexed_generation,
@@ -443,7 +447,8 @@ class Answers:
 
     async def evaluate(self, k: int) -> evaluation.Evaluation:
         cases = await asyncio.to_thread(
-            evaluation.read_cases, evaluation_places(self._configured.config.sources)
+            evaluation.read_cases,
+            evaluation_places(self._passes.artifacts.readable(self._configured.config.sources)),
         )
         vectors: dict[tuple[str, int], npt.NDArray[np.float32]] = {}
 

@@ -33,7 +33,7 @@ from metis_indexer.configured import Configured
 from metis_indexer.errors import Conflict
 from metis_indexer.index import folders, store
 from metis_indexer.index.memory import Index, IndexSettings
-from metis_indexer.ingest import plan
+from metis_indexer.ingest import artifacts, plan
 from metis_indexer.ingest.readers.pool import FileThreads, ReaderPool
 from metis_indexer.ingest.runner import Embed, Runner, now
 from metis_indexer.metrics import Metrics
@@ -106,6 +106,8 @@ class Passes:
         """A new chunking's index built beside the one that answers."""
         self.notebook = Notebook(configured, self, progress)
         """The base's own notes, kept in a folder of the index drive."""
+        self.artifacts = artifacts.Fetched()
+        """The revision folder each artifact source reads."""
 
     def request(self, full: bool = False) -> None:
         """Ask for a pass (`full`: every document read again) as soon as the one running
@@ -285,7 +287,7 @@ class Passes:
     def _stopped_because(self, e: Exception) -> str:
         """The reason a pass that broke shows; it is tried again after a while."""
         changes = (model_change.NoRoom, chunking_change.NoRoom, chunking_change.BuildDamaged)
-        if isinstance(e, (*changes, plan.ListingHung)):
+        if isinstance(e, (*changes, plan.ListingHung, artifacts.ArtifactError)):
             log.warning("%s", e)
             return str(e)
         if store.trouble(e) == "full":
@@ -298,10 +300,10 @@ class Passes:
     async def _pass(self, full: bool, pool: ReaderPool) -> None:
         started = time.monotonic()
         config = self._configured.config
-        revisions = dict(config.revisions)
         generation = config.generation
         state = self._progress.state
         self._progress.set_phase("scanning", "")
+        revisions = {**config.revisions, **await self.artifacts.fetch(config.sources)}
         settings = await self._settings()
         current = self.index.settings()
         read = self._changes_read(pool)
@@ -356,6 +358,7 @@ class Passes:
         if config.peers and embedder is not None and embedder.model is not None:
             held = self.vectors.held
             await asyncio.to_thread(held.refresh, self.index.store, embedder.document_prefix)
+        await self.artifacts.settle(config.sources)
         state.completed += 1
         state.indexed_revisions = revisions
         state.indexed_generation = generation
@@ -388,7 +391,7 @@ class Passes:
         known = {(f.record.source, f.record.path): f.record for f in list(index.files.values())}
         listing = await self._scan(pool.files)
         state.skipped = dict(listing.skipped)
-        state.problems = list(listing.problems)
+        state.problems = [*self.artifacts.problems, *listing.problems]
         planned = plan.plan(listing, known, settings, full)
         await asyncio.to_thread(index.drop_files, planned.to_drop)
         state.total, state.done = len(planned.to_read), 0
@@ -435,10 +438,11 @@ class Passes:
         return plan.merged(listing.result() for listing in listings)
 
     def sources(self) -> list[SourceConfig]:
-        """What a pass reads: the configured sources, and the base's own notes."""
+        """What a pass reads: the configured sources (an artifact source at the folder of
+        the revision it reads), and the base's own notes."""
         config = self._configured.config
         own = SourceConfig(drive=notes.source(config.name), root=notes.folder(config.index_dir))
-        return [*config.sources, own]
+        return [*(self.artifacts.resolved(s) for s in config.sources), own]
 
     def _listed(self, key: plan.Key, listing: asyncio.Future[plan.Scan]) -> None:
         """A listing returned: its source may be listed again. One that returned late is
@@ -467,6 +471,7 @@ class Passes:
 
     async def close(self) -> None:
         """Let go of the client of the model that answers while a new one's are made (and
-        of those let go of before: at once), and of the peers' client."""
+        of those let go of before: at once), and of the peers' and the artifacts' clients."""
         await self.model_change.close()
         await self.vectors.close()
+        await self.artifacts.close()
