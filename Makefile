@@ -4,8 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast lint lock crd kube promtool lua-health helm kubeconform browser \
-	node-packages images release demo \
+.PHONY: test test-fast lint lock crd kube promtool lua-health helm kubeconform source-controller \
+	browser node-packages images release demo \
 	demo-indexer bench clean
 
 # Installed from the lock (requirements/, written by `make lock`): every package at its pinned
@@ -78,6 +78,12 @@ helm:
 kubeconform:
 	bash tools/kubeconform/build.sh > /dev/null
 
+# Flux's source-controller from its Go module pinned in tools/source-controller, its CRDs beside
+# it (cached under ~/.cache/metis/source-controller/<version>; built only when missing, about 6
+# minutes on 2 cores): the tests of Flux sources run it against the control plane.
+source-controller:
+	bash tools/source-controller/build.sh > /dev/null
+
 # The console's tests run headless Chromium from Debian's packages (as root, as CI runs).
 browser:
 	@command -v chromium > /dev/null && command -v chromedriver > /dev/null || \
@@ -120,7 +126,8 @@ demo-indexer: $(STAMP)
 	$(PY) examples/indexer_demo.py
 
 # The whole suite: the control-plane tests beside all the others (tools/test.sh).
-test: $(STAMP) kube promtool lua-health helm kubeconform browser node-packages lint
+test: $(STAMP) kube promtool lua-health helm kubeconform source-controller browser node-packages \
+		lint
 	bash tools/test.sh
 
 test-fast: $(STAMP)

@@ -22,6 +22,7 @@ from typing import Any
 
 from metis_operator import children, kube
 from metis_operator.api import identity
+from metis_operator.api.spec import FLUX_KINDS
 
 Key = tuple[str, str]
 """(namespace, name)."""
@@ -56,6 +57,7 @@ WATCHED = (
     _watched("NetworkPolicy", MANAGED, child=True),
     _watched("PodDisruptionBudget", MANAGED, child=True),
     _watched("Pod", INDEXER_PODS),
+    *(_watched(kind) for kind in FLUX_KINDS),
 )
 """Drives and model Services by name (any in the namespace may be named by a base),
 workloads (a child, or behind a model Service), and the operator's own ConfigMaps,
@@ -120,6 +122,16 @@ class Deps:
     claims: frozenset[str] = frozenset()
     services: frozenset[str] = frozenset()
     selectors: tuple[Mapping[str, str], ...] = ()
+    fluxes: frozenset[tuple[str, str]] = frozenset()
+    """Flux source objects, as (plural, name)."""
+
+    def named(self) -> list[tuple[str, str]]:
+        """(plural, name) of everything it reads by name."""
+        return [
+            *(("persistentvolumeclaims", n) for n in self.claims),
+            *(("services", n) for n in self.services),
+            *self.fluxes,
+        ]
 
 
 def _matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
@@ -154,9 +166,8 @@ class Dependents:
             return
         self.drop(key)
         self._deps[key] = deps
-        for plural, names in (("persistentvolumeclaims", deps.claims), ("services", deps.services)):
-            for name in names:
-                self._named.setdefault((plural, deps.namespace, name), set()).add(key)
+        for plural, name in deps.named():
+            self._named.setdefault((plural, deps.namespace, name), set()).add(key)
         if deps.selectors:
             self._selecting.setdefault(deps.namespace, {})[key] = deps.selectors
 
@@ -164,12 +175,11 @@ class Dependents:
         deps = self._deps.pop(key, None)
         if deps is None:
             return
-        for plural, names in (("persistentvolumeclaims", deps.claims), ("services", deps.services)):
-            for name in names:
-                readers = self._named.get((plural, deps.namespace, name), set())
-                readers.discard(key)
-                if not readers:
-                    self._named.pop((plural, deps.namespace, name), None)
+        for plural, name in deps.named():
+            readers = self._named.get((plural, deps.namespace, name), set())
+            readers.discard(key)
+            if not readers:
+                self._named.pop((plural, deps.namespace, name), None)
         self._selecting.get(deps.namespace, {}).pop(key, None)
 
     def named(self, plural: str, namespace: str, name: str) -> builtins.set[Key]:
@@ -294,6 +304,10 @@ class Cache:
 
     def service(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._one("services", namespace, name)
+
+    def flux(self, namespace: str, kind: str, name: str) -> dict[str, Any] | None:
+        """A Flux source object (None too where Flux is not installed)."""
+        return self._one(kube.RESOURCE[kind].plural, namespace, name)
 
     def configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._one("configmaps", namespace, name)

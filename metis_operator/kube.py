@@ -133,9 +133,13 @@ RESOURCES = (
     Resource("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets"),
     Resource("Pod", "", "v1", "pods"),
     Resource("Secret", "", "v1", "secrets"),
+    Resource("GitRepository", "source.toolkit.fluxcd.io", "v1", "gitrepositories"),
+    Resource("Bucket", "source.toolkit.fluxcd.io", "v1", "buckets"),
+    Resource("OCIRepository", "source.toolkit.fluxcd.io", "v1", "ocirepositories"),
 )
 """Every kind of the operator's vocabulary besides its own (the KnowledgeBase, api/):
-what it watches (cache.WATCHED picks them) and the base's Secret, read by name."""
+what it watches (cache.WATCHED picks them: Flux's source objects too, where Flux is
+installed) and the base's Secret, read by name."""
 RESOURCE = {r.kind: r for r in RESOURCES}
 
 

@@ -118,6 +118,21 @@ def render_list(bases: Sequence[Mapping[str, Any]], now: dt.datetime, *, all_ns:
     return table(rows)
 
 
+def _sources(spec: KnowledgeBaseSpec, observed: Observed) -> list[str]:
+    """Each source once: a drive by its name, a Flux object by its kind too; the revision
+    each is read at, and the one indexed where that is not it yet."""
+    shown: dict[str, str] = {}
+    for source in spec.sources:
+        kind = [source.flux.kind] if source.flux is not None else []
+        revision = (observed.revisions or {}).get(source.name)
+        indexed = (observed.indexed_revisions or {}).get(source.name)
+        said = " ".join([*kind, *([f"at {revision}"] if revision else [])])
+        if revision and indexed != revision:
+            said += f"; indexed {indexed or 'none yet'}"
+        shown.setdefault(source.name, source.name + (f" ({said})" if said else ""))
+    return list(shown.values())
+
+
 def render_status(
     base: Mapping[str, Any], events: Sequence[Mapping[str, Any]], now: dt.datetime
 ) -> str:
@@ -130,7 +145,7 @@ def render_status(
         spec: KnowledgeBaseSpec | None = KnowledgeBaseSpec.model_validate(base.get("spec") or {})
     except ValidationError:
         spec = None  # refused: its state and reason say why
-    drives = ", ".join(dict.fromkeys(s.drive for s in spec.sources)) if spec else ""
+    sources = ", ".join(_sources(spec, observed)) if spec else ""
     embedding = spec.embedding.deployment if spec else "-"
     reranker = spec.reranker.deployment if spec and spec.reranker else None
     lines = [
@@ -140,7 +155,7 @@ def render_status(
     if st.reason:
         lines.append(f"Reason:          {st.reason}")
     lines += [
-        f"Drives:          {drives or '-'}",
+        f"Sources:         {sources or '-'}",
         f"Embedding:       {embedding}" + (f" · reranker {reranker}" if reranker else ""),
         f"Generation:      {meta.get('generation', '-')} "
         f"(observed {_shown(st.observed_generation)})",

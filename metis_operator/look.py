@@ -32,6 +32,12 @@ class Asked:
     missing_drives: tuple[str, ...] = ()
     unlisted_drives: tuple[str, ...] = ()
     unbound_drives: tuple[str, ...] = ()
+    missing_fluxes: tuple[str, ...] = ()
+    """Flux source objects named and not found, as "GitRepository docs"."""
+    unlisted_fluxes: tuple[str, ...] = ()
+    """Flux source objects with no artifact yet, each with what their controller says."""
+    artifacts: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    """Each Flux source's artifact (url, digest, revision), by its name."""
     embedding: ModelCheck | None = None
     reranker: ModelCheck | None = None
     index_drive: str = ""
@@ -92,6 +98,8 @@ class Look:
             missing_drives=asked.missing_drives,
             unlisted_drives=asked.unlisted_drives,
             unbound_drives=asked.unbound_drives,
+            missing_fluxes=asked.missing_fluxes,
+            unlisted_fluxes=asked.unlisted_fluxes,
             embedding=asked.embedding,
             reranker=asked.reranker,
             index_drive=asked.index_drive,

@@ -37,6 +37,25 @@ def revision(claim: Mapping[str, Any]) -> str:
     return _annotations(claim).get(identity.REVISION, "").strip()
 
 
+def artifact(source: Mapping[str, Any]) -> dict[str, str] | None:
+    """A Flux source object's artifact as the indexer fetches it (url, digest, revision);
+    None until it has one."""
+    found = (source.get("status") or {}).get("artifact") or {}
+    picked = {k: found.get(k) for k in ("url", "digest", "revision")}
+    if not all(isinstance(v, str) and v for v in picked.values()):
+        return None
+    return {k: str(v) for k, v in picked.items()}
+
+
+def flux_trouble(source: Mapping[str, Any]) -> str | None:
+    """What its source-controller says keeps a Flux source object from being ready (its
+    Ready condition's message while False), None otherwise."""
+    for c in (source.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready" and c.get("status") == "False":
+            return str(c.get("message") or c.get("reason") or "not ready")
+    return None
+
+
 def _waiting(status: Mapping[str, Any]) -> str | None:
     if status.get("phase") == "Failed":
         detail = " ".join(s for s in (status.get("reason"), status.get("message")) if s)

@@ -90,7 +90,11 @@ async def begin(
     except SpecError as e:
         return _invalid(ctx, owner, body, previous, str(e))
     asked, embedding_url, reranker_url = await _asked(ctx, owner, spec, body, previous)
-    if embedding_url is None or derive(Look(asked).observation()).state is State.FAILED:
+    if (
+        embedding_url is None
+        or asked.unlisted_fluxes  # no revision of it to name in the configuration yet
+        or derive(Look(asked).observation()).state is State.FAILED
+    ):
         return _outcome(previous, Look(asked))  # the children stay as they are
     config = _config(ctx, owner, spec, asked, embedding_url, reranker_url)
     plan = Plan(owner, spec, asked, config)
@@ -168,10 +172,16 @@ async def _asked(
         keep.add((ns, spec.reranker.deployment, RERANKER_ROLE))
     ctx.probers.release((ns, owner.name), keep)
     found = {d: c for d, c in zip(spec.drives, claims, strict=True) if c is not None}
+    fluxes = {f: ctx.cache.flux(ns, f.kind, f.name) for f in spec.fluxes}
+    artifacts = {f.name: a for f, o in fluxes.items() if o and (a := observe.artifact(o))}
     asked = Asked(
         generation=_generation(body),
         deps=Deps(
-            ns, frozenset(spec.drives), frozenset(services), tuple(s for s in selectors if s)
+            ns,
+            frozenset(spec.drives),
+            frozenset(services),
+            tuple(s for s in selectors if s),
+            frozenset((kube.RESOURCE[f.kind].plural, f.name) for f in fluxes),
         ),
         address=f"http://{owner.child}.{ns}.svc:{ctx.settings.indexer.port}",
         with_reranker=spec.reranker is not None,
@@ -181,10 +191,20 @@ async def _asked(
             d for d, c in found.items() if observe.from_data_source(c) and not observe.revision(c)
         ),
         unbound_drives=tuple(d for d, c in found.items() if not observe.claim_bound(c)),
+        missing_fluxes=tuple(f.said for f, o in fluxes.items() if o is None),
+        unlisted_fluxes=tuple(
+            f.said + (f": {why}" if (why := observe.flux_trouble(o)) else "")
+            for f, o in fluxes.items()
+            if o is not None and f.name not in artifacts
+        ),
+        artifacts=artifacts,
         embedding=embedding,
         reranker=reranker,
         index_drive=owner.child,
-        revisions={d: observe.revision(c) for d, c in found.items() if observe.revision(c)},
+        revisions={
+            **{d: observe.revision(c) for d, c in found.items() if observe.revision(c)},
+            **{name: a["revision"] for name, a in artifacts.items()},
+        },
         served=bool((previous.get("observed") or {}).get("index")),
         unknown_fields=tuple(unknown_fields(body.get("spec") or {})),
     )
@@ -230,6 +250,7 @@ def _config(
         reranker_url=reranker_url,
         revisions=asked.revisions,
         peers=[asked.address] if spec.replicas > 1 else [],
+        artifacts=asked.artifacts,
     ).model_copy(update={"generation": asked.generation})
 
 

@@ -116,6 +116,10 @@ class Observation:
     placement: Placement = dataclasses.field(default_factory=Placement)
     missing_drives: tuple[str, ...] = ()
     unlisted_drives: tuple[str, ...] = ()
+    missing_fluxes: tuple[str, ...] = ()
+    """Flux source objects named and not found, as "GitRepository docs"."""
+    unlisted_fluxes: tuple[str, ...] = ()
+    """Flux source objects with no artifact yet, each with what their controller says."""
     """Drives from a data source (revision annotation present) with no revision yet."""
     unbound_drives: tuple[str, ...] = ()
     embedding: ModelCheck | None = None
@@ -182,6 +186,11 @@ def _failures(o: Observation) -> list[str]:
     out += [
         f"drive {d} does not exist (no PersistentVolumeClaim {d} in this namespace)"
         for d in o.missing_drives
+    ]
+    out += [
+        f"{f} does not exist (no {f.replace(' ', ' named ', 1)} in this namespace; "
+        "is Flux's source-controller installed?)"
+        for f in o.missing_fluxes
     ]
     out += o.conflicts
     for m in (o.embedding, o.reranker):
@@ -313,9 +322,15 @@ def _replacement(o: Observation) -> Verdict | None:
 def _pending(o: Observation) -> str | None:
     if o.refused:
         return f"the API server refused {o.refused}; tried again at every turn"
-    if o.unlisted_drives:
+    if o.unlisted_drives or o.unlisted_fluxes:
         return "; ".join(
-            f"drive {d} waits for its data source's first listing" for d in o.unlisted_drives
+            [
+                *(
+                    f"drive {d} waits for its data source's first listing"
+                    for d in o.unlisted_drives
+                ),
+                *(f"waiting for the first listing of {f}" for f in o.unlisted_fluxes),
+            ]
         )
     if o.unbound_drives:
         return "; ".join(f"drive {d} is not bound to a volume yet" for d in o.unbound_drives)

@@ -73,6 +73,8 @@ spec may not set them, nor any label or annotation under the operator's group.""
 
 DRIVES_ROOT = "/drives"
 INDEX_DIR = "/index"
+ARTIFACTS_FOLDER = "artifacts"
+"""Of the index drive: where the indexer unpacks the artifacts of Flux sources."""
 
 
 def cel_regex(pattern: str) -> str:
@@ -95,16 +97,63 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-class Source(_Model):
-    model_config = ConfigDict(json_schema_extra={"description": "One drive, or one folder of it."})
+FluxKind = Literal["GitRepository", "Bucket", "OCIRepository"]
+FLUX_KINDS: tuple[FluxKind, ...] = get_args(FluxKind)
 
-    drive: str = Field(
+
+class FluxSource(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "description": "A Flux source object of the base's namespace, read at the revision "
+            "of its artifact."
+        }
+    )
+
+    kind: FluxKind = Field(
+        description="GitRepository, Bucket or OCIRepository (source.toolkit.fluxcd.io/v1)."
+    )
+    name: str = Field(
+        pattern=DRIVE_RE,
+        max_length=DRIVE_MAX,
+        description="Its name. No such object makes the base Failed; one without an "
+        "artifact yet keeps it Pending. Its documents are cited under this name.",
+    )
+
+    @property
+    def said(self) -> str:
+        """As reasons and Events name it: "GitRepository docs"."""
+        return f"{self.kind} {self.name}"
+
+
+class Source(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "description": "One drive, or one Flux source object, or one folder of either.",
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.drive) != has(self.flux)",
+                    "message": "spec.sources[]: name either a drive or a flux source object",
+                }
+            ],
+        }
+    )
+
+    drive: str | None = Field(
+        default=None,
         pattern=DRIVE_RE,
         max_length=DRIVE_MAX,
         description="A drive of the namespace: a PersistentVolumeClaim, plain or filled by a "
         "data source (then annotated metis.astraeus.io/revision, and a new revision starts a "
         "pass). The indexer mounts it read-only at /drives/<drive>; a missing drive makes the "
         "base Failed.",
+    )
+    flux: FluxSource | None = Field(
+        default=None,
+        description="Instead of a drive: a Flux source object (GitRepository, Bucket, "
+        "OCIRepository) of the namespace. The indexer fetches the artifact of its revision "
+        "from the source-controller, checks its digest and unpacks it on its own drive; a new "
+        "revision starts a pass that reads exactly that revision, and only the files it "
+        "changed.",
     )
     path: str | None = Field(
         default=None,
@@ -134,9 +183,23 @@ class Source(_Model):
             )
         return v
 
+    @model_validator(mode="after")
+    def _one_place(self) -> Source:
+        if (self.drive is None) == (self.flux is None):
+            raise ValueError("name either a drive or a flux source object")
+        return self
+
+    @property
+    def name(self) -> str:
+        """What its documents are cited under: the drive's name, or the Flux object's."""
+        if self.flux is not None:
+            return self.flux.name
+        assert self.drive is not None
+        return self.drive
+
     def contains(self, other: Source) -> bool:
-        """Whether one of the two sources holds the other (same drive, nested paths)."""
-        if self.drive != other.drive:
+        """Whether one of the two sources holds the other (same name, nested paths)."""
+        if self.name != other.name:
             return False
         if self.path is None or other.path is None:
             return True
@@ -581,10 +644,11 @@ class KnowledgeBaseSpec(_Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "self.all(a, self.filter(b, b.drive == a.drive && (!has(a.path) || "
+                    "rule": "self.all(a, self.filter(b, (has(b.drive) ? b.drive : b.flux.name) == "
+                    "(has(a.drive) ? a.drive : a.flux.name) && (!has(a.path) || "
                     "!has(b.path) || a.path == b.path || b.path.startsWith(a.path + '/') || "
                     "a.path.startsWith(b.path + '/'))).size() == 1)",
-                    "message": "spec.sources: two sources of one drive may not overlap (one "
+                    "message": "spec.sources: two sources of one name may not overlap (one "
                     "may not contain the other, as handbook and handbook/hr)",
                 }
             ]
@@ -668,17 +732,28 @@ class KnowledgeBaseSpec(_Model):
     def _no_overlap(self) -> KnowledgeBaseSpec:
         for i, a in enumerate(self.sources):
             for j, b in enumerate(self.sources[i + 1 :], start=i + 1):
+                if a.flux != b.flux and a.name == b.name:
+                    raise ValueError(
+                        f"spec.sources[{i}] and spec.sources[{j}] are both named {a.name}: "
+                        "its documents are cited under the name, so one name is one drive or "
+                        "one flux source object"
+                    )
                 if a.contains(b):
                     raise ValueError(
                         f"spec.sources[{i}] and spec.sources[{j}] overlap: two sources of "
-                        f"drive {a.drive} may not contain each other"
+                        f"{a.name} may not contain each other"
                     )
         return self
 
     @property
     def drives(self) -> list[str]:
         """The source drives, each once, sorted."""
-        return sorted({s.drive for s in self.sources})
+        return sorted({s.drive for s in self.sources if s.drive is not None})
+
+    @property
+    def fluxes(self) -> list[FluxSource]:
+        """The Flux source objects read, each once, sorted by name."""
+        return sorted({s.flux for s in self.sources if s.flux is not None}, key=lambda f: f.name)
 
 
 def unknown_fields(
@@ -747,12 +822,21 @@ def parse(name: str, spec: Mapping[str, Any]) -> KnowledgeBaseSpec:
         raise SpecError("; ".join(problems)) from None
     own = f"metis-{name}"
     for i, source in enumerate(parsed.sources):
-        if source.drive == own:
+        if source.name == own:
+            field = "drive" if source.drive is not None else "flux.name"
             raise SpecError(
-                f"spec.sources[{i}].drive: {own} is the base's own drive (its index, and its "
+                f"spec.sources[{i}].{field}: {own} is the base's own drive (its index, and its "
                 f"notes as source {own}); name a drive of your documents"
             )
     return parsed
+
+
+def _source_config(s: Source, artifacts: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    if s.flux is None:
+        return {"drive": s.name, "root": f"{DRIVES_ROOT}/{s.name}", "path": s.path}
+    artifact = {**artifacts[s.name], "origin": s.flux.said}
+    root = f"{INDEX_DIR}/{ARTIFACTS_FOLDER}/{s.name}"
+    return {"drive": s.name, "root": root, "path": s.path, "artifact": artifact}
 
 
 def to_indexer_config(
@@ -764,11 +848,13 @@ def to_indexer_config(
     reranker_url: str | None,
     revisions: Mapping[str, str],
     peers: Sequence[str] = (),
+    artifacts: Mapping[str, Mapping[str, str]] | None = None,
 ) -> IndexerConfig:
     """The indexer's configuration for the pod: source drives mounted at
     /drives/<drive>, the index drive at /index, the models at their Services' URLs;
     with replicas, `peers` (the base's Service): where a replica's first pass takes
-    vectors already made.
+    vectors already made. `artifacts`: each Flux source's artifact by its name (url,
+    digest, revision), unpacked by the indexer under /index/artifacts/<name>.
 
     Built with the indexer's own model, so a configuration it would refuse is
     never written; prefixes left unset are chosen by the indexer from the model.
@@ -776,10 +862,7 @@ def to_indexer_config(
     e, r = spec.embedding, spec.reranker
     raw: dict[str, Any] = {
         "name": name,
-        "sources": [
-            {"drive": s.drive, "root": f"{DRIVES_ROOT}/{s.drive}", "path": s.path}
-            for s in spec.sources
-        ],
+        "sources": [_source_config(s, artifacts or {}) for s in spec.sources],
         "embedding": {
             "url": embedding_url,
             "name": e.deployment,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from metis_indexer.schema import StatusAnswer
 from metis_operator import rollout
 from metis_operator.api.status_types import KnowledgeBaseStatus
 from metis_operator.state import State, Verdict
@@ -32,6 +33,9 @@ class Reconciled(Protocol):
     @property
     def rollout(self) -> str: ...
 
+    @property
+    def indexer(self) -> StatusAnswer | None: ...
+
 
 def paused(body: Mapping[str, Any], previous: Mapping[str, Any]) -> StatusUpdate:
     """A paused base: its status as it was with a Paused condition, and a line when
@@ -55,12 +59,44 @@ def reconciled(
         update.say(done, child=done.split(" ")[0])
         if done.endswith(" repaired"):
             update.post("Normal", "Repaired", "Apply", done)
+    for said in indexed_revisions(body, previous, outcome.status, outcome.indexer):
+        update.say(said)
+        update.post("Normal", "Indexed", "Reconcile", said)
     state, reason = outcome.verdict.state, outcome.verdict.reason
     if state.value != previous.get("state"):
         update.say(f"{state.value}: {reason}", state=state.value)
         kind = "Warning" if state in _WARNING_STATES else "Normal"
         update.post(kind, state.value, "Reconcile", reason)
     return update
+
+
+def indexed_revisions(
+    body: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    status: KnowledgeBaseStatus,
+    indexer: StatusAnswer | None,
+) -> list[str]:
+    """A sentence for each source whose indexed revision is new in `status`: "indexed
+    GitRepository docs at main@sha1:… (2 files read, 1 dropped)", the counts the indexer's
+    last pass gave."""
+    before = (previous.get("observed") or {}).get("indexed_revisions") or {}
+    now = (status.observed.indexed_revisions if status.observed else None) or {}
+    kinds = {}
+    for source in (body.get("spec") or {}).get("sources") or []:
+        flux = source.get("flux") or {}
+        if flux.get("name"):
+            kinds[flux["name"]] = f"{flux.get('kind')} {flux['name']}"
+        elif source.get("drive"):
+            kinds[source["drive"]] = f"drive {source['drive']}"
+    counts = ""
+    if indexer is not None:
+        last = indexer.last_pass
+        counts = f" ({last.read} files read, {last.dropped} dropped)"
+    return [
+        f"indexed {kinds.get(name, name)} at {revision}{counts}"
+        for name, revision in sorted(now.items())
+        if before.get(name) != revision
+    ]
 
 
 def judged(

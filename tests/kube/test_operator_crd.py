@@ -137,6 +137,30 @@ def test_the_manifests_install_an_admitted_least_privilege_operator(
     assert not can("list", "secrets", "-n", "team-a"), "a base's token is read by name"
     assert not can("delete", "networkpolicies.networking.k8s.io", "-n", "team-a")
     assert not can("update", "pods", "-n", "team-a")
+
+    # Flux's source objects: read, never written (asked of the API server directly: kubectl
+    # guesses another group for a kind it does not serve).
+    def may(verb: str, plural: str) -> bool:
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": "system:serviceaccount:metis-system:metis-operator",
+                "groups": ["system:serviceaccounts", "system:serviceaccounts:metis-system"],
+                "resourceAttributes": {
+                    "namespace": "team-a",
+                    "verb": verb,
+                    "group": "source.toolkit.fluxcd.io",
+                    "resource": plural,
+                },
+            },
+        }
+        path = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+        return bool(kube.rest().post(path, review)["status"].get("allowed"))
+
+    for plural in ("gitrepositories", "buckets", "ocirepositories"):
+        assert may("watch", plural) and may("get", plural)
+        assert not may("patch", plural)
     # People: namespace editors manage bases (the aggregated edit role), viewers read them.
     wait_for(
         lambda: any(

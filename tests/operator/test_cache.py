@@ -29,6 +29,16 @@ def test_a_drive_or_model_service_wakes_the_bases_of_its_namespace_that_name_it(
     assert cache.affected(BASES, "services", obj("unrelated")) == set()
 
 
+def test_a_flux_source_object_wakes_the_bases_that_read_it_and_not_a_namesake() -> None:
+    reader = Deps("team", fluxes=frozenset({("gitrepositories", "wiki")}))
+    bases = cache.Dependents.of({("team", "handbook"): HANDBOOK, ("team", "kb"): reader})
+    assert cache.affected(bases, "gitrepositories", obj("wiki")) == {("team", "kb")}
+    assert cache.affected(bases, "buckets", obj("wiki")) == set()
+    assert cache.affected(bases, "persistentvolumeclaims", obj("wiki")) == set()
+    bases.set(("team", "kb"), Deps("team"))
+    assert cache.affected(bases, "gitrepositories", obj("wiki")) == set()
+
+
 def test_a_workload_wakes_the_bases_whose_model_selects_it() -> None:
     model = {**obj("minilm"), "spec": {"template": {"metadata": {"labels": {"app": "minilm"}}}}}
     other = {**obj("web"), "spec": {"template": {"metadata": {"labels": {"app": "web"}}}}}

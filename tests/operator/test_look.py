@@ -19,6 +19,8 @@ ASKED = Asked(
     placement=Placement(memory_gb=8),
     missing_drives=("a",),
     unlisted_drives=("b",),
+    missing_fluxes=("GitRepository gone",),
+    unlisted_fluxes=("GitRepository new",),
     unbound_drives=("c",),
     embedding=ModelCheck("embedding model", "bge-m3", Model.AVAILABLE),
     reranker=ModelCheck("reranker", "rr", Model.NOT_ANSWERING),

@@ -119,3 +119,52 @@ def test_the_bases_own_drive_is_not_a_source() -> None:
     said = refused(body)
     assert said.startswith("spec.sources[1].drive: metis-handbook is the base's own drive")
     assert parse("other", body).drives == ["docs", "metis-handbook"]  # another base's name
+
+
+def test_a_flux_source_is_fetched_by_the_indexer_at_its_artifacts_revision() -> None:
+    s = parse(
+        "handbook",
+        spec(
+            sources=[
+                {"drive": "docs"},
+                {"flux": {"kind": "GitRepository", "name": "wiki"}, "path": "handbook"},
+            ]
+        ),
+    )
+    assert s.drives == ["docs"] and [f.said for f in s.fluxes] == ["GitRepository wiki"]
+    artifact = {
+        "url": "http://source-controller.flux-system.svc.cluster.local./gitrepository/t/wiki/a.tar.gz",
+        "digest": "sha256:" + "a" * 64,
+        "revision": "main@sha1:" + "b" * 40,
+    }
+    config = to_indexer_config(
+        "handbook",
+        s,
+        port=7700,
+        embedding_url="http://e",
+        reranker_url=None,
+        revisions={"docs": "r1", "wiki": "not a claim's"},
+        artifacts={"wiki": artifact},
+    )
+    wiki = config.sources[1]
+    assert (wiki.drive, wiki.root, wiki.path) == ("wiki", Path("/index/artifacts/wiki"), "handbook")
+    assert wiki.artifact is not None
+    assert wiki.artifact.model_dump() == {**artifact, "origin": "GitRepository wiki"}
+    assert config.revisions == {"docs": "r1"}
+    assert config.all_revisions() == {"docs": "r1", "wiki": artifact["revision"]}
+
+
+def test_one_name_is_one_flux_object() -> None:
+    body = {
+        **GOOD,
+        "sources": [
+            {"flux": {"kind": "GitRepository", "name": "wiki"}, "path": "a"},
+            {"flux": {"kind": "Bucket", "name": "wiki"}, "path": "b"},
+        ],
+    }
+    assert refused(body) == (
+        "spec.sources[0] and spec.sources[1] are both named wiki: its documents are cited "
+        "under the name, so one name is one drive or one flux source object"
+    )
+    body = {**GOOD, "sources": [{"flux": {"kind": "GitRepository", "name": "metis-handbook"}}]}
+    assert refused(body).startswith("spec.sources[0].flux.name: metis-handbook is the base's own")

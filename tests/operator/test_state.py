@@ -115,6 +115,13 @@ CASES = [
     ),
     ("failed-beats-pending", given(missing_drives=("docs",), pod=None), State.FAILED, None),
     (
+        "missing-flux-source",
+        given(missing_fluxes=("GitRepository wiki",)),
+        State.FAILED,
+        "GitRepository wiki does not exist (no GitRepository named wiki in this namespace; "
+        "is Flux's source-controller installed?)",
+    ),
+    (
         "reranker-missing-with-no-embedding-check",
         given(embedding=None, reranker=ModelCheck("reranker", "rr", Model.NOT_FOUND)),
         State.FAILED,
@@ -126,6 +133,16 @@ CASES = [
         given(unlisted_drives=("bucket",)),
         State.PENDING,
         "drive bucket waits for its data source's first listing",
+    ),
+    (
+        "unlisted-flux-source",
+        given(
+            unlisted_drives=("bucket",),
+            unlisted_fluxes=("GitRepository wiki: failed to checkout: authentication required",),
+        ),
+        State.PENDING,
+        "drive bucket waits for its data source's first listing; waiting for the first "
+        "listing of GitRepository wiki: failed to checkout: authentication required",
     ),
     (
         "unbound-drive",

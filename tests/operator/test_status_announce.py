@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from metis_indexer.schema import LastPass, StatusAnswer
 from metis_operator.api.status_types import KnowledgeBaseStatus
 from metis_operator.cache import Deps
 from metis_operator.reconcile import Outcome
@@ -40,3 +41,32 @@ def test_a_reconciliation_says_what_it_did_then_its_new_state() -> None:
     assert [line.message for line in again.lines] == [
         "rolling out the operator's change (an image or setting)"
     ]
+
+
+def test_a_new_indexed_revision_is_said_with_its_source_and_what_the_pass_read() -> None:
+    body = {
+        "metadata": {"name": "handbook", "namespace": "team"},
+        "spec": {
+            "sources": [
+                {"flux": {"kind": "GitRepository", "name": "wiki"}, "path": "a"},
+                {"flux": {"kind": "GitRepository", "name": "wiki"}, "path": "b"},
+                {"drive": "docs"},
+            ]
+        },
+    }
+    observed = {"indexed_revisions": {"wiki": "main@sha1:b2", "docs": "r7"}}
+    status = KnowledgeBaseStatus.read({"state": "Ready", "observed": observed})
+    answer = StatusAnswer.model_construct(last_pass=LastPass(read=14, unchanged=0, dropped=2))
+    previous = {
+        "state": "Ready",
+        "observed": {"indexed_revisions": {"wiki": "main@sha1:a1", "docs": "r7"}},
+    }
+    assert announce.indexed_revisions(body, previous, status, answer) == [
+        "indexed GitRepository wiki at main@sha1:b2 (14 files read, 2 dropped)"
+    ]
+    outcome = Outcome(Verdict(State.READY, "ready"), status, Deps("team"))
+    update = announce.reconciled(body, previous, outcome)
+    assert [(e.kind, e.reason, e.message) for e in update.events] == [
+        ("Normal", "Indexed", "indexed GitRepository wiki at main@sha1:b2")  # no answer read
+    ]
+    assert announce.indexed_revisions(body, {"observed": observed}, status, None) == []

@@ -50,8 +50,8 @@ def test_status_of_a_base_never_reconciled() -> None:
     assert "none (kubectl metis evaluate new)" in out and out.endswith("Events\n  none")
 
 
-def test_status_names_the_drives_its_sources_read_once_each() -> None:
-    """Read through the typed spec: a key the spec never has printed "Drives: -" for every
+def test_status_names_the_sources_it_reads_once_each() -> None:
+    """Read through the typed spec: a key the spec never has printed "Sources: -" for every
     base."""
     spec = {
         "sources": [{"drive": "docs", "path": "handbook"}, {"drive": "runbooks"}],
@@ -61,11 +61,36 @@ def test_status_names_the_drives_its_sources_read_once_each() -> None:
     spec["sources"].append({"drive": "docs", "path": "policies"})
     base = {"metadata": {"namespace": "team-a", "name": "handbook", "generation": 1}, "spec": spec}
     out = plugin.render_status(base, [], NOW)
-    assert "Drives:          docs, runbooks\n" in out
+    assert "Sources:         docs, runbooks\n" in out
     assert "Embedding:       bge-m3 · reranker bge-reranker\n" in out
     refused = {**base, "spec": {"sources": "not a list"}}
     out = plugin.render_status(refused, [], NOW)
-    assert "Drives:          -\n" in out and "Embedding:       -\n" in out
+    assert "Sources:         -\n" in out and "Embedding:       -\n" in out
+
+
+def test_status_says_the_revision_each_source_is_read_at_and_the_one_indexed() -> None:
+    spec = {
+        "sources": [
+            {"flux": {"kind": "GitRepository", "name": "handbook"}, "path": "docs"},
+            {"drive": "runbooks"},
+            {"flux": {"kind": "OCIRepository", "name": "policies"}},
+        ],
+        "embedding": {"deployment": "bge-m3"},
+    }
+    observed = {
+        "revisions": {"handbook": "main@sha1:b2", "runbooks": "r7", "policies": "v2@sha256:e1"},
+        "indexed_revisions": {"handbook": "main@sha1:a1", "runbooks": "r7"},
+    }
+    base = {
+        "metadata": {"namespace": "team-a", "name": "handbook", "generation": 1},
+        "spec": spec,
+        "status": {"observed": observed},
+    }
+    out = plugin.render_status(base, [], NOW)
+    assert (
+        "Sources:         handbook (GitRepository at main@sha1:b2; indexed main@sha1:a1), "
+        "runbooks (at r7), policies (OCIRepository at v2@sha256:e1; indexed none yet)\n"
+    ) in out
 
 
 def test_documents_say_how_many_are_shown() -> None:

@@ -61,6 +61,18 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
             rescan_seconds=3600,
         ),
     ),
+    (
+        "flux-sources",
+        spec(
+            sources=[
+                {"drive": "docs"},
+                {"flux": {"kind": "GitRepository", "name": "handbook"}, "path": "docs"},
+                {"flux": {"kind": "GitRepository", "name": "handbook"}, "path": "runbooks"},
+                {"flux": {"kind": "Bucket", "name": "policies"}},
+                {"flux": {"kind": "OCIRepository", "name": "manuals.v2"}},
+            ]
+        ),
+    ),
 ]
 """Specs the project shows or its tests run, each taken by both layers: the CRD keeps each
 as written (tests/kube/test_operator_crd.py) and the operator's models give each back
@@ -81,7 +93,9 @@ class Refused:
     reaches the operator only from a newer CRD: ignored, and said in the warnings)."""
 
 
-OVERLAP = "spec.sources: two sources of one drive may not overlap"
+OVERLAP = "spec.sources: two sources of one name may not overlap"
+ONE_PLACE = "name either a drive or a flux source object"
+GIT = {"kind": "GitRepository", "name": "handbook"}
 TABLE = [
     Refused(
         "name-starts-with-dash",
@@ -161,6 +175,33 @@ TABLE = [
         spec(sources=[{"drive": "docs"}, {"drive": "docs"}]),
         OVERLAP,
         "spec.sources[0] and spec.sources[1] overlap",
+    ),
+    Refused(
+        "drive-and-flux",
+        "hb",
+        spec(sources=[{"drive": "docs", "flux": GIT}]),
+        ONE_PLACE,
+        f"spec.sources[0]: {ONE_PLACE}",
+    ),
+    Refused(
+        "neither-drive-nor-flux",
+        "hb",
+        spec(sources=[{"drive": "docs"}, {"path": "handbook"}]),
+        ONE_PLACE,
+        f"spec.sources[1]: {ONE_PLACE}",
+    ),
+    Refused(
+        "flux-kind-unknown",
+        "hb",
+        spec(sources=[{"flux": {"kind": "HelmRepository", "name": "charts"}}]),
+        "spec.sources[0].flux.kind",
+    ),
+    Refused(
+        "flux-named-as-a-drive",
+        "hb",
+        spec(sources=[{"drive": "handbook"}, {"flux": GIT}]),
+        OVERLAP,
+        "spec.sources[0] and spec.sources[1] are both named handbook",
     ),
     Refused("chunk-199", "hb", spec(chunking={"size": 199}), "spec.chunking.size"),
     Refused("chunk-4001", "hb", spec(chunking={"size": 4001}), "spec.chunking.size"),

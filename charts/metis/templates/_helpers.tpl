@@ -83,6 +83,10 @@ ones. Secrets are read by name, never listed or watched. */}}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, list, watch, create, patch, update]
+# Flux's source objects a base reads (spec.sources[].flux): their artifacts' revisions.
+- apiGroups: [source.toolkit.fluxcd.io]
+  resources: [gitrepositories, buckets, ocirepositories]
+  verbs: [get, list, watch]
 # What it observes: the indexer pods, and the workloads behind model Services.
 - apiGroups: [""]
   resources: [pods]
