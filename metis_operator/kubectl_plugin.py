@@ -118,21 +118,6 @@ def render_list(bases: Sequence[Mapping[str, Any]], now: dt.datetime, *, all_ns:
     return table(rows)
 
 
-def _sources(spec: KnowledgeBaseSpec, observed: Observed) -> list[str]:
-    """Each source once: a drive by its name, a Flux object by its kind too; the revision
-    each is read at, and the one indexed where that is not it yet."""
-    shown: dict[str, str] = {}
-    for source in spec.sources:
-        kind = [source.flux.kind] if source.flux is not None else []
-        revision = (observed.revisions or {}).get(source.name)
-        indexed = (observed.indexed_revisions or {}).get(source.name)
-        said = " ".join([*kind, *([f"at {revision}"] if revision else [])])
-        if revision and indexed != revision:
-            said += f"; indexed {indexed or 'none yet'}"
-        shown.setdefault(source.name, source.name + (f" ({said})" if said else ""))
-    return list(shown.values())
-
-
 def render_status(
     base: Mapping[str, Any], events: Sequence[Mapping[str, Any]], now: dt.datetime
 ) -> str:
@@ -145,7 +130,9 @@ def render_status(
         spec: KnowledgeBaseSpec | None = KnowledgeBaseSpec.model_validate(base.get("spec") or {})
     except ValidationError:
         spec = None  # refused: its state and reason say why
-    sources = ", ".join(_sources(spec, observed)) if spec else ""
+    sources = (
+        ", ".join(spec.sources_said(observed.revisions, observed.indexed_revisions)) if spec else ""
+    )
     embedding = spec.embedding.deployment if spec else "-"
     reranker = spec.reranker.deployment if spec and spec.reranker else None
     lines = [

@@ -750,6 +750,23 @@ class KnowledgeBaseSpec(_Model):
         """The source drives, each once, sorted."""
         return sorted({s.drive for s in self.sources if s.drive is not None})
 
+    def sources_said(
+        self, revisions: Mapping[str, str] | None, indexed: Mapping[str, str] | None
+    ) -> list[str]:
+        """Each source once, as the plugin and the console show it: a drive by its name, a
+        Flux object by its kind too; the revision each is read at (`revisions`), and the
+        one `indexed` where that is not it yet."""
+        shown: dict[str, str] = {}
+        for source in self.sources:
+            kind = [source.flux.kind] if source.flux is not None else []
+            revision = (revisions or {}).get(source.name)
+            done = (indexed or {}).get(source.name)
+            said = " ".join([*kind, *([f"at {revision}"] if revision else [])])
+            if revision and done != revision:
+                said += f"; indexed {done or 'none yet'}"
+            shown.setdefault(source.name, source.name + (f" ({said})" if said else ""))
+        return list(shown.values())
+
     @property
     def fluxes(self) -> list[FluxSource]:
         """The Flux source objects read, each once, sorted by name."""

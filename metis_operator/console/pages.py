@@ -134,6 +134,7 @@ def base_fragment(view: BaseView, events: Sequence[EventView]) -> Html:
     ix = view.index
     facts = [
         ("State", join([state_badge(view.state), " ", view.reason])),
+        ("Sources", ", ".join(view.sources) or "—"),
         ("Index", ix.phase or "—"),
         (
             "Documents / chunks / failed",

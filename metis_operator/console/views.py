@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
+from metis_operator.api.spec import KnowledgeBaseSpec
 from metis_operator.api.status_types import (
     Condition,
     Evaluation,
@@ -51,6 +52,8 @@ class BaseView(BaseModel):
     """An indexer of the base has answered the operator (its status holds index totals)."""
     machine: str | None = None
     warnings: list[str] = Field(default_factory=list)
+    sources: list[str] = Field(default_factory=list)
+    """Each source, with the revision it is read at and the one indexed (`sources_said`)."""
     evaluation: Evaluation | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
@@ -82,9 +85,20 @@ def base_view(obj: Mapping[str, Any]) -> BaseView:
         served=observed.index is not None,
         machine=observed.machine,
         warnings=observed.warnings or [],
+        sources=_sources(obj.get("spec"), observed),
         evaluation=status.evaluation,
         conditions=status.conditions or [],
     )
+
+
+def _sources(spec: Any, observed: Observed) -> list[str]:
+    """What the base reads, as its page says it; none for a spec the operator refuses
+    (its state says why)."""
+    try:
+        parsed = KnowledgeBaseSpec.model_validate(spec or {})
+    except ValidationError:
+        return []
+    return parsed.sources_said(observed.revisions, observed.indexed_revisions)
 
 
 class EventView(BaseModel):

@@ -24,6 +24,7 @@ from metis_indexer.console.views import (
     why,
 )
 from metis_indexer.schema import FILTERS, ErrorBody, Result, Scores, SearchAnswer, Took
+from metis_operator.console import pages
 from metis_operator.console.views import base_view, event_view, indexer_url, when
 
 
@@ -405,3 +406,21 @@ def test_a_timestamp_is_shown_to_the_minute_in_utc() -> None:
     assert when("2026-11-30T21:04:12.123456Z") == "2026-11-30 21:04 UTC"
     assert when(None) == "—"
     assert when("yesterday") == "yesterday"
+
+
+def test_a_base_shows_each_source_with_its_revision_and_the_one_indexed() -> None:
+    obj = {
+        **kb({"state": "Indexing", "observed": {"revisions": {"wiki": "main@sha1:b2"}}}),
+        "spec": {
+            "sources": [
+                {"flux": {"kind": "GitRepository", "name": "wiki"}, "path": "a"},
+                {"drive": "docs"},
+            ],
+            "embedding": {"deployment": "m"},
+        },
+    }
+    view = base_view(obj)
+    assert view.sources == ["wiki (GitRepository at main@sha1:b2; indexed none yet)", "docs"]
+    html = pages.base_fragment(view, [])
+    assert "wiki (GitRepository at main@sha1:b2; indexed none yet), docs" in html
+    assert base_view({**obj, "spec": {"sources": "refused"}}).sources == []

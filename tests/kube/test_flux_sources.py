@@ -70,9 +70,9 @@ def git_repository(ns: str, url: str) -> dict[str, Any]:
     }
 
 
-def fetch_now(kube: ControlPlane, ns: str) -> None:
+def fetch_now(kube: ControlPlane, ns: str, plural: str = "gitrepositories") -> None:
     """What `flux reconcile source git` asks: a fetch now, not at the interval's end."""
-    path = f"/apis/{GROUP}/v1/namespaces/{ns}/gitrepositories/{BASE}"
+    path = f"/apis/{GROUP}/v1/namespaces/{ns}/{plural}/{BASE}"
     stamp = datetime.now(UTC).isoformat()
     kube.rest().patch(
         path, {"metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": stamp}}}
