@@ -19,15 +19,14 @@ import pytest
 
 from metis_dev.kubelet import Kubelet
 from metis_dev.plane import ControlPlane
-from tests.kube.operator_support import Operator, kb, model_service, wait_state
-from tests.kube.test_flux_sources import controller, documents, fetch_now, kubelet, top
+from tests.kube.flux import BASE, Reading, controller, fetch_now, kubelet
+from tests.kube.operator_support import Operator
 from tests.node.registry import USER, Registry, serving
 from tests.support.model_server import ModelServer
 from tests.support.source_controller import GROUP, SourceController
 
 __all__ = ["controller", "kubelet"]  # fixtures
 
-BASE = "handbook"
 REPOSITORY = "docs/handbook"
 CONFIG = "application/vnd.cncf.flux.config.v1+json"
 CONTENT = "application/vnd.cncf.flux.content.v1.tar+gzip"
@@ -117,59 +116,29 @@ def test_an_oci_artifact_is_read_at_its_digest_and_a_moved_tag_exactly(
     models: ModelServer,
     registry: Registry,
 ) -> None:
-    ns = namespace
-
-    def alive() -> None:
-        operator.check_alive()
-        controller.check_alive()
-
-    kube.add_node(f"cpu-{ns}")
-    model_service(kube, ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
     first = push(registry, FILES)
-    kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(pull_secret(registry)))
-    source = {
-        "apiVersion": f"{GROUP}/v1",
-        "kind": "OCIRepository",
-        "metadata": {"name": BASE, "namespace": ns},
-        "spec": {
-            "url": f"oci://{registry.host}/{REPOSITORY}",
-            "ref": {"tag": "latest"},
-            "interval": "10m",
-            "insecure": True,
-            "secretRef": {"name": "registry"},
-        },
-    }
-    kube.kubectl("apply", "-f", "-", input=json.dumps(source))
-    spec = {
-        "sources": [{"flux": {"kind": "OCIRepository", "name": BASE}}],
-        "embedding": {"deployment": "minilm"},
-        "rescan_seconds": 0,
-    }
-    kube.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(kb(BASE, spec)))
-    revision = f"latest@{first}"
-    s = wait_state(
-        kube,
-        ns,
-        BASE,
-        "Ready",
-        alive=alive,
-        timeout=240,
-        check=lambda s: s["observed"].get("indexed_revisions") == {BASE: revision},
+    base = Reading(kube, namespace, "OCIRepository", operator, controller, kubelet)
+    base.apply(pull_secret(registry))
+    base.apply(
+        {
+            "apiVersion": f"{GROUP}/v1",
+            "kind": "OCIRepository",
+            "metadata": {"name": BASE},
+            "spec": {
+                "url": f"oci://{registry.host}/{REPOSITORY}",
+                "ref": {"tag": "latest"},
+                "interval": "10m",
+                "insecure": True,
+                "secretRef": {"name": "registry"},
+            },
+        }
     )
-    assert s["observed"]["revisions"] == {BASE: revision}
-    assert set(documents(kubelet)) == set(FILES)
+    s = base.start(models).indexed(f"latest@{first}")
+    assert s["observed"]["revisions"] == {BASE: f"latest@{first}"}
+    assert set(base.documents()) == set(FILES)
 
     moved = push(registry, {**FILES, "leave.md": "# Leave\n\nThe zebra rule applies now.\n"})
-    fetch_now(kube, ns, "ocirepositories")
-    revision = f"latest@{moved}"
-    wait_state(
-        kube,
-        ns,
-        BASE,
-        "Ready",
-        alive=alive,
-        timeout=240,
-        check=lambda s: s["observed"].get("indexed_revisions") == {BASE: revision},
-    )
-    assert top(kubelet, "zebra rule") == "leave.md"
-    assert kubelet.indexer().status()["last_pass"] == {"read": 1, "unchanged": 0, "dropped": 0}
+    fetch_now(kube, namespace, "ocirepositories")
+    base.indexed(f"latest@{moved}")
+    assert base.top("zebra rule") == "leave.md"
+    assert base.last_pass() == {"read": 1, "unchanged": 0, "dropped": 0}

@@ -10,36 +10,21 @@ import hashlib
 import io
 import secrets
 import tarfile
-from collections.abc import Iterator
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from metis_dev.plane import ControlPlane
 from metis_dev.process import wait_for
 from tests.kube.conftest import fresh_namespace
-from tests.support.git_server import GitServer, git_server
-from tests.support.source_controller import GROUP, SourceController, running_source_controller
+from tests.kube.flux import controller, fetch_now, server
+from tests.support.git_server import GitServer
+from tests.support.source_controller import GROUP, SourceController
+
+__all__ = ["controller", "server"]  # fixtures
 
 FETCH_TIMEOUT = 120.0
 """Seconds for a fetch to show in the status: the first includes the informers' start."""
-
-
-@pytest.fixture(scope="module")
-def controller(
-    kube: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[SourceController]:
-    with running_source_controller(kube, tmp_path_factory.mktemp("source-controller")) as c:
-        yield c
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[GitServer]:
-    with git_server(tmp_path / "git-server") as s:
-        yield s
 
 
 def git_repository_path(namespace: str, name: str) -> str:
@@ -77,15 +62,6 @@ def tarball(artifact: dict[str, Any]) -> dict[str, bytes]:
     return files
 
 
-def request_reconcile(kube: ControlPlane, path: str) -> str:
-    """Ask for a fetch now, as `flux reconcile source git` does; the value it wrote."""
-    requested = datetime.now(UTC).isoformat()
-    kube.rest().patch(
-        path, {"metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": requested}}}
-    )
-    return requested
-
-
 def test_git_repository_fetched_and_refetched_on_request(
     kube: ControlPlane, controller: SourceController, server: GitServer
 ) -> None:
@@ -120,7 +96,7 @@ def test_git_repository_fetched_and_refetched_on_request(
             {"docs/leave.md": "Ask three weeks ahead.\n", "docs/travel.md": "Book early.\n"},
             "second",
         )
-        requested = request_reconcile(kube, path)
+        requested = fetch_now(kube, namespace, "gitrepositories")
         artifact = wait_artifact(kube, controller, path, f"main@sha1:{second}")
         assert tarball(artifact) == {
             "README.md": b"# Handbook\n",
@@ -131,7 +107,7 @@ def test_git_repository_fetched_and_refetched_on_request(
 
         # History rewritten: the branch's head replaced by a force-push.
         rewritten = repo.commit({"docs/travel.md": None}, "second, without travel", amend=True)
-        request_reconcile(kube, path)
+        fetch_now(kube, namespace, "gitrepositories")
         artifact = wait_artifact(kube, controller, path, f"main@sha1:{rewritten}")
         assert tarball(artifact) == {
             "README.md": b"# Handbook\n",
