@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: test test-fast lint lock crd kube promtool lua-health helm kubeconform source-controller \
-	browser node-packages images release demo \
+	s3-server browser node-packages images release demo \
 	demo-indexer bench clean
 
 # Installed from the lock (requirements/, written by `make lock`): every package at its pinned
@@ -84,6 +84,12 @@ kubeconform:
 source-controller:
 	bash tools/source-controller/build.sh > /dev/null
 
+# versitygw, an S3-compatible server (Apache-2.0), from its Go module pinned in tools/s3-server
+# (cached under ~/.cache/metis/s3-server/<version>; about 2 minutes on 2 cores): the Bucket
+# tests run it on loopback.
+s3-server:
+	bash tools/s3-server/build.sh > /dev/null
+
 # The console's tests run headless Chromium from Debian's packages (as root, as CI runs).
 browser:
 	@command -v chromium > /dev/null && command -v chromedriver > /dev/null || \
@@ -126,8 +132,8 @@ demo-indexer: $(STAMP)
 	$(PY) examples/indexer_demo.py
 
 # The whole suite: the control-plane tests beside all the others (tools/test.sh).
-test: $(STAMP) kube promtool lua-health helm kubeconform source-controller browser node-packages \
-		lint
+test: $(STAMP) kube promtool lua-health helm kubeconform source-controller s3-server browser \
+		node-packages lint
 	bash tools/test.sh
 
 test-fast: $(STAMP)

@@ -1,6 +1,7 @@
 """The Go tools the tests run (tools/<name>/build.sh over tools/gobuild.sh: promtool,
-lua-health, helm, kubeconform), built the first time on a machine, then taken from the
-cache; a test skips where a tool is not built and Go is missing to build it."""
+lua-health, helm, kubeconform, source-controller, s3-server), built the first time on a
+machine, then taken from the cache; a test skips where a tool is not built and Go is
+missing to build it."""
 
 from __future__ import annotations
 
