@@ -73,8 +73,9 @@ class Reading:
         self.controller.check_alive()
 
     def start(self, models: ModelServer) -> Reading:
-        """A machine and the model Service for it, and the base applied."""
-        self.kube.add_node(f"cpu-{self.ns}")
+        """The model Service for it, and the base applied (its machine: the test's
+        `node_object`, gone after the test: a node left behind takes the next tests'
+        pods)."""
         model_service(self.kube, self.ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
         spec = {
             "sources": [{"flux": {"kind": self.kind, "name": BASE}}],

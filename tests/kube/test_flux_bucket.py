@@ -75,6 +75,7 @@ def artifact_revision(kube: ControlPlane, ns: str, other_than: str | None = None
     return revision if ready and revision and revision != other_than else None
 
 
+@pytest.mark.usefixtures("node_object")
 def test_a_bucket_is_read_at_its_revision_and_one_object_changed_exactly(
     kube: ControlPlane,
     controller: SourceController,

@@ -107,6 +107,7 @@ def pull_secret(registry: Registry) -> dict[str, object]:
     }
 
 
+@pytest.mark.usefixtures("node_object")
 def test_an_oci_artifact_is_read_at_its_digest_and_a_moved_tag_exactly(
     kube: ControlPlane,
     controller: SourceController,

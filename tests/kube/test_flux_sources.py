@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from metis_dev.kubelet import Kubelet
 from metis_dev.plane import ControlPlane
 from metis_dev.process import wait_for
@@ -45,6 +47,7 @@ def git_repository(url: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.usefixtures("node_object")
 def test_a_git_repository_is_read_at_each_revision_and_ready_only_once_it_is(
     kube: ControlPlane,
     controller: SourceController,
