@@ -115,13 +115,15 @@ def _bytes(n: int) -> str:
 
 
 def drive_note(o: Observation) -> str:
-    """What a drive 80 % full or more says; empty below that."""
+    """What a drive 80 % full or more says; empty below that. Its fill to the whole
+    percent, and its size: a status that said the bytes in use was written again at each
+    look that found them moved (a drive shared with other writers moves all the time)."""
     drive = o.indexer.drive if o.indexer is not None else None
     if drive is None or (full := index_drive.filling(drive.used_bytes, drive.size_bytes)) is None:
         return ""
     return (
-        f"index drive {o.index_drive} is {full:.0%} full ({_bytes(drive.used_bytes)} of "
-        f"{_bytes(drive.size_bytes)}): a full drive stops indexing; give the base more "
+        f"index drive {o.index_drive} is {full:.0%} full (of {_bytes(drive.size_bytes)}): "
+        "a full drive stops indexing; give the base more "
         "placement.memory_gb (its drive grows with it where the StorageClass allows), or a "
         "larger METIS_INDEX_STORAGE for new drives"
     )

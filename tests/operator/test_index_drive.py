@@ -61,10 +61,17 @@ def drive(used: float, size: int = 10) -> Observation:
     return Observation(indexer=ix, index_drive="metis-handbook")
 
 
+def test_bytes_written_within_a_percent_leave_what_the_status_says_as_it_was() -> None:
+    """The drive a node shares with everything else moves at every look: the status is
+    written again only when its fill moves by a whole percent."""
+    assert compose.warnings(drive(8.51)) == compose.warnings(drive(8.54))
+    assert compose.warnings(drive(8.51)) != compose.warnings(drive(8.61))
+
+
 def test_a_filling_drive_is_a_warning_a_condition_and_in_the_status() -> None:
     full = drive(8.5)
     [warning] = compose.warnings(full)
-    assert warning.startswith("index drive metis-handbook is 85% full (8.5 GiB of 10.0 GiB)")
+    assert warning.startswith("index drive metis-handbook is 85% full (of 10.0 GiB)")
     status = compose.compose(
         {},
         derive(full),

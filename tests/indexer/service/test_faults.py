@@ -226,7 +226,7 @@ def test_a_full_index_drive_waits_with_its_reason_and_resumes(small_drive, tmp_p
         # The base's warning and condition, as the operator derives them from this answer.
         o = Observation(indexer=StatusAnswer.read(full), index_drive="metis-peps")
         [warning] = [w for w in compose.warnings(o) if w.startswith("index drive")]
-        assert warning.startswith("index drive metis-peps is ") and " MiB of 0.4 MiB)" in warning
+        assert warning.startswith("index drive metis-peps is ") and " full (of 0.4 MiB)" in warning
         answer = p.post("/v1/search", {"query": "enhancement proposal", "mode": "keyword"})
         assert answer.status_code == 200, "what is indexed is still answered"
         subprocess.run(["mount", "-o", "remount,size=64m", str(small_drive)], check=True)
