@@ -197,6 +197,11 @@ class Source(_Model):
         assert self.drive is not None
         return self.drive
 
+    @property
+    def said(self) -> str:
+        """As reasons and Events name it: "drive docs", "GitRepository docs"."""
+        return self.flux.said if self.flux is not None else f"drive {self.name}"
+
     def contains(self, other: Source) -> bool:
         """Whether one of the two sources holds the other (same name, nested paths)."""
         if self.name != other.name:

@@ -8,8 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
 from metis_indexer.schema import StatusAnswer
 from metis_operator import rollout
+from metis_operator.api.spec import Source
 from metis_operator.api.status_types import KnowledgeBaseStatus
 from metis_operator.state import State, Verdict
 from metis_operator.status import compose, quality
@@ -81,22 +84,21 @@ def indexed_revisions(
     last pass gave."""
     before = (previous.get("observed") or {}).get("indexed_revisions") or {}
     now = (status.observed.indexed_revisions if status.observed else None) or {}
-    kinds = {}
-    for source in (body.get("spec") or {}).get("sources") or []:
-        flux = source.get("flux") or {}
-        if flux.get("name"):
-            kinds[flux["name"]] = f"{flux.get('kind')} {flux['name']}"
-        elif source.get("drive"):
-            kinds[source["drive"]] = f"drive {source['drive']}"
+    new = {name: rev for name, rev in sorted(now.items()) if before.get(name) != rev}
+    if not new:
+        return []
+    said = {}
+    for raw in (body.get("spec") or {}).get("sources") or []:
+        try:
+            source = Source.model_validate(raw)
+        except ValidationError:
+            continue  # a refused source: said by its name alone
+        said[source.name] = source.said
     counts = ""
     if indexer is not None:
         last = indexer.last_pass
         counts = f" ({last.read} files read, {last.dropped} dropped)"
-    return [
-        f"indexed {kinds.get(name, name)} at {revision}{counts}"
-        for name, revision in sorted(now.items())
-        if before.get(name) != revision
-    ]
+    return [f"indexed {said.get(name, name)} at {rev}{counts}" for name, rev in new.items()]
 
 
 def judged(
