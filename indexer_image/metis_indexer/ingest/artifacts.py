@@ -37,6 +37,7 @@ from typing import IO
 import httpx
 
 from metis_indexer.config import SourceConfig
+from metis_indexer.models.clients import describe
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ async def fetch(
                     out.write(part)
     except httpx.HTTPError as e:
         archive.unlink(missing_ok=True)
-        raise ArtifactError(f"cannot fetch the artifact at {url}: {_said(e)}") from None
+        raise ArtifactError(f"cannot fetch the artifact at {url}: {describe(e)}") from None
     except ArtifactError:
         archive.unlink(missing_ok=True)
         raise
@@ -203,10 +204,6 @@ async def fetch(
         return await asyncio.to_thread(unpack, archive, store, digest, revision)
     finally:
         archive.unlink(missing_ok=True)
-
-
-def _said(e: httpx.HTTPError) -> str:
-    return str(e) or type(e).__name__
 
 
 def unpack(archive: Path, store: Path, digest: str, revision: str) -> Unpacked:
