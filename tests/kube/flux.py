@@ -47,6 +47,21 @@ def kubelet(kube: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[Kube
         yield k
 
 
+@pytest.fixture
+def reading(
+    kube: ControlPlane,
+    controller: SourceController,
+    operator: Operator,
+    kubelet: Kubelet,
+    namespace: str,
+    node_object: str,
+) -> Callable[[str], Reading]:
+    """A base of the test's namespace reading one Flux object of a kind, its pod on the
+    test's own node object (gone after the test: a node left behind takes the next tests'
+    pods)."""
+    return lambda kind: Reading(kube, namespace, kind, operator, controller, kubelet)
+
+
 def fetch_now(kube: ControlPlane, ns: str, plural: str, name: str = BASE) -> str:
     """What `flux reconcile source` asks: a fetch now, not at the interval's end; the value
     it wrote."""
@@ -73,9 +88,7 @@ class Reading:
         self.controller.check_alive()
 
     def start(self, models: ModelServer) -> Reading:
-        """The model Service for it, and the base applied (its machine: the test's
-        `node_object`, gone after the test: a node left behind takes the next tests'
-        pods)."""
+        """The model Service for it, and the base applied."""
         model_service(self.kube, self.ns, "minilm", int(models.base_url.rsplit(":", 1)[1]))
         spec = {
             "sources": [{"flux": {"kind": self.kind, "name": BASE}}],

@@ -5,23 +5,21 @@ indexer. One object overwritten is read exactly: one file changed, one file read
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from metis_dev.kubelet import Kubelet
 from metis_dev.plane import ControlPlane
 from metis_dev.process import wait_for
-from tests.kube.flux import BASE, Reading, controller, fetch_now, kubelet
-from tests.kube.operator_support import Operator
+from tests.kube.flux import BASE, Reading, controller, fetch_now, kubelet, reading
 from tests.support.model_server import ModelServer
 from tests.support.s3_server import S3Server, s3_server
-from tests.support.source_controller import GROUP, SourceController
+from tests.support.source_controller import GROUP
 
-__all__ = ["controller", "kubelet"]  # fixtures
+__all__ = ["controller", "kubelet", "reading"]  # fixtures
 
 BUCKET = "handbook-docs"
 SECRET = "handbook-s3"
@@ -75,17 +73,12 @@ def artifact_revision(kube: ControlPlane, ns: str, other_than: str | None = None
     return revision if ready and revision and revision != other_than else None
 
 
-@pytest.mark.usefixtures("node_object")
 def test_a_bucket_is_read_at_its_revision_and_one_object_changed_exactly(
-    kube: ControlPlane,
-    controller: SourceController,
-    operator: Operator,
-    kubelet: Kubelet,
-    namespace: str,
+    reading: Callable[[str], Reading],
     models: ModelServer,
     s3: S3Server,
 ) -> None:
-    base = Reading(kube, namespace, "Bucket", operator, controller, kubelet)
+    base = reading("Bucket")
 
     def alive() -> None:
         base.alive()
@@ -93,9 +86,9 @@ def test_a_bucket_is_read_at_its_revision_and_one_object_changed_exactly(
 
     def fetched(other_than: str | None = None) -> str:
         return wait_for(
-            lambda: artifact_revision(kube, namespace, other_than),
+            lambda: artifact_revision(base.kube, base.ns, other_than),
             timeout=120,
-            what=f"bucket/{BASE} Ready at a new revision ({controller.process.log_path})",
+            what=f"bucket/{BASE} Ready at a new revision ({base.controller.process.log_path})",
             alive=alive,
         )
 
@@ -114,7 +107,7 @@ def test_a_bucket_is_read_at_its_revision_and_one_object_changed_exactly(
     assert base.top("trains second class flights") == "policies/travel.md"
 
     s3.put(BUCKET, "leave.md", b"# Leave\n\nThirty days of paid leave a year; the zebra rule.\n")
-    fetch_now(kube, namespace, "buckets")
+    fetch_now(base.kube, base.ns, "buckets")
     second = fetched(other_than=first)
     assert second.startswith("sha256:"), second
     base.indexed(second)

@@ -11,21 +11,18 @@ import hashlib
 import io
 import json
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from metis_dev.kubelet import Kubelet
-from metis_dev.plane import ControlPlane
-from tests.kube.flux import BASE, Reading, controller, fetch_now, kubelet
-from tests.kube.operator_support import Operator
+from tests.kube.flux import BASE, Reading, controller, fetch_now, kubelet, reading
 from tests.node.registry import USER, Registry, serving
 from tests.support.model_server import ModelServer
-from tests.support.source_controller import GROUP, SourceController
+from tests.support.source_controller import GROUP
 
-__all__ = ["controller", "kubelet"]  # fixtures
+__all__ = ["controller", "kubelet", "reading"]  # fixtures
 
 REPOSITORY = "docs/handbook"
 CONFIG = "application/vnd.cncf.flux.config.v1+json"
@@ -107,18 +104,13 @@ def pull_secret(registry: Registry) -> dict[str, object]:
     }
 
 
-@pytest.mark.usefixtures("node_object")
 def test_an_oci_artifact_is_read_at_its_digest_and_a_moved_tag_exactly(
-    kube: ControlPlane,
-    controller: SourceController,
-    operator: Operator,
-    kubelet: Kubelet,
-    namespace: str,
+    reading: Callable[[str], Reading],
     models: ModelServer,
     registry: Registry,
 ) -> None:
     first = push(registry, FILES)
-    base = Reading(kube, namespace, "OCIRepository", operator, controller, kubelet)
+    base = reading("OCIRepository")
     base.apply(pull_secret(registry))
     base.apply(
         {
@@ -139,7 +131,7 @@ def test_an_oci_artifact_is_read_at_its_digest_and_a_moved_tag_exactly(
     assert set(base.documents()) == set(FILES)
 
     moved = push(registry, {**FILES, "leave.md": "# Leave\n\nThe zebra rule applies now.\n"})
-    fetch_now(kube, namespace, "ocirepositories")
+    fetch_now(base.kube, base.ns, "ocirepositories")
     base.indexed(f"latest@{moved}")
     assert base.top("zebra rule") == "leave.md"
     assert base.last_pass() == {"read": 1, "unchanged": 0, "dropped": 0}

@@ -8,12 +8,9 @@ naming it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-import pytest
-
-from metis_dev.kubelet import Kubelet
-from metis_dev.plane import ControlPlane
 from metis_dev.process import wait_for
 from tests.kube.flux import (
     BASE,
@@ -21,14 +18,15 @@ from tests.kube.flux import (
     controller,
     fetch_now,
     kubelet,
+    reading,
     server,
 )
-from tests.kube.operator_support import Operator, get_kb, state_events
+from tests.kube.operator_support import get_kb, state_events
 from tests.support.git_server import GitServer
 from tests.support.model_server import ModelServer
-from tests.support.source_controller import GROUP, SourceController
+from tests.support.source_controller import GROUP
 
-__all__ = ["controller", "kubelet", "server"]  # fixtures
+__all__ = ["controller", "kubelet", "reading", "server"]  # fixtures
 
 FIRST = {
     "leave.md": "# Leave\n\nTwenty-five days of paid leave a year; ask two weeks ahead.\n",
@@ -47,20 +45,15 @@ def git_repository(url: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.usefixtures("node_object")
 def test_a_git_repository_is_read_at_each_revision_and_ready_only_once_it_is(
-    kube: ControlPlane,
-    controller: SourceController,
-    operator: Operator,
-    kubelet: Kubelet,
-    namespace: str,
+    reading: Callable[[str], Reading],
     models: ModelServer,
     server: GitServer,
 ) -> None:
-    ns = namespace
     repo = server.create(BASE)
     first = repo.commit(dict(FIRST), "first")
-    base = Reading(kube, ns, "GitRepository", operator, controller, kubelet).start(models)
+    base = reading("GitRepository").start(models)
+    kube, ns = base.kube, base.ns
     s = base.wait("Failed")
     assert s["reason"].startswith(
         f"GitRepository {BASE} does not exist (no GitRepository named {BASE} in this namespace"
