@@ -141,6 +141,13 @@ def indexer(
     return Process(f"http://127.0.0.1:{port}", metis(*args, *extra), log_path)
 
 
+def served(config: Path, port: int, log: Path | None = None) -> Process:
+    """`metis serve --config` as the operator's pod runs it, on `port` (the configuration's
+    own); its log beside the configuration unless `log` says where."""
+    log = log or config.parent / f"indexer-{port}.log"
+    return Process(f"http://127.0.0.1:{port}", metis("serve", "--config", str(config)), log)
+
+
 @contextlib.contextmanager
 def running(p: Process) -> Iterator[Process]:
     p.start()

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support import layered_model
 from tests.support.model_server import ModelServer, start_model_server
-from tests.support.processes import Process, free_port, metis, running, wait_ready
+from tests.support.processes import Process, free_port, running, served, wait_ready
 
 ROOT = Path(__file__).resolve().parents[3]
 HANDBOOK = ROOT / "examples" / "handbook"
@@ -61,11 +61,6 @@ def configure(path: Path, drives: dict[str, Path], index: Path, url: str, **extr
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(config))
     tmp.replace(path)  # whole, as a ConfigMap's mount changes
-
-
-def served(config: Path, port: int) -> Process:
-    log = config.parent / f"indexer-{port}.log"
-    return Process(f"http://127.0.0.1:{port}", metis("serve", "--config", str(config)), log)
 
 
 def counts(server: ModelServer) -> dict[str, int]:

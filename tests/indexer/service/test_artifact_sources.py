@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.artifacts import Server, digest, server, tarball
 from tests.support.model_server import ModelServer, start_model_server
-from tests.support.processes import Process, free_port, metis, running, wait_ready
+from tests.support.processes import Process, free_port, running, served, wait_ready
 
 __all__ = ["server"]  # a fixture
 
@@ -89,11 +89,7 @@ def test_each_revision_is_read_exactly_and_one_that_cannot_be_had_is_said(
     first = handbook()
     assert LEAVE in first and "security.html" in first
     configure(config, tmp_path, models.base_url, revision(server, "aaa", first))
-    p = Process(
-        f"http://127.0.0.1:{port}",
-        metis("serve", "--config", str(config)),
-        tmp_path / "indexer.log",
-    )
+    p = served(config, port, tmp_path / "indexer.log")
     with running(p):
         status = wait_ready(p)
         assert status["indexed_revisions"] == {"docs": "main@sha1:aaa"}
@@ -155,9 +151,7 @@ def test_each_revision_is_read_exactly_and_one_that_cannot_be_had_is_said(
         )
         assert set(documents(p)) == set(second)
 
-    p = Process(
-        f"http://127.0.0.1:{port}", metis("serve", "--config", str(config)), tmp_path / "again.log"
-    )
+    p = served(config, port, tmp_path / "again.log")
     with running(p):  # a restart still has revision bbb to read, and reads nothing again
         status = wait_ready(p)
         assert status["indexed_revisions"] == {"docs": "main@sha1:bbb"}

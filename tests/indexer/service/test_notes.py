@@ -22,7 +22,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from tests.support import layered_model
 from tests.support.model_server import ModelServer, start_model_server
-from tests.support.processes import Process, free_port, indexer, metis, wait_ready
+from tests.support.processes import Process, free_port, indexer, served, wait_ready
 
 ROOT = Path(__file__).resolve().parents[3]
 HANDBOOK = ROOT / "examples" / "handbook"
@@ -58,11 +58,6 @@ def configure(path: Path, drive: Path, index: Path, url: str, **extra: Any) -> N
     staged = path.with_suffix(".tmp")
     staged.write_text(json.dumps(config))
     staged.replace(path)
-
-
-def served(config: Path, port: int) -> Process:
-    log = config.parent / f"indexer-{port}.log"
-    return Process(f"http://127.0.0.1:{port}", metis("serve", "--config", str(config)), log)
 
 
 def write(p: Process, body: dict[str, Any], token: str | None = None) -> httpx.Response:

@@ -19,7 +19,7 @@ from metis_indexer.documents import FailReason, ReadFailed
 from metis_indexer.ingest.chunking import chunk_document
 from metis_indexer.ingest.readers import kind_of, read_document
 from tests.support.model_server import ModelServer, start_model_server
-from tests.support.processes import Process, free_port, indexer, metis, running, wait_ready
+from tests.support.processes import free_port, indexer, running, served, wait_ready
 
 ROOT = Path(__file__).resolve().parents[3]
 HANDBOOK = ROOT / "examples" / "handbook"
@@ -332,11 +332,7 @@ def test_a_new_chunking_reads_everything_again_and_keeps_answering(models, tmp_p
         )
 
     write(1200, 200)
-    p = Process(
-        f"http://127.0.0.1:{port}",
-        metis("serve", "--config", str(config)),
-        tmp_path / "indexer.log",
-    )
+    p = served(config, port, tmp_path / "indexer.log")
     with running(p):
         first = wait_ready(p)
         assert first["chunks"] == expected_chunks(drive)
@@ -412,11 +408,7 @@ def test_int8_vectors_answer_as_float32_does_and_status_says_which(models, tmp_p
         return out
 
     write("float32")
-    p = Process(
-        f"http://127.0.0.1:{port}",
-        metis("serve", "--config", str(config)),
-        tmp_path / "indexer.log",
-    )
+    p = served(config, port, tmp_path / "indexer.log")
     with running(p):
         assert wait_ready(p)["vectors"] == "float32"
         before = answers()
