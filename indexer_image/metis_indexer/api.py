@@ -18,6 +18,7 @@ import functools
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,10 +38,11 @@ from aiohttp.web_request import BaseRequest
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from pydantic import BaseModel
 
-from metis_indexer import console, mcp, notes
+from metis_indexer import console, limits, mcp, notes
 from metis_indexer.errors import (
     BadRequest,
     Conflict,
+    NotFound,
     Refusal,
     TimedOut,
     TooLarge,
@@ -51,6 +53,9 @@ from metis_indexer.http import openapi
 from metis_indexer.http.routes import Answer, Failure, Handler, Route, codes, register
 from metis_indexer.schema import (
     TOKEN_HEADER,
+    Backup,
+    BackupRequest,
+    BackupsAnswer,
     DocumentsPage,
     DocumentsQuery,
     ErrorAnswer,
@@ -378,6 +383,35 @@ async def forget_note(request: web.Request) -> web.Response:
     return answer(await request.app[answers_key].forget_note(request.match_info["id"]))
 
 
+async def start_backup(request: web.Request) -> web.Response:
+    """A backup of the index and notes started: 202, it runs on (`service.backups`)."""
+    req = parse_body(BackupRequest, await read_body(request))
+    refuse_while_stopping(request)
+    return answer(await request.app[indexer_key].backups.start(req.name), status=202)
+
+
+async def backups(request: web.Request) -> web.Response:
+    found = await request.app[indexer_key].backups.listed()
+    return answer(BackupsAnswer(backups=found))
+
+
+async def backup(request: web.Request) -> web.Response:
+    return answer(await request.app[indexer_key].backups.one(_backup_name(request)))
+
+
+async def delete_backup(request: web.Request) -> web.Response:
+    await request.app[indexer_key].backups.delete(_backup_name(request))
+    return web.Response(status=204)
+
+
+def _backup_name(request: web.Request) -> str:
+    """The `{name}` of a backup's path; BACKUP_NOT_FOUND for what names none."""
+    name = request.match_info["name"]
+    if not re.fullmatch(limits.BACKUP_NAME, name):
+        raise NotFound("BACKUP_NOT_FOUND", f"{name[:80]!r} is not a backup's name")
+    return name
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[answers_key].metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -415,6 +449,14 @@ def reading(limit: int = MAX_BODY) -> tuple[Failure, ...]:
 
 
 NOT_LOADED = Failure(503, "The index is not loaded", ("KNOWLEDGE_BASE_NOT_READY",))
+BACKUP_NAME = {"name": {"type": "string", "pattern": limits.BACKUP_NAME, "maxLength": 253}}
+"""The path parameter of `/v1/backups/{name}`."""
+NO_BACKUP_STORE = "NO_BACKUP_STORE"
+STORE_DOWN = Failure(
+    503,
+    "The object store cannot be reached, or refuses this indexer's key pair",
+    ("BACKUP_STORE_UNAVAILABLE",),
+)
 NOTE_ID = {"id": {"type": "string", "pattern": notes.ID_PATTERN}}
 """The path parameter of `/v1/notes/{id}`."""
 UNAUTHORIZED = Failure(
@@ -648,6 +690,75 @@ ROUTES: tuple[Route, ...] = (
         token=True,
         answers=(Answer(200, "The vectors found", VectorsAnswer),),
         fails=(Failure(400, "The body is refused", ("INVALID_BODY",)), *reading()),
+    ),
+    Route(
+        "start_backup",
+        "POST",
+        "/v1/backups",
+        start_backup,
+        "Back up the index and the notes to the base's object store",
+        description="Answers at once (202) with the backup Running; it runs on, searches "
+        "and passes going on meanwhile. Its objects (index.sqlite3, notes.tar) are "
+        "uploaded under `<prefix>/<name>/` of the bucket, then manifest.json last: a "
+        "backup without its manifest (cut short) is none.",
+        body=BackupRequest,
+        token=True,
+        answers=(Answer(202, "The backup, started", Backup),),
+        fails=(
+            Failure(400, "The body is refused (a name that is not an object's)", ("INVALID_BODY",)),
+            Failure(
+                409,
+                "No backup store is configured; a backup is running; the store holds a "
+                "backup of that name; or this indexer is stopping",
+                (NO_BACKUP_STORE, "BACKUP_RUNNING", "BACKUP_EXISTS", "STANDBY"),
+            ),
+            *reading(),
+            STORE_DOWN,
+        ),
+    ),
+    Route(
+        "backups",
+        "GET",
+        "/v1/backups",
+        backups,
+        "The backups in the base's object store",
+        description="Every completed backup (one whose manifest is written), and the one "
+        "running or the last one failed of this indexer.",
+        answers=(Answer(200, "The backups, by name", BackupsAnswer),),
+        fails=(Failure(409, "No backup store is configured", (NO_BACKUP_STORE,)), STORE_DOWN),
+    ),
+    Route(
+        "backup",
+        "GET",
+        "/v1/backups/{name}",
+        backup,
+        "One backup",
+        path_parameters=BACKUP_NAME,
+        answers=(Answer(200, "The backup", Backup),),
+        fails=(
+            Failure(404, "The store holds no such backup", ("BACKUP_NOT_FOUND",)),
+            Failure(409, "No backup store is configured", (NO_BACKUP_STORE,)),
+            STORE_DOWN,
+        ),
+    ),
+    Route(
+        "delete_backup",
+        "DELETE",
+        "/v1/backups/{name}",
+        delete_backup,
+        "Delete a backup: its manifest first, then its objects",
+        path_parameters=BACKUP_NAME,
+        token=True,
+        answers=(Answer(204, "Deleted"),),
+        fails=(
+            Failure(404, "The store holds no such backup", ("BACKUP_NOT_FOUND",)),
+            Failure(
+                409,
+                "No backup store is configured, or the backup is running",
+                (NO_BACKUP_STORE, "BACKUP_RUNNING"),
+            ),
+            STORE_DOWN,
+        ),
     ),
     Route(
         "metrics",

@@ -101,6 +101,33 @@ class ChunkingConfig(_Model):
         return self
 
 
+class ObjectStoreConfig(_Model):
+    """S3-compatible object storage a base's backups are kept in (`metis_indexer.backups`):
+    a backup lives under `<prefix>/<backup name>/` of `bucket`."""
+
+    endpoint: str = Field(pattern=r"^https?://")
+    """The S3 API's URL, e.g. http://127.0.0.1:9000 (path-style addressing)."""
+    bucket: str = Field(min_length=1)
+    prefix: str = ""
+    """The keys' prefix ("" → `<backup name>/`); a trailing "/" is not needed."""
+    region: str = "us-east-1"
+    secret_dir: Path
+    """A folder holding the files `accesskey` and `secretkey` (a mounted Secret, with the
+    key names of a Flux Bucket's): read at each use, so a rotated Secret is picked up."""
+
+    @field_validator("prefix")
+    @classmethod
+    def _plain_prefix(cls, v: str) -> str:
+        return v.strip("/")
+
+
+class RestoreConfig(_Model):
+    """The backup an empty index is restored from at start (`service.restoring`)."""
+
+    store: ObjectStoreConfig
+    backup: str = Field(pattern=limits.BACKUP_NAME)
+
+
 class IndexerConfig(_Model):
     name: str = "metis"
     sources: list[SourceConfig] = Field(
@@ -142,6 +169,13 @@ class IndexerConfig(_Model):
     vectors they hold before passages go to the model, so a replica that starts empty
     costs the model little. Non-empty: the indexer is ready only once its index has had
     one whole pass (the others answer meanwhile)."""
+
+    backup_store: ObjectStoreConfig | None = None
+    """Where `POST /v1/backups` writes this base's backups (None: it answers
+    NO_BACKUP_STORE)."""
+    restore: RestoreConfig | None = None
+    """A backup this base's index is restored from when it starts empty (no chunks, no
+    notes), before its first pass: nothing is embedded from scratch."""
 
     @field_validator("peers")
     @classmethod

@@ -6,14 +6,16 @@ The core raises these; the HTTP app's one middleware turns them into
     Refusal
      ├── BadRequest            400  the question, a body or a parameter refused
      ├── Unauthorized          401  a route that takes the operator's token, without it
-     ├── NotFound              404  no such note
+     ├── NotFound              404  no such note, no such backup
      ├── TimedOut              408  a body that did not arrive whole in time
      ├── TooLarge              413  a body over its route's bound
      ├── UnsupportedEncoding   415  a Content-Encoding not decoded here
-     ├── Unavailable           503  the index not loaded; the embedding model unavailable
+     ├── Unavailable           503  the index not loaded; the embedding model unavailable;
+     │                              the backup store unreachable
      ├── DriveFull             507  a note that does not fit on the drive
      └── Conflict              409  what the indexer's state refuses (standby, an evaluation
-                                    running, the notes held)
+                                    running, the notes held, a backup running or no
+                                    backup store)
 
 The codes each route answers, status by status, are declared with the route (api.ROUTES),
 and so listed in the OpenAPI document.

@@ -42,3 +42,7 @@ def path_problem(path: str) -> str | None:
     if bad:
         return f"has a {bad[0]!r} part; name the folder plainly"
     return None
+
+
+BACKUP_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+"""A backup's name: a Kubernetes object's (the operator names a backup after its object)."""

@@ -36,6 +36,9 @@ class Metrics:
     peer_answers_refused: Counter
     drive_used: Gauge
     drive_size: Gauge
+    backups: Counter
+    backup_last_completed: Gauge
+    backup_bytes: Gauge
 
     @classmethod
     def create(cls) -> Metrics:
@@ -149,6 +152,23 @@ class Metrics:
                 "Peers' answers not used, by reason (unlike_model: a vector checked is not the "
                 "model's; malformed; too_large; too_slow): the peer is not asked for a while.",
                 ["reason"],
+                registry=r,
+            ),
+            backups=Counter(
+                "metis_backups_total",
+                "Backups of the index and notes to the object store, by outcome (completed, "
+                "failed).",
+                ["outcome"],
+                registry=r,
+            ),
+            backup_last_completed=Gauge(
+                "metis_backup_last_completed_timestamp_seconds",
+                "When the last backup of this indexer completed (Unix seconds; 0: none yet).",
+                registry=r,
+            ),
+            backup_bytes=Gauge(
+                "metis_backup_bytes",
+                "Bytes of the objects of the last backup this indexer completed.",
                 registry=r,
             ),
         )

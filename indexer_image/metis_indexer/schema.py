@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from metis_indexer import notes
 from metis_indexer.documents import Kind
 from metis_indexer.errors import BadRequest
-from metis_indexer.limits import VectorKind
+from metis_indexer.limits import BACKUP_NAME, VectorKind
 
 Mode = Literal["hybrid", "dense", "keyword"]
 _B = TypeVar("_B", bound=BaseModel)
@@ -406,6 +406,65 @@ class DriveUse(BaseModel):
     size_bytes: int
 
 
+BackupPhase = Literal["Running", "Completed", "Failed"]
+RestorePhase = Literal["Restoring", "Restored", "Failed"]
+
+
+class BackupRequest(_Body):
+    """`POST /v1/backups`: the backup's name (a Kubernetes object's)."""
+
+    name: str = Field(pattern=BACKUP_NAME, max_length=253)
+
+
+class Backup(BaseModel):
+    """A backup of the base's index and notes in its object store (`metis_indexer.backups`):
+    one in flight or failed in this process, or a completed one read from its manifest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    phase: BackupPhase
+    started_at: str
+    finished_at: str | None
+    bytes: int
+    """Bytes of its objects (the index and the notes' tarball; 0 until written)."""
+    chunks: int
+    notes: int
+    model: str | None
+    """The embedding model whose vectors it holds; null without one."""
+    dimensions: int | None
+    chunking: Chunks
+    base: str
+    """The base it was made of."""
+    error: str | None
+    """Why it failed, naming the object or the step; null otherwise."""
+
+
+class BackupsAnswer(BaseModel):
+    """`GET /v1/backups`: every completed backup of the store, and the one in flight or the
+    last failed one of this indexer, by name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backups: list[Backup]
+
+
+class RestoreState(BaseModel):
+    """The restore of this index from a backup, at start (`service.restoring`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backup: str
+    phase: RestorePhase
+    chunks: int
+    notes: int
+    error: str | None
+    """Why it cannot be done (it is tried again; no pass runs meanwhile)."""
+    reembedding: str | None
+    """What is embedded again because the configured model or chunking differ from the
+    backup's; null when nothing is."""
+
+
 class StatusAnswer(BaseModel):
     """`GET /v1/status`: what the operator reads to write a base's status.
 
@@ -457,6 +516,8 @@ class StatusAnswer(BaseModel):
     the same), since the indexer started."""
     drive: DriveUse | None = None
     """The index drive's use; null where it cannot be read."""
+    restore: RestoreState | None = None
+    """The restore from a backup this indexer made or is making at start; null when none."""
     stopping: bool = False
     """It got SIGTERM: it answers reads for its drain while its replacement takes over,
     and its Service may still send a request to it a moment after that replacement is

@@ -9,23 +9,28 @@ signature of every request against one root key pair.
         s3.endpoint  # 127.0.0.1:PORT, plain HTTP (a Bucket's spec.insecure: true)
 
 The binary comes from tools/s3-server/build.sh (built once a machine, about 2 minutes on
-2 cores; then cached). The helpers here sign their requests by hand (SigV4, hashlib and hmac):
-no S3 client library is a dependency of the project.
+2 cores; then cached). The helpers here sign their requests by hand (SigV4, hashlib and hmac),
+as a client the indexer's boto3 does not share code with; `write_keys` writes the key pair
+as the indexer reads it (a Secret's files), and `Holding` stands between the indexer and
+the server, holding the requests a test names (a backup stopped before its manifest).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
 import secrets
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
 import httpx
+from aiohttp import web
 
 from metis_dev.process import Process, free_port, wait_for
 from tests.support import go_tools
@@ -144,6 +149,85 @@ class S3Server:
 
     def delete(self, bucket: str, key: str) -> None:
         self._expect(self.request("DELETE", f"/{bucket}/{key}"), 204, 200)
+
+    @property
+    def url(self) -> str:
+        """The endpoint as an S3 client's endpoint_url."""
+        return f"http://{self.endpoint}"
+
+    def write_keys(self, folder: Path) -> Path:
+        """The root key pair as files `accesskey` and `secretkey` of `folder` (a mounted
+        Secret, a Flux Bucket's key names): what the indexer's `secret_dir` names."""
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "accesskey").write_text(self.access_key)
+        (folder / "secretkey").write_text(self.secret_key)
+        return folder
+
+    def keys(self, bucket: str) -> list[str]:
+        """Every object's key in `bucket`, from the server's own folder (posix backend)."""
+        root = self.root / bucket
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+class Holding:
+    """A loopback HTTP proxy to the S3 server that forwards every request as it came (its
+    Host header too, which the SigV4 signature covers) but holds, unanswered for ever, those
+    `hold(method, path)` names; `held` is set when the first arrives.
+
+        with Holding(s3, lambda method, path: path.endswith("/manifest.json")) as proxy:
+            proxy.url  # the endpoint to give the client
+    """
+
+    def __init__(self, server: S3Server, hold: Callable[[str, str], bool]) -> None:
+        self.server = server
+        self.hold = hold
+        self.held = threading.Event()
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self._closing = False
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        if self.hold(request.method, request.path):
+            self.held.set()
+            while not self._closing:  # unanswered until the proxy closes
+                await asyncio.sleep(0.05)
+            return web.Response(status=503)
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "transfer-encoding"}
+        async with httpx.AsyncClient(timeout=60) as client:
+            answered = await client.request(
+                request.method,
+                f"http://{self.server.endpoint}{request.raw_path}",
+                content=body,
+                headers=headers,
+            )
+        drop = {"transfer-encoding", "content-encoding", "content-length", "connection"}
+        kept = {k: v for k, v in answered.headers.items() if k.lower() not in drop}
+        return web.Response(status=answered.status_code, body=answered.content, headers=kept)
+
+    async def _start(self) -> str:
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        return f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> Holding:
+        self._thread.start()
+        self.url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(30)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._closing = True
+        if self._runner is not None:
+            runner = self._runner
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
 
 
 @contextlib.contextmanager

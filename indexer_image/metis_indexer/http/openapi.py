@@ -79,6 +79,8 @@ def _ref(name: str) -> dict[str, str]:
 
 
 def _answer(answer: Answer) -> dict[str, Any]:
+    if answer.status == 204:  # No Content: no body, so no media type
+        return {"description": answer.description}
     schema = _ref(answer.model.__name__) if answer.model else dict(answer.schema or {})
     return {"description": answer.description, "content": {answer.media_type: {"schema": schema}}}
 

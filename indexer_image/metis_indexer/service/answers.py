@@ -48,6 +48,7 @@ from metis_indexer.search import evaluation, hybrid
 from metis_indexer.search_health import Fallback, RecentSearches, outcome
 from metis_indexer.service.notebook import Notebook
 from metis_indexer.service.progress import Progress
+from metis_indexer.service.restoring import Restorer
 
 log = logging.getLogger("metis.indexer")
 
@@ -104,9 +105,16 @@ class Answers:
     """One indexer as its API sees it."""
 
     def __init__(
-        self, configured: Configured, progress: Progress, passes: Answered, metrics: Metrics
+        self,
+        configured: Configured,
+        progress: Progress,
+        passes: Answered,
+        metrics: Metrics,
+        restorer: Restorer | None = None,
     ) -> None:
+        """`restorer`: the restore from a backup at start, which the status shows."""
         self._configured = configured
+        self._restorer = restorer
         self._progress = progress
         self._passes = passes
         self.metrics = metrics
@@ -230,6 +238,7 @@ class Answers:
                 "vectors_from_model": self._passes.vectors.from_model,
                 "vectors_kept": self._passes.vectors.kept,
                 "drive": self.drive(),
+                "restore": None if self._restorer is None else self._restorer.status(),
             }
         )
 

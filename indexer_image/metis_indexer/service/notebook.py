@@ -32,7 +32,7 @@ import errno
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -202,6 +202,13 @@ class Notebook:
                 "note %s: the drive could not be set back (%s): a pass reads it", note_id, e
             )
             self._passes.request()
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """No note written or forgotten meanwhile (a backup copies the notes and the index
+        under it, so the two agree); searches and passes go on."""
+        async with self._writing:
+            yield
 
     # -- the API ---------------------------------------------------------------------------
 

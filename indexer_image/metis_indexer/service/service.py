@@ -13,7 +13,8 @@ The parts: `passes` (the pass loop and the rebuild, composing the changes made b
 index, `changes`), `model_watch` (the embedding model waited for), `following` (a changed
 configuration), `answers` (what the API asks), `progress` (the phase and counts a status
 shows), `notebook` (the base's own notes), `configured` (the configuration and its model
-clients now).
+clients now), `restoring` (an empty index restored from a backup at start), `backups` (the
+base's backups to its object store).
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ from metis_indexer.index import folders
 from metis_indexer.index.memory import Totals
 from metis_indexer.ingest.readers.pool import ReaderPool
 from metis_indexer.metrics import Metrics
+from metis_indexer.service import restoring
 from metis_indexer.service.answers import Answers
+from metis_indexer.service.backups import Backups
 from metis_indexer.service.following import Follower
 from metis_indexer.service.model_watch import ModelWatch
 from metis_indexer.service.passes import Passes
 from metis_indexer.service.progress import OnProgress, Progress
+from metis_indexer.service.restoring import Restorer
 
 log = logging.getLogger("metis.indexer")
 
@@ -60,7 +64,13 @@ class Indexer:
         self.progress = Progress(self.metrics, self._totals, on_progress)
         watch = ModelWatch(self.configured, self.progress)
         self.passes = Passes(self.configured, self.progress, watch, self.metrics, token)
-        self.answers = Answers(self.configured, self.progress, self.passes, self.metrics)
+        self.restorer = Restorer(self.configured, self.progress)
+        """The restore of an empty index from a backup, at start (`restoring`)."""
+        self.answers = Answers(
+            self.configured, self.progress, self.passes, self.metrics, self.restorer
+        )
+        self.backups = Backups(self.configured, self.passes, self.metrics)
+        """The base's backups to its object store (`POST /v1/backups`)."""
         self._pool: ReaderPool | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._lock_fd: int | None = None
@@ -103,13 +113,23 @@ class Indexer:
     async def stop(self) -> None:
         """Writing stopped (`stop_writing`), then the clients and the index let go."""
         await self.stop_writing()
+        await self.backups.close()
         await self.configured.close()
         await self.passes.close()
         self.passes.index.store.close()
 
     async def _run(self, pool: ReaderPool) -> None:
-        """Load the index (a damaged one is rebuilt by the writer), answer searches, stand
-        by while another indexer writes it, then run the passes."""
+        """Restore an empty index from its backup (the writer, once; `restoring`), load the
+        index (a damaged one is rebuilt by the writer), answer searches, stand by while
+        another indexer writes it, then run the passes."""
+        config = self.configured.config
+        if await asyncio.to_thread(restoring.needed, config):
+            config.index_dir.mkdir(parents=True, exist_ok=True)
+            while not self._take_index():
+                self.progress.set_phase("standby", "another indexer is writing this index")
+                await asyncio.sleep(STANDBY_LOOK)
+            if await asyncio.to_thread(restoring.needed, config):  # not done by that one
+                await self.restorer.run()
         damage = await self.passes.open()
         if damage is not None:
             while not self._take_index():
