@@ -53,6 +53,9 @@ crd: $(STAMP)
 	$(PY) -m metis_operator.api.crd > crds/knowledgebase.yaml.new
 	mv crds/knowledgebase.yaml.new crds/knowledgebase.yaml
 	cp crds/knowledgebase.yaml charts/metis/crds/knowledgebase.yaml
+	$(PY) -m metis_operator.api.crd backups > crds/backups.yaml.new
+	mv crds/backups.yaml.new crds/backups.yaml
+	cp crds/backups.yaml charts/metis/crds/backups.yaml
 
 # The local cluster's binaries, built from Go modules once per machine (metis_dev/README.md).
 kube:

@@ -4,7 +4,9 @@ process with the pod's ConfigMap, its paths rewritten through the pod's volume m
 the hostPath folders of the PersistentVolumes bound to its claims, and reports the pod
 Running once its own indexer is ready. It also binds the operator's index claims to hostPath
 volumes (no provisioner here) and follows ConfigMap updates into the config file, as a
-ConfigMap volume does. Other pods are scheduled but never run.
+ConfigMap volume does. A Secret volume (an object store's key pair) is written as files in
+a folder of the pod's, and the configuration's `secret_dir`s are rewritten to it. Other
+pods are scheduled but never run.
 
 Services are loopback ports: an indexer listens on 127.0.0.1 at the port of its
 configuration, so the operator reaches Services with the URL template
@@ -445,6 +447,9 @@ class Kubelet:
         for source in config["sources"]:
             source["root"] = local(source["root"])
         config["index_dir"] = local(config["index_dir"])
+        for store in (config.get("backup_store"), (config.get("restore") or {}).get("store")):
+            if store:
+                store["secret_dir"] = local(store["secret_dir"])
         config["host"] = "127.0.0.1"
         config["drain_seconds"] = 0
         if port is not None:
@@ -459,6 +464,7 @@ class Kubelet:
         text = self._configmap_text(configmap, namespace)
         folder = self.workdir / "pods" / namespace / name
         folder.mkdir(parents=True, exist_ok=True)
+        mounts.update(self._secret_volumes(pod, folder))
         config_path = folder / "config.json"
         own = free_port() if _replica_of(pod)[2] != "0" else None
         config_path.write_text(self._localised(text, mounts, own))
@@ -481,6 +487,25 @@ class Kubelet:
             port=own,
             service=json.loads(text)["port"],
         )
+
+    def _secret_volumes(self, pod: dict[str, Any], folder: Path) -> dict[str, Path]:
+        """mountPath → a folder holding the keys of the Secret volume mounted there (the
+        object stores' key pairs), written as a kubelet writes them."""
+        scope = self._scope(pod["metadata"]["namespace"])
+        secrets = {v["name"]: v["secret"] for v in pod["spec"]["volumes"] if "secret" in v}
+        out = {}
+        for m in pod["spec"]["containers"][0]["volumeMounts"]:
+            volume = secrets.get(m["name"])
+            if volume is None:
+                continue
+            data = self.kube.rest().get(f"{scope}/secrets/{volume['secretName']}").get("data")
+            keys = [i["key"] for i in volume.get("items") or []] or sorted(data or {})
+            where = folder / "secrets" / m["name"]
+            where.mkdir(parents=True, exist_ok=True)
+            for key in keys:
+                (where / key).write_bytes(base64.b64decode((data or {})[key]))
+            out[m["mountPath"]] = where
+        return out
 
     def _env(self, pod: dict[str, Any]) -> dict[str, str]:
         """The container's environment as a kubelet gives it: values, and keys of

@@ -28,9 +28,11 @@ from metis_operator.api.spec import (
     DRIVES_ROOT,
     INDEX_DIR,
     OWN_LABELS,
+    STORE_SECRET_KEYS,
     KnowledgeBaseSpec,
     Placement,
     Pod,
+    stores,
 )
 from metis_operator.settings import Settings
 
@@ -322,6 +324,8 @@ class PodInputs(NamedTuple):
     placement: Placement
     replicas: int
     pod: Pod | None = None
+    stores: tuple[tuple[str, str], ...] = ()
+    """The object stores' Secrets the pod mounts: (folder, Secret name)."""
 
     def digest(self) -> str:
         """Tells a user's change of the pod from the operator's (`rollout.operators_change`).
@@ -334,11 +338,41 @@ class PodInputs(NamedTuple):
         plain: list[Any] = [self.drives, place, self.replicas]
         if self.pod is not None:
             plain.append(self.pod.model_dump(mode="json"))
+        if self.stores:
+            plain.append({"stores": [list(s) for s in self.stores]})
         return _digest(plain)
 
 
 def pod_inputs(spec: KnowledgeBaseSpec) -> PodInputs:
-    return PodInputs(spec.drives, spec.placement, spec.replicas, spec.pod)
+    kept = tuple(sorted(stores(spec).items()))
+    return PodInputs(spec.drives, spec.placement, spec.replicas, spec.pod, kept)
+
+
+def store_volume(folder: str) -> str:
+    """The volume name of an object store's Secret mounted at `folder`."""
+    return folder.rsplit("/", 1)[-1] + "-store"
+
+
+def store_mounts(inputs: PodInputs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The object stores' Secrets (spec.backup's, spec.restore's) as the pod's volumes and
+    the container's read-only mounts: the files accesskey and secretkey in each folder,
+    readable by the pod's group alone (fsGroup)."""
+    volumes = [
+        {
+            "name": store_volume(folder),
+            "secret": {
+                "secretName": secret,
+                "defaultMode": 0o440,
+                "items": [{"key": k, "path": k} for k in STORE_SECRET_KEYS],
+            },
+        }
+        for folder, secret in inputs.stores
+    ]
+    mounts = [
+        {"name": store_volume(folder), "mountPath": folder, "readOnly": True}
+        for folder, _ in inputs.stores
+    ]
+    return volumes, mounts
 
 
 def pull_secret_name(owner: Owner) -> str:
@@ -426,6 +460,9 @@ def deployment(
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    store_volumes, store_mounted = store_mounts(inputs)
+    volumes += store_volumes
+    mounts += store_mounted
     probe = {"path": "/healthz", "port": "http"}
     container = {
         "name": "indexer",

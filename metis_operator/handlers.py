@@ -7,7 +7,8 @@ per watched kind (the cache takes the change; the bases it concerns wake), one f
 bases (a base's loop starts, wakes or stops), and field handlers for the user's requests
 (reindex, evaluate annotations): run at once through the base's loop, or, on a paused
 base, recorded on it in an annotation of the operator's (`DEFERRED`, written in kopf's
-own PATCH) for its loop to run when the pause ends.
+own PATCH) for its loop to run when the pause ends. The backup kinds have one event
+handler each: their tasks (backups.py) start and stop with their objects.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 import httpx
 import kopf
 
-from metis_operator import cache, indexer_client, kube, report, watching
+from metis_operator import backups, cache, indexer_client, kube, report, watching
 from metis_operator.api import identity
 from metis_operator.cache import Cache, Key
 from metis_operator.context import Context
@@ -69,6 +70,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     )
     memo.context = ctx = Context(ours, cluster, http, Metrics.create(), Cache(), probers)
     memo.runner = runner = Runner(ctx)
+    memo.backups = backups.Follower(ctx)
     await watching.prime(ctx, runner)
     memo.following_kind = asyncio.create_task(watching.follow_kind(ctx, runner), name="the kind")
     memo.following_drift = asyncio.create_task(watching.follow_drift(ctx, runner), name="drift")
@@ -190,6 +192,14 @@ async def _ask(body: kopf.Body, memo: kopf.Memo, request: Awaitable[T]) -> T:
         raise kopf.PermanentError(str(e)) from None
 
 
+def _backups_follower(plural: str) -> Any:
+    async def changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        """A backup or a schedule appeared, changed or went: its task starts or stops."""
+        memo.backups.seen(plural, body, deleted=event.get("type") == "DELETED")
+
+    return changed
+
+
 def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
     """Every handler, with its policy."""
     interval = settings.poll.interval_seconds
@@ -210,3 +220,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings) -> None:
             backoff=interval,
             timeout=REQUEST_TIMEOUT,
         )(fn)
+    for plural in (identity.BACKUP_PLURAL, identity.SCHEDULE_PLURAL):
+        kopf.on.event(identity.GROUP, identity.VERSION, plural, registry=registry, id=plural)(
+            _backups_follower(plural)
+        )

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from metis_indexer.models import clients
-from metis_indexer.schema import StatusAnswer
+from metis_indexer.schema import Backup, StatusAnswer
 from metis_operator import cache, children, kube
 from metis_operator.context import Context
 
@@ -118,3 +118,55 @@ async def evaluate(ctx: Context, owner: children.Owner, *, k: int) -> dict[str, 
         ctx, owner, "/v1/evaluate", {"k": k}, ctx.settings.reach.evaluate_timeout_seconds
     )
     return {key: result[key] for key in ("k", "cases", "recall_at_k", "mrr", "at")}
+
+
+class BackupRefused(IndexerError):
+    """The indexer answered a backup request with an error of its own: `code` is its
+    code (NO_BACKUP_STORE, BACKUP_RUNNING, BACKUP_EXISTS, BACKUP_NOT_FOUND)."""
+
+    def __init__(self, code: str, message: str, status: int) -> None:
+        super().__init__(f"{code}: {message}", temporary=status == 409 or status >= 500)
+        self.code = code
+        self.status = status
+
+
+async def _backups(
+    ctx: Context, owner: children.Owner, method: str, route: str, body: Any = None
+) -> httpx.Response:
+    """One call of the backups routes, with the base's token; BackupRefused for an error
+    the indexer said, IndexerError (temporary) when it does not answer."""
+    secret = await token(ctx, owner)
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    try:
+        answer = await ctx.http.request(
+            method, f"{url(ctx, owner)}{route}", json=body, headers=headers
+        )
+    except httpx.HTTPError as e:
+        raise IndexerError(
+            f"its indexer does not answer: {clients.describe(e)}", temporary=True
+        ) from None
+    if answer.is_success:
+        return answer
+    try:
+        error = answer.json()["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = f"HTTP_{answer.status_code}", answer.text[:200]
+    raise BackupRefused(code, message, answer.status_code)
+
+
+async def start_backup(ctx: Context, owner: children.Owner, name: str) -> Backup:
+    """`POST /v1/backups`: the indexer starts backup `name` to its object store."""
+    answer = await _backups(ctx, owner, "POST", "/v1/backups", {"name": name})
+    return Backup.model_validate(answer.json())
+
+
+async def backup(ctx: Context, owner: children.Owner, name: str) -> Backup:
+    """`GET /v1/backups/{name}`: where backup `name` stands."""
+    answer = await _backups(ctx, owner, "GET", f"/v1/backups/{name}")
+    return Backup.model_validate(answer.json())
+
+
+async def delete_backup(ctx: Context, owner: children.Owner, name: str) -> None:
+    """`DELETE /v1/backups/{name}`: its objects deleted from the object store."""
+    await _backups(ctx, owner, "DELETE", f"/v1/backups/{name}")

@@ -11,6 +11,9 @@ kubectl runs any `kubectl-<name>` on PATH as `kubectl <name>`, so the console sc
     kubectl metis note add BASE "text" [--title T] [--replaces ID]   keep a note in the base
     kubectl metis note list BASE                 its notes, newest first
     kubectl metis note rm BASE ID                forget one
+    kubectl metis backup BASE [--name N] [--wait]   a KnowledgeBaseBackup of the base
+    kubectl metis backups [BASE]                 the backups, newest first
+    kubectl metis restore NEW --from BACKUP [-f FILE] [--dry-run]   a new base from a backup
 
 Searches, document lists and notes go through the API server's service proxy to the
 base's Service, so no port-forward is needed: a user who may `get services/proxy` in the
@@ -35,23 +38,37 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol, get_args
 from urllib.parse import urlsplit
 
 import httpx
+import yaml
 from pydantic import ValidationError
 
 from metis_indexer import schema
 from metis_indexer.answer_text import answer_text, notes_text
 from metis_indexer.schema import TOKEN_HEADER
-from metis_operator import kube
-from metis_operator.api.identity import API_VERSION, EVALUATE, GROUP, KIND, PLURAL, REINDEX
+from metis_operator import kube, plugin_backups
+from metis_operator.api.backup import BackupStatus, stamped
+from metis_operator.api.identity import (
+    API_VERSION,
+    BACKUP_PLURAL,
+    EVALUATE,
+    GROUP,
+    KIND,
+    PLURAL,
+    REINDEX,
+    backup_path,
+)
 from metis_operator.api.spec import KnowledgeBaseSpec
 from metis_operator.api.status_types import IndexTotals, KnowledgeBaseStatus, Observed
 from metis_operator.children import child_name
 
 EVENTS_SHOWN = 8
 """The most recent Events `status` prints: enough to see the last state changes."""
+WAIT_SECONDS = 2.0
+"""Between looks at a backup `backup --wait` follows."""
 REQUEST_SECONDS = 130
 """How long one call may take: a search through the service proxy, reranked, included."""
 INDEXER_RUNS = frozenset({"Indexing", "Waiting", "Ready"})
@@ -113,6 +130,30 @@ def render_list(bases: Sequence[Mapping[str, Any]], now: dt.datetime, *, all_ns:
                 _shown(st.progress),
                 age(meta.get("creationTimestamp"), now),
                 _shown(st.reason, ""),
+            ]
+        )
+    return table(rows)
+
+
+def render_backups(backups: Sequence[Mapping[str, Any]], now: dt.datetime) -> str:
+    """`backups`: one line a backup, newest first, as `kubectl get kbbackup` with why."""
+    if not backups:
+        return "No backups found."
+    rows = [["NAME", "BASE", "PHASE", "CHUNKS", "NOTES", "SIZE", "AGE", "MESSAGE"]]
+    for b in sorted(
+        backups, key=lambda b: b["metadata"].get("creationTimestamp") or "", reverse=True
+    ):
+        status = BackupStatus.read(b.get("status"))
+        rows.append(
+            [
+                b["metadata"]["name"],
+                _shown((b.get("spec") or {}).get("knowledge_base")),
+                status.phase or "Pending",
+                _shown(status.chunks),
+                _shown(status.notes),
+                _shown(status.size),
+                age(b["metadata"].get("creationTimestamp"), now),
+                _shown(status.message, ""),
             ]
         )
     return table(rows)
@@ -321,9 +362,12 @@ class Cluster:
 
     def base(self, namespace: str, name: str) -> dict[str, Any]:
         try:
-            return self.request("GET", kube.path(API_VERSION, PLURAL, namespace, name))
+            found: dict[str, Any] = self.request(
+                "GET", kube.path(API_VERSION, PLURAL, namespace, name)
+            )
         except kube.ApiError as e:
             raise _refusal(e, f'no knowledge base "{name}" in namespace "{namespace}"') from None
+        return found
 
     def bases(self, namespace: str | None) -> list[dict[str, Any]]:
         try:
@@ -357,6 +401,39 @@ class Cluster:
             )
         except kube.ApiError as e:
             raise _refusal(e, f'no knowledge base "{name}" in namespace "{namespace}"') from None
+
+    def backups(self, namespace: str, base: str | None) -> list[dict[str, Any]]:
+        try:
+            found = self.request("GET", backup_path(namespace))
+        except kube.ApiError as e:
+            raise _refusal(
+                e, "the KnowledgeBaseBackup resource is not installed (kubectl apply -k crds/)"
+            ) from None
+        items = list(found.get("items") or [])
+        return [
+            b for b in items if base is None or (b.get("spec") or {}).get("knowledge_base") == base
+        ]
+
+    def backup(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            found: dict[str, Any] = self.request("GET", backup_path(namespace, name))
+        except kube.ApiError as e:
+            raise _refusal(e, f'no backup "{name}" in namespace "{namespace}"') from None
+        return found
+
+    def create(self, obj: Mapping[str, Any]) -> None:
+        """`obj` made in its namespace; one of its name already there is not replaced."""
+        kind, meta = obj["kind"], obj["metadata"]
+        plural = BACKUP_PLURAL if kind != KIND else PLURAL
+        try:
+            self.request("POST", kube.path(API_VERSION, plural, meta["namespace"]), body=obj)
+        except kube.ApiError as e:
+            if e.status == 409:
+                raise PluginError(
+                    f'a {kind} named "{meta["name"]}" exists in namespace "{meta["namespace"]}" '
+                    "already: name another"
+                ) from None
+            raise PluginError(f"cannot create {kind} {meta['name']}: {_api_message(e)}") from None
 
     def token(self, namespace: str, name: str) -> str | None:
         """The base's token, from its Secret; None where the base has none."""
@@ -554,6 +631,23 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("id")
     for each in (add, listed, rm):
         each.add_argument("--json", action="store_true", help="print the answer as JSON")
+    b = sub.add_parser("backup", parents=[common], help="back a base up (a KnowledgeBaseBackup)")
+    b.add_argument("base")
+    b.add_argument("--name", help="the backup's name (default: BASE-YYYYMMDDhhmmss)")
+    b.add_argument("--wait", action="store_true", help="until it completes or fails")
+    bs = sub.add_parser("backups", parents=[common], help="the backups, newest first")
+    bs.add_argument("base", nargs="?")
+    rs = sub.add_parser("restore", parents=[common], help="a new base from a backup")
+    rs.add_argument("new_base", metavar="NEW_BASE")
+    rs.add_argument("--from", dest="from_backup", required=True, metavar="BACKUP")
+    rs.add_argument(
+        "-f",
+        "--filename",
+        help="the new base's manifest (default: the spec of the base backed up)",
+    )
+    rs.add_argument(
+        "--dry-run", action="store_true", help="print the new base's manifest, make nothing"
+    )
     return p
 
 
@@ -573,6 +667,8 @@ def run(args: argparse.Namespace, now: dt.datetime) -> str:
             key, value = EVALUATE, evaluate_value(args.k, stamp)
         cluster.annotate(ns, args.base, key, value)
         return f"knowledgebase.{GROUP}/{args.base} annotated {key}={value}"
+    if args.command in ("backup", "backups", "restore"):
+        return _backups(cluster, ns, args, now)
     base = cluster.base(ns, args.base)
     ask: Ask = (
         functools.partial(direct, args.url, args.base)
@@ -597,6 +693,50 @@ def run(args: argparse.Namespace, now: dt.datetime) -> str:
     if args.json:
         return json.dumps(answer, indent=2, ensure_ascii=False)
     return answer_text(schema.SearchAnswer.model_validate(answer))
+
+
+def _backups(cluster: Cluster, ns: str, args: argparse.Namespace, now: dt.datetime) -> str:
+    if args.command == "backups":
+        return render_backups(cluster.backups(ns, args.base), now)
+    try:
+        if args.command == "restore":
+            backup = cluster.backup(ns, args.from_backup)
+            of = (backup.get("spec") or {}).get("knowledge_base")
+            try:
+                source = cluster.base(ns, of) if of else None
+            except PluginError:
+                source = None
+            given = _manifest(args.filename) if args.filename else None
+            made = plugin_backups.restored_base(args.new_base, ns, backup, source, given)
+            if args.dry_run:
+                return str(yaml.safe_dump(made, sort_keys=False)).rstrip()
+            cluster.create(made)
+            return f"knowledgebase.{GROUP}/{args.new_base} created from backup {args.from_backup}"
+        name = args.name or stamped(args.base, now)
+        cluster.create(plugin_backups.backup_object(cluster.base(ns, args.base), name))
+    except plugin_backups.BackupRefused as e:
+        raise PluginError(str(e)) from None
+    created = f"knowledgebasebackup.{GROUP}/{name} created"
+    if not args.wait:
+        return created
+    print(created, flush=True)
+    while (done := plugin_backups.finished(cluster.backup(ns, name))) is None:
+        time.sleep(WAIT_SECONDS)
+    if done.phase == "Failed":
+        raise PluginError(plugin_backups.said(name, done))
+    return plugin_backups.said(name, done)
+
+
+def _manifest(path: str) -> dict[str, Any]:
+    """The KnowledgeBase manifest in `path` (`-` for standard input)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        doc = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError) as e:
+        raise PluginError(f"cannot read {path}: {e}") from None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise PluginError(f"{path} holds no {KIND} manifest")
+    return doc
 
 
 def _note(cluster: Cluster, base: Mapping[str, Any], ask: Ask, args: argparse.Namespace) -> Any:

@@ -46,6 +46,8 @@ class Asked:
     served: bool = False
     """The stored status holds index totals: an indexer of the base answered before."""
     unknown_fields: tuple[str, ...] = ()
+    restore_from: str | None = None
+    """The backup spec.restore names."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +109,7 @@ class Look:
             revisions=asked.revisions,
             served=asked.served,
             unknown_fields=asked.unknown_fields,
+            restore_from=asked.restore_from,
             replicas=applied.replicas,
             index_drive_bound=applied.index_drive_bound,
             conflicts=applied.conflicts,

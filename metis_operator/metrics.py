@@ -5,7 +5,14 @@ of Ready bases' indexers (by whether the answer changed), and
 0 too, so a dashboard's series never vanish), and `metis_knowledge_base_state{namespace,
 knowledgebase, state}`, 1 for each base's state and 0 for the others (kube-state-metrics'
 habit, as `kube_pod_status_phase`), so that an alert names the base and its `for:` times
-that one base."""
+that one base.
+
+Backups: `metis_backup_last_completed_timestamp_seconds{namespace, knowledgebase}`, when
+the newest completed KnowledgeBaseBackup of a base finished (from every backup object the
+operator sees, so a restarted operator says it again from its first listing), and
+`metis_backup_expected_since_timestamp_seconds{namespace, knowledgebase}` for each base
+with spec.backup: since when a backup is expected (its creation). The alert
+MetisBackupTooOld reads the two (charts/metis/templates/monitoring.yaml)."""
 
 from __future__ import annotations
 
@@ -28,8 +35,12 @@ class Metrics:
     state: Gauge
     recall: Gauge
     mrr: Gauge
+    backup_completed: Gauge
+    backup_expected: Gauge
     states: dict[tuple[str, str], State] = dataclasses.field(default_factory=dict)
     """The last state of each base (namespace, name), which `bases` counts."""
+    finished: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    """When the newest completed backup of each base finished."""
 
     @classmethod
     def create(cls) -> Metrics:
@@ -81,6 +92,19 @@ class Metrics:
                 ["namespace", "knowledgebase"],
                 registry=r,
             ),
+            backup_completed=Gauge(
+                "metis_backup_last_completed_timestamp_seconds",
+                "When the newest completed backup of a base finished (Unix seconds)",
+                ["namespace", "knowledgebase"],
+                registry=r,
+            ),
+            backup_expected=Gauge(
+                "metis_backup_expected_since_timestamp_seconds",
+                "For a base with spec.backup: since when a backup is expected, its creation "
+                "(Unix seconds)",
+                ["namespace", "knowledgebase"],
+                registry=r,
+            ),
         )
         m._count()
         return m
@@ -91,10 +115,26 @@ class Metrics:
         for s in State:
             self.state.labels(*key, s.value).set(1 if s is state else 0)
 
+    def backup_finished(self, key: tuple[str, str], finished: float) -> None:
+        """A completed backup of the base `key` that finished at `finished` (seconds): the
+        gauge keeps the newest."""
+        if finished > self.finished.get(key, 0.0):
+            self.finished[key] = finished
+            self.backup_completed.labels(*key).set(finished)
+
+    def backups_expected(self, key: tuple[str, str], since: float | None) -> None:
+        """The base `key` has spec.backup since `since` (its creation); None: it has none."""
+        if since is None:
+            with contextlib.suppress(KeyError):
+                self.backup_expected.remove(*key)
+        else:
+            self.backup_expected.labels(*key).set(since)
+
     def forget(self, key: tuple[str, str]) -> None:
         self.states.pop(key, None)
+        self.finished.pop(key, None)
         self._count()
-        for gauge in (self.recall, self.mrr):
+        for gauge in (self.recall, self.mrr, self.backup_expected, self.backup_completed):
             with contextlib.suppress(KeyError):
                 gauge.remove(*key)
         for s in State:

@@ -207,6 +207,7 @@ async def _asked(
         },
         served=bool((previous.get("observed") or {}).get("index")),
         unknown_fields=tuple(unknown_fields(body.get("spec") or {})),
+        restore_from=spec.restore.backup if spec.restore is not None else None,
     )
     return asked, embedding_url, reranker_url
 

@@ -31,7 +31,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from metis_indexer.schema import StatusAnswer
-from metis_operator import cache, children, indexer_client, kube, reconcile, report, rollout
+from metis_operator import (
+    backups,
+    cache,
+    children,
+    indexer_client,
+    kube,
+    reconcile,
+    report,
+    rollout,
+)
 from metis_operator.api import identity
 from metis_operator.cache import Deps, Key
 from metis_operator.context import Context
@@ -230,6 +239,7 @@ class Runner:
         base.look = outcome.look
         self.follow_rollout(base.key, outcome)
         self.record_metrics(base.key, outcome)
+        self.ctx.metrics.backups_expected(base.key, backups.expected_since(body))
         self.start_quality_check(base, body, outcome)
         await self.run_deferred(base)
 

@@ -165,6 +165,8 @@ class Observation:
     """What keeps a child from being what the spec asks, and why (`apply.Applying`)."""
     unknown_fields: tuple[str, ...] = ()
     """Spec fields this operator does not know (a newer CRD's): kept, and without effect."""
+    restore_from: str | None = None
+    """The backup spec.restore names, if it names one."""
 
     @property
     def answering(self) -> int:
@@ -177,6 +179,32 @@ class Observation:
 class Verdict:
     state: State
     reason: str
+    cause: str = ""
+    """The conditions' reason where it is not the state's name (`Restoring`)."""
+
+
+RESTORING = "Restoring"
+RESTORE_FAILED = "RestoreFailed"
+
+
+def _restore(o: Observation) -> Verdict | None:
+    """A restore from a backup, as the indexer says it (it restores an empty index before
+    its first pass, and tries a failed one again): Pending while it reads, Failed with the
+    indexer's reason when it cannot."""
+    r = o.indexer.restore if o.indexer is not None else None
+    if r is None:
+        return None
+    if r.phase == "Failed":
+        why = f"restoring backup {r.backup} failed: {r.error or 'the indexer gave no reason'}"
+        return Verdict(State.FAILED, f"{why} (it is tried again)", RESTORE_FAILED)
+    if r.phase == "Restoring":
+        read = f"{r.chunks} chunks and {r.notes} notes read so far" if r.chunks else ""
+        return Verdict(
+            State.PENDING,
+            _join(f"restoring backup {r.backup} from its object store", read),
+            RESTORING,
+        )
+    return None
 
 
 def _failures(o: Observation) -> list[str]:
@@ -467,6 +495,8 @@ def derive(o: Observation) -> Verdict:
         return Verdict(State.FAILED, "; ".join(failures))
     if reason := _pending(o):
         return Verdict(State.PENDING, reason)
+    if (restoring := _restore(o)) is not None:
+        return restoring
     if reason := _starting(o):
         return Verdict(State.STARTING, reason)
     if reason := _waiting(o):

@@ -17,6 +17,7 @@ class ConditionType(enum.StrEnum):
     RERANKER_AVAILABLE = "RerankerAvailable"
     QUALITY_REGRESSED = "QualityRegressed"
     DRIVE_FILLING = "DriveFilling"
+    RESTORED = "Restored"
 
 
 MEANING: Mapping[ConditionType, str] = MappingProxyType(
@@ -39,6 +40,10 @@ MEANING: Mapping[ConditionType, str] = MappingProxyType(
         "model or chunking fell beyond the tolerance; False when it held (or for a baseline).",
         ConditionType.DRIVE_FILLING: "True while the index drive is 80 % full or more; absent "
         "while no indexer has said.",
+        ConditionType.RESTORED: "True once the base made from a backup (spec.restore) holds "
+        "its index and notes; its message says what is embedded again when the base's model "
+        "or chunking differ from the backup's. False while it restores (reason Restoring) or "
+        "cannot (RestoreFailed); absent for a base not made from a backup.",
     }
 )
 

@@ -12,6 +12,14 @@ KIND = "KnowledgeBase"
 PLURAL = "knowledgebases"
 RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 """As kopf names a resource."""
+BACKUP_KIND = "KnowledgeBaseBackup"
+BACKUP_PLURAL = "knowledgebasebackups"
+BACKUP_RESOURCE = {"group": GROUP, "version": VERSION, "plural": BACKUP_PLURAL}
+SCHEDULE_KIND = "KnowledgeBaseBackupSchedule"
+SCHEDULE_PLURAL = "knowledgebasebackupschedules"
+SCHEDULE_RESOURCE = {"group": GROUP, "version": VERSION, "plural": SCHEDULE_PLURAL}
+SCHEDULE_LABEL = f"{GROUP}/schedule"
+"""On a KnowledgeBaseBackup a schedule made: the schedule's name."""
 FINALIZER = f"{GROUP}/finalizer"
 KOPF_PREFIX = f"kopf.{GROUP}"
 """kopf's own annotations. Not the group itself: kopf leaves every annotation under its
@@ -41,3 +49,8 @@ POD_INPUTS_ANNOTATION = f"{GROUP}/pod-inputs"
 def path(namespace: str, name: str) -> str:
     """The base's path on the API server."""
     return kube.path(API_VERSION, PLURAL, namespace, name)
+
+
+def backup_path(namespace: str, name: str | None = None) -> str:
+    """A KnowledgeBaseBackup's path (or the namespace's backups')."""
+    return kube.path(API_VERSION, BACKUP_PLURAL, namespace, name)

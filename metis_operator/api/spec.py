@@ -74,6 +74,10 @@ spec may not set them, nor any label or annotation under the operator's group.""
 DRIVES_ROOT = "/drives"
 INDEX_DIR = "/index"
 ARTIFACTS_FOLDER = "artifacts"
+BACKUP_SECRET_DIR = "/etc/metis-stores/backup"
+"""Where the indexer pods mount the Secret of spec.backup's object store."""
+RESTORE_SECRET_DIR = "/etc/metis-stores/restore"
+"""Where the indexer pods mount the Secret of spec.restore's object store."""
 """Of the index drive: where the indexer unpacks the artifacts of Flux sources."""
 
 
@@ -640,6 +644,152 @@ class Placement(_Model):
         return v
 
 
+ENDPOINT_RE = r"^https?://[^/?# ]+(/[^?# ]*)?$"
+"""An object store's endpoint: an http(s) URL, a host and perhaps a path."""
+ENDPOINT_MAX = 2048
+BUCKET_RE = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
+"""An S3 bucket's name: 3 to 63 lowercase letters, digits, . and -."""
+OBJECT_PREFIX_MAX = 1024
+REGION_RE = r"^[a-z0-9][-a-z0-9]*$"
+REGION_MAX = 64
+BACKUP_MAX = 253
+"""A backup's name is its KnowledgeBaseBackup's (a DNS-1123 subdomain)."""
+STORE_SECRET_KEYS = ("accesskey", "secretkey")
+"""The keys of an object store's Secret: a Flux Bucket's key names."""
+
+
+def _matches(pattern: str, value: str, said: str) -> str:
+    if not re.match(pattern, value):
+        raise ValueError(said)
+    return value
+
+
+class ObjectStore(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "description": "An S3-compatible object store: a bucket at an endpoint, a prefix "
+            "of its keys, and a Secret of the base's namespace holding the key pair "
+            "(accesskey, secretkey: a Flux Bucket's key names)."
+        }
+    )
+
+    endpoint: str = Field(
+        max_length=ENDPOINT_MAX,
+        description="The S3 API's URL, http:// or https:// (path-style addressing), such "
+        "as https://s3.eu-west-1.amazonaws.com or http://minio.storage.svc:9000.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.matches('{ENDPOINT_RE}')",
+                    "message": "object_store.endpoint must be an http:// or https:// URL "
+                    "(http://minio.storage.svc:9000)",
+                }
+            ]
+        },
+    )
+    bucket: str = Field(
+        description="The bucket: 3 to 63 lowercase letters, digits, . and -.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.matches('{BUCKET_RE}')",
+                    "message": "object_store.bucket must be a bucket name: 3 to 63 lowercase "
+                    "letters, digits, . and -, starting and ending with a letter or digit",
+                }
+            ]
+        },
+    )
+    prefix: str = Field(
+        default="",
+        max_length=OBJECT_PREFIX_MAX,
+        description="The prefix of the backups' keys: each backup lives under "
+        "<prefix>/<backup name>/. Not set: none.",
+    )
+    region: str = Field(
+        default="us-east-1",
+        max_length=REGION_MAX,
+        description="The region the requests are signed for. Not set, us-east-1.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.matches('{REGION_RE}')",
+                    "message": "object_store.region must be lowercase letters, digits and -",
+                }
+            ]
+        },
+    )
+    secret_name: str = Field(
+        max_length=DRIVE_MAX,
+        description="A Secret of the base's namespace with the keys accesskey and secretkey; "
+        "the indexer pods mount it. A missing Secret keeps the pod from starting.",
+        json_schema_extra={"pattern": DRIVE_RE},
+    )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        return _matches(
+            ENDPOINT_RE, v, f"{v!r} is not an http:// or https:// URL (http://minio:9000)"
+        )
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: str) -> str:
+        return _matches(
+            BUCKET_RE,
+            v,
+            f"{v!r} is not a bucket name: 3 to 63 lowercase letters, digits, . and -, "
+            "starting and ending with a letter or digit",
+        )
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        return _matches(REGION_RE, v, f"{v!r} is not a region: lowercase letters, digits and -")
+
+    @field_validator("secret_name")
+    @classmethod
+    def _secret(cls, v: str) -> str:
+        return _matches(
+            DRIVE_RE,
+            v,
+            f"{v!r} is not a Secret's name: lowercase letters, digits, - and . (DNS-1123)",
+        )
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if v and limits.path_problem(v.strip("/")):
+            raise ValueError(f"{v!r} must be a plain key prefix, without . or .. parts")
+        return v
+
+
+class Backup(_Model):
+    object_store: ObjectStore = Field(
+        description="Where its backups are written: each KnowledgeBaseBackup of the base "
+        "makes one, named after the object, under <prefix>/<name>/ of the bucket."
+    )
+
+
+class Restore(_Model):
+    object_store: ObjectStore = Field(
+        description="The object store holding the backup; any base's, of any namespace or "
+        "cluster (its Secret must be in this base's namespace)."
+    )
+    backup: str = Field(
+        max_length=BACKUP_MAX,
+        description="The backup's name (its KnowledgeBaseBackup's).",
+        json_schema_extra={"pattern": DRIVE_RE},
+    )
+
+    @field_validator("backup")
+    @classmethod
+    def _backup(cls, v: str) -> str:
+        return _matches(
+            DRIVE_RE, v, f"{v!r} is not a backup's name: lowercase letters, digits, - and ."
+        )
+
+
 class KnowledgeBaseSpec(_Model):
     sources: list[Source] = Field(
         min_length=limits.SOURCES_MIN,
@@ -714,6 +864,18 @@ class KnowledgeBaseSpec(_Model):
                 }
             ],
         },
+    )
+    backup: Backup | None = Field(
+        default=None,
+        description="Where the base's backups go: an object store. A KnowledgeBaseBackup "
+        "of the base makes one (docs/backups.md).",
+    )
+    restore: Restore | None = Field(
+        default=None,
+        description="A backup the base is made from when it is created: its index and notes "
+        "are read from the object store before the first pass, and nothing is embedded "
+        "again when the model and chunking match. Read only into an empty index: set on "
+        "or changed for a base that has one, it does nothing but warn.",
     )
     vectors: limits.VectorKind = Field(
         default=limits.VECTORS_DEFAULT,
@@ -861,6 +1023,27 @@ def _source_config(s: Source, artifacts: Mapping[str, Mapping[str, str]]) -> dic
     return {"drive": s.name, "root": root, "path": s.path, "artifact": artifact}
 
 
+def _store_config(store: ObjectStore, secret_dir: str) -> dict[str, Any]:
+    return {
+        "endpoint": store.endpoint,
+        "bucket": store.bucket,
+        "prefix": store.prefix,
+        "region": store.region,
+        "secret_dir": secret_dir,
+    }
+
+
+def stores(spec: KnowledgeBaseSpec) -> dict[str, str]:
+    """The Secrets of the object stores the spec names, by the folder the indexer pods
+    mount each at."""
+    out = {}
+    if spec.backup is not None:
+        out[BACKUP_SECRET_DIR] = spec.backup.object_store.secret_name
+    if spec.restore is not None:
+        out[RESTORE_SECRET_DIR] = spec.restore.object_store.secret_name
+    return out
+
+
 def to_indexer_config(
     name: str,
     spec: KnowledgeBaseSpec,
@@ -876,7 +1059,9 @@ def to_indexer_config(
     /drives/<drive>, the index drive at /index, the models at their Services' URLs;
     with replicas, `peers` (the base's Service): where a replica's first pass takes
     vectors already made. `artifacts`: each Flux source's artifact by its name (url,
-    digest, revision), unpacked by the indexer under /index/artifacts/<name>.
+    digest, revision), unpacked by the indexer under /index/artifacts/<name>. The object
+    stores of spec.backup and spec.restore with their Secrets' folders (`stores`); the
+    indexer reads a restore only into an empty index, so it stays in the configuration.
 
     Built with the indexer's own model, so a configuration it would refuse is
     never written; prefixes left unset are chosen by the indexer from the model.
@@ -902,6 +1087,11 @@ def to_indexer_config(
     }
     if peers:
         raw["peers"] = list(peers)
+    if spec.backup is not None:
+        raw["backup_store"] = _store_config(spec.backup.object_store, BACKUP_SECRET_DIR)
+    if spec.restore is not None:
+        store = _store_config(spec.restore.object_store, RESTORE_SECRET_DIR)
+        raw["restore"] = {"store": store, "backup": spec.restore.backup}
     if r is not None and reranker_url is not None:
         raw["reranker"] = {
             "url": reranker_url,

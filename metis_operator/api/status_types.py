@@ -126,6 +126,22 @@ class Drive(_Status):
     )
 
 
+class Restored(_Status):
+    backup: str | None = Field(default=None, description="The backup the base was made from.")
+    phase: str | None = Field(
+        default=None,
+        description="Restoring (its index and notes are read from the object store), "
+        "Restored, or Failed (the indexer tries again; the base is Failed meanwhile).",
+    )
+    chunks: int | None = Field(default=None, description="Chunks read from the backup.")
+    notes: int | None = Field(default=None, description="Notes read from the backup.")
+    reembedding: str | None = Field(
+        default=None,
+        description="What is embedded again because the base's model or chunking differ from "
+        "the backup's; absent when nothing is.",
+    )
+
+
 class Observed(_Status):
     index: IndexTotals | None = Field(
         default=None, description="Its index, as the indexer reports it (GET /v1/status)."
@@ -158,6 +174,11 @@ class Observed(_Status):
         default=None,
         description="Its index drive, as its indexer sees it (the first replica's); absent "
         "while no indexer answers.",
+    )
+    restore: Restored | None = Field(
+        default=None,
+        description="The backup it was made from (spec.restore), as its indexer said it "
+        "restored it; kept once restored.",
     )
 
 

@@ -1,5 +1,5 @@
-"""What the console knows of the cluster: every KnowledgeBase it may see and their
-recent Events, kept current by two watches (metis_operator/kube.py).
+"""What the console knows of the cluster: every KnowledgeBase it may see, their recent
+Events and their backups, kept current by three watches (metis_operator/kube.py).
 
 The client is synchronous, so each watch runs in a daemon thread: it lists, watches
 from the list's resourceVersion, lists again when the watch ends or expires (410),
@@ -17,8 +17,15 @@ from collections.abc import Callable
 from typing import Any
 
 from metis_operator import kube
-from metis_operator.api.identity import API_VERSION, KIND, PLURAL
-from metis_operator.console.views import BaseView, EventView, base_view, event_view
+from metis_operator.api.identity import API_VERSION, BACKUP_PLURAL, KIND, PLURAL
+from metis_operator.console.views import (
+    BackupView,
+    BaseView,
+    EventView,
+    backup_view,
+    base_view,
+    event_view,
+)
 
 log = logging.getLogger("metis.console")
 
@@ -42,6 +49,8 @@ class Cluster:
         self.bases: dict[str, Obj] = {}
         self.events: dict[str, dict[str, Obj]] = {}
         """Per base key, its Events by uid."""
+        self.backups: dict[str, Obj] = {}
+        """Every KnowledgeBaseBackup, by its own key."""
         self.problems: dict[str, str] = {}
         """Per watch, why it cannot see the cluster now."""
         self.version = 0
@@ -96,6 +105,20 @@ class Cluster:
             those[obj["metadata"]["uid"]] = obj
         self._bump()
 
+    def listed_backups(self, items: list[Obj]) -> None:
+        backups = {_key(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in items}
+        if backups != self.backups:
+            self.backups = backups
+            self._bump()
+
+    def backup_event(self, kind: str, obj: Obj) -> None:
+        key = _key(obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if kind == "DELETED":
+            self.backups.pop(key, None)
+        else:
+            self.backups[key] = obj
+        self._bump()
+
     def problem(self, what: str, why: str | None) -> None:
         if self.problems.get(what) != why:
             if why is None:
@@ -111,7 +134,20 @@ class Cluster:
 
     def view(self, key: str) -> BaseView | None:
         obj = self.bases.get(key)
-        return None if obj is None else base_view(obj)
+        if obj is None:
+            return None
+        return base_view(obj).model_copy(update={"backups": self.backups_of(key)})
+
+    def backups_of(self, key: str) -> list[BackupView]:
+        """The base's backups, newest first."""
+        namespace, _, name = key.partition("/")
+        mine = [
+            backup_view(o)
+            for k, o in self.backups.items()
+            if k.partition("/")[0] == namespace
+            and (o.get("spec") or {}).get("knowledge_base") == name
+        ]
+        return sorted(mine, key=lambda b: (b.created, b.name), reverse=True)
 
     def recent_events(self, key: str) -> list[EventView]:
         those = [event_view(o) for o in self.events.get(key, {}).values()]
@@ -130,7 +166,7 @@ def _about(event: Obj) -> str:
 
 
 class Watches:
-    """The two watch threads; `stop` ends them (each within one watch request)."""
+    """The three watch threads; `stop` ends them (each within one watch request)."""
 
     def __init__(
         self,
@@ -162,6 +198,13 @@ class Watches:
                 {"fieldSelector": f"involvedObject.kind={KIND}"},
                 cluster.listed_events,
                 cluster.event_event,
+            ),
+            (
+                "knowledgebasebackups",
+                kube.path(API_VERSION, BACKUP_PLURAL, namespace),
+                {},
+                cluster.listed_backups,
+                cluster.backup_event,
             ),
         ):
             follow = _Follow(

@@ -185,6 +185,27 @@ def base_fragment(view: BaseView, events: Sequence[EventView]) -> Html:
         if events
         else el("p", "No recent Events.", class_="muted")
     )
+    backups = (
+        table(
+            ("Backup", "Phase", "Finished", "Chunks", "Notes", "Size", "Message"),
+            [
+                el(
+                    "tr",
+                    el("td", b.name, data_label="Backup"),
+                    el("td", b.phase, data_label="Phase", class_=f"backup-{b.phase.lower()}"),
+                    el("td", when(b.finished), data_label="Finished"),
+                    el("td", number(b.chunks), data_label="Chunks", class_="num"),
+                    el("td", number(b.notes), data_label="Notes", class_="num"),
+                    el("td", b.size or "—", data_label="Size", class_="num"),
+                    el("td", b.message or "—", data_label="Message"),
+                )
+                for b in view.backups
+            ],
+            "stack backups",
+        )
+        if view.backups
+        else el("p", "No backups.", class_="muted")
+    )
     return join(
         [
             el("dl", [[el("dt", k), el("dd", v)] for k, v in facts], class_="facts"),
@@ -194,6 +215,8 @@ def base_fragment(view: BaseView, events: Sequence[EventView]) -> Html:
             else None,
             el("h2", "Conditions"),
             conditions,
+            el("h2", "Backups"),
+            backups,
             el("h2", "Recent Events"),
             recent,
         ]

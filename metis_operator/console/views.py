@@ -3,6 +3,7 @@
 - `base_view`: a KnowledgeBase as the Bases page and its own page show it, its status
   read through the models the operator writes it with (metis_operator/api/status_types.py).
 - `event_view`: an Event about a base, as the base's page lists it.
+- `backup_view`: a KnowledgeBaseBackup, as its base's page lists it.
 - `when`: an API server's timestamp as the pages show it.
 - `indexer_url`: where to reach a base's indexer from the console.
 """
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, ValidationError
 
+from metis_operator.api.backup import BackupSpec, BackupStatus
 from metis_operator.api.spec import KnowledgeBaseSpec
 from metis_operator.api.status_types import (
     Condition,
@@ -39,6 +41,42 @@ def when(timestamp: str | None) -> str:
     return f"{m[1]} {m[2]} UTC" if m else timestamp
 
 
+class BackupView(BaseModel):
+    """A KnowledgeBaseBackup as its base's page lists it."""
+
+    name: str
+    base: str = ""
+    phase: str = "Pending"
+    created: str = ""
+    finished: str | None = None
+    chunks: int | None = None
+    notes: int | None = None
+    size: str | None = None
+    message: str | None = None
+
+
+def backup_view(obj: Mapping[str, Any]) -> BackupView:
+    """A KnowledgeBaseBackup (as the API server gives it); one whose spec does not read is
+    listed under no base."""
+    meta = obj.get("metadata", {})
+    status = BackupStatus.read(obj.get("status"))
+    try:
+        base = BackupSpec.model_validate(obj.get("spec") or {}).knowledge_base
+    except ValidationError:
+        base = ""
+    return BackupView(
+        name=meta.get("name", ""),
+        base=base,
+        phase=status.phase or "Pending",
+        created=meta.get("creationTimestamp", ""),
+        finished=status.finished_at,
+        chunks=status.chunks,
+        notes=status.notes,
+        size=status.size,
+        message=status.message,
+    )
+
+
 class BaseView(BaseModel):
     """A KnowledgeBase as the Bases page shows it."""
 
@@ -56,6 +94,9 @@ class BaseView(BaseModel):
     """Each source, with the revision it is read at and the one indexed (`sources_said`)."""
     evaluation: Evaluation | None = None
     conditions: list[Condition] = Field(default_factory=list)
+    backups: list[BackupView] = Field(default_factory=list)
+    """Its KnowledgeBaseBackups, newest first (`Cluster.view` adds them: they are objects
+    of their own)."""
 
     @property
     def key(self) -> str:

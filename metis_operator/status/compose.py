@@ -28,6 +28,7 @@ from metis_operator.api.status_types import (
     KnowledgeBaseStatus,
     Observed,
     Replicas,
+    Restored,
 )
 from metis_operator.index_drive import GIB
 from metis_operator.state import (
@@ -47,6 +48,7 @@ PAUSED = ConditionType.PAUSED
 EMBEDDING_CONDITION = ConditionType.EMBEDDING_MODEL_AVAILABLE
 RERANKER_CONDITION = ConditionType.RERANKER_AVAILABLE
 DRIVE_CONDITION = ConditionType.DRIVE_FILLING
+RESTORED_CONDITION = ConditionType.RESTORED
 
 INDEX_TOTALS = (
     "documents",
@@ -88,16 +90,21 @@ def _model_condition(kind: str, check: ModelCheck | None, generation: int) -> Co
 
 
 def conditions(
-    verdict: Verdict, o: Observation, generation: int, with_reranker: bool
+    verdict: Verdict,
+    o: Observation,
+    generation: int,
+    with_reranker: bool,
+    recorded: Restored | None = None,
 ) -> list[Condition]:
     """The conditions, without timestamps (`merge_conditions` adds them)."""
     state, why = verdict.state, verdict.reason
     settled = state in (State.READY, State.FAILED)
     stalled = state is State.FAILED
+    cause = verdict.cause or state.value
     out = [
-        _condition(READY, state is State.READY, state.value, why, generation),
-        _condition(RECONCILING, not settled, state.value, "" if settled else why, generation),
-        _condition(STALLED, stalled, state.value, why if stalled else "", generation),
+        _condition(READY, state is State.READY, cause, why, generation),
+        _condition(RECONCILING, not settled, cause, "" if settled else why, generation),
+        _condition(STALLED, stalled, cause, why if stalled else "", generation),
         _model_condition(EMBEDDING_CONDITION, o.embedding, generation),
     ]
     if with_reranker:
@@ -107,7 +114,53 @@ def conditions(
         full = index_drive.filling(drive.used_bytes, drive.size_bytes)
         reason = "AboveThreshold" if full is not None else "BelowThreshold"
         out.append(_condition(DRIVE_CONDITION, full is not None, reason, drive_note(o), generation))
+    if (restore := restored(o.indexer, recorded)) is not None:
+        out.append(restored_condition(restore, generation))
     return out
+
+
+def restored(ix: StatusAnswer | None, previous: Restored | None) -> Restored | None:
+    """The restore the indexer says it made or makes; the one recorded before while it says
+    none (an indexer restarted after a restore reports none)."""
+    r = ix.restore if ix is not None else None
+    if r is None:
+        return previous
+    return Restored(
+        backup=r.backup,
+        phase=r.phase,
+        chunks=r.chunks,
+        notes=r.notes,
+        reembedding=r.reembedding or None,
+    )
+
+
+def restored_condition(r: Restored, generation: int) -> Condition:
+    """Restored: True once restored (saying what is embedded again, if anything), False
+    while restoring or failing."""
+    if r.phase == "Restored":
+        said = f"made from backup {r.backup}: {r.chunks} chunks and {r.notes} notes"
+        if r.reembedding:
+            said += f"; embedded again: {r.reembedding}"
+        else:
+            said += ", nothing embedded again"
+        return _condition(RESTORED_CONDITION, True, "Restored", said, generation)
+    cause = "RestoreFailed" if r.phase == "Failed" else "Restoring"
+    return _condition(RESTORED_CONDITION, False, cause, f"backup {r.backup}: {r.phase}", generation)
+
+
+def restore_warning(o: Observation, recorded: Restored | None) -> str:
+    """spec.restore named on a base it was not made from (set, or changed, after the base
+    had an index): said, and nothing more is done."""
+    ix = o.indexer
+    if o.restore_from is None or ix is None or ix.restore is not None or ix.phase == "loading":
+        return ""
+    if recorded is not None and recorded.backup == o.restore_from:
+        return ""
+    made = f"was made from backup {recorded.backup}" if recorded else "was not made from a backup"
+    return (
+        f"spec.restore names backup {o.restore_from}, but a base is restored only when it is "
+        f"created, into an empty index: this one {made}; create a new base to restore it"
+    )
 
 
 def _bytes(n: int) -> str:
@@ -256,15 +309,20 @@ def compose(
     seen = before.observed or Observed()
     ix = o.indexer
     indexed = ix.indexed_revisions if ix else seen.indexed_revisions
+    restore = restored(ix, seen.restore)
+    warned = warnings(o)
+    if said := restore_warning(o, seen.restore):
+        warned.append(said)
     observed = Observed(
         index=_index(ix, seen.index),
         machine=o.pod.node if o.pod is not None and o.pod.node else None,
         address=address or None,
         revisions=dict(sorted(revisions.items())) or None,
         indexed_revisions=dict(sorted(indexed.items())) if indexed else None,
-        warnings=warnings(o) or None,
+        warnings=warned or None,
         replicas=Replicas(wanted=o.replicas, answering=o.answering),
         drive=drive(ix),
+        restore=restore,
     )
     progress = None
     if ix is not None and ix.embedding is not None and ix.embedding.next is not None:
@@ -280,7 +338,7 @@ def compose(
         observed=observed,
         conditions=merge_conditions(
             before.conditions or [],
-            conditions(verdict, o, generation, with_reranker) + evaluated(before),
+            conditions(verdict, o, generation, with_reranker, seen.restore) + evaluated(before),
             now,
         ),
         progress=progress,

@@ -78,3 +78,39 @@ def test_a_page_waiting_for_a_change_wakes_when_one_comes() -> None:
         return cluster.version == seen + 1
 
     assert asyncio.run(scenario())
+
+
+def backup(name: str, of: str, created: str, namespace: str = "team-a", **status: Any) -> Any:
+    return {
+        "metadata": {"namespace": namespace, "name": name, "creationTimestamp": created},
+        "spec": {"knowledge_base": of, "method": "object_store"},
+        "status": status,
+    }
+
+
+def test_a_bases_page_lists_its_own_backups_newest_first() -> None:
+    cluster = Cluster()
+    cluster.listed_bases([base("handbook"), base("runbooks"), base("handbook", namespace="b")])
+    cluster.listed_backups(
+        [
+            backup("h-1", "handbook", "2026-12-07T20:00:00Z", phase="Completed", chunks=9),
+            backup("h-2", "handbook", "2026-12-07T21:00:00Z", phase="Running"),
+            backup("r-1", "runbooks", "2026-12-07T21:30:00Z"),
+            backup("other-ns", "handbook", "2026-12-07T22:00:00Z", namespace="b"),
+        ]
+    )
+    view = cluster.view("team-a/handbook")
+    assert view is not None
+    assert [(b.name, b.phase, b.chunks) for b in view.backups] == [
+        ("h-2", "Running", None),
+        ("h-1", "Completed", 9),
+    ]
+    seen = cluster.version
+    cluster.backup_event("DELETED", backup("h-1", "handbook", "2026-12-07T20:00:00Z"))
+    assert cluster.version == seen + 1
+    view = cluster.view("team-a/handbook")
+    assert view is not None and [b.name for b in view.backups] == ["h-2"]
+    runbooks = cluster.view("team-a/runbooks")
+    assert runbooks is not None and [(b.name, b.phase) for b in runbooks.backups] == [
+        ("r-1", "Pending")
+    ]

@@ -23,7 +23,7 @@ def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found
 
 
-def test_the_console_may_only_read_bases_and_events() -> None:
+def test_the_console_may_only_read_bases_their_backups_and_events() -> None:
     role = one(load(MANIFESTS / "console" / "rbac.yaml"), "ClusterRole")
     granted = {
         (g, r, v)
@@ -34,7 +34,11 @@ def test_the_console_may_only_read_bases_and_events() -> None:
     }
     assert granted == {
         (g, r, v)
-        for g, r in (("metis.astraeus.io", "knowledgebases"), ("", "events"))
+        for g, r in (
+            ("metis.astraeus.io", "knowledgebases"),
+            ("metis.astraeus.io", "knowledgebasebackups"),
+            ("", "events"),
+        )
         for v in ("get", "list", "watch")
     }
 

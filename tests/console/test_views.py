@@ -25,7 +25,7 @@ from metis_indexer.console.views import (
 )
 from metis_indexer.schema import FILTERS, ErrorBody, Result, Scores, SearchAnswer, Took
 from metis_operator.console import pages
-from metis_operator.console.views import base_view, event_view, indexer_url, when
+from metis_operator.console.views import backup_view, base_view, event_view, indexer_url, when
 
 
 def result(doc: str, *, line: int = 1, **scores: Any) -> Result:
@@ -424,3 +424,34 @@ def test_a_base_shows_each_source_with_its_revision_and_the_one_indexed() -> Non
     html = pages.base_fragment(view, [])
     assert "wiki (GitRepository at main@sha1:b2; indexed none yet), docs" in html
     assert base_view({**obj, "spec": {"sources": "refused"}}).sources == []
+
+
+def test_a_bases_page_lists_its_backups_and_says_when_it_has_none() -> None:
+    view = base_view(kb({"state": "Ready"}))
+    assert "No backups." in pages.base_fragment(view, [])
+    done = backup_view(
+        {
+            "metadata": {"name": "handbook-1", "creationTimestamp": "2026-12-07T20:00:00Z"},
+            "spec": {"knowledge_base": "handbook", "method": "object_store"},
+            "status": {
+                "phase": "Completed",
+                "finishedAt": "2026-12-07T20:01:02Z",
+                "chunks": 12345,
+                "notes": 3,
+                "size": "4.1 MiB",
+            },
+        }
+    )
+    failed = backup_view(
+        {
+            "metadata": {"name": "handbook-2"},
+            "spec": {"knowledge_base": "handbook"},
+            "status": {"phase": "Failed", "message": "<b>store</b> down"},
+        }
+    )
+    html = pages.base_fragment(view.model_copy(update={"backups": [failed, done]}), [])
+    assert "No backups." not in html
+    assert "2026-12-07 20:01 UTC" in html and "12,345" in html and "4.1 MiB" in html
+    assert "&lt;b&gt;store&lt;/b&gt; down" in html and "<b>store" not in html
+    assert html.index("handbook-2") < html.index("handbook-1")
+    assert backup_view({"metadata": {"name": "x"}, "spec": "refused"}).base == ""

@@ -330,3 +330,27 @@ def state_events(kube: ControlPlane, namespace: str, name: str) -> list[tuple[st
     )["items"]
     items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
     return [(e["reason"], e.get("message", "")) for e in items]
+
+
+def kubectl_metis(
+    kube: ControlPlane, *args: str, kubeconfig: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`kubectl metis ARGS` with the plugin found on PATH, as a user's shell finds it."""
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "KUBECONFIG": str(kubeconfig or kube.kubeconfig),
+    }
+    return subprocess.run(
+        [str(kube.kubectl_path), "metis", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=150,
+        check=False,
+    )
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stderr}\n{proc.stdout}"
+    return proc.stdout

@@ -15,11 +15,9 @@ says what failed, and `--url` asks the indexer at its loopback port instead.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,8 +31,10 @@ from tests.kube.operator_support import (
     Operator,
     get_kb,
     kb,
+    kubectl_metis,
     make_drive,
     model_service,
+    ok,
     state_events,
     wait_state,
 )
@@ -59,30 +59,6 @@ class AnyAddressKubelet(Kubelet):
 def kubelet(kube: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[Kubelet]:
     with AnyAddressKubelet(kube, namespace, tmp_path / "kubelet") as k:
         yield k
-
-
-def kubectl_metis(
-    kube: ControlPlane, *args: str, kubeconfig: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    """`kubectl metis ARGS` with the plugin found on PATH, as a user's shell finds it."""
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "KUBECONFIG": str(kubeconfig or kube.kubeconfig),
-    }
-    return subprocess.run(
-        [str(kube.kubectl_path), "metis", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=150,
-        check=False,
-    )
-
-
-def ok(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stderr}\n{proc.stdout}"
-    return proc.stdout
 
 
 def publish(kube: ControlPlane, namespace: str, base: str, port: int) -> str:

@@ -32,6 +32,7 @@ def test_the_operator_sets_the_types_of_the_vocabulary() -> None:
         compose.EMBEDDING_CONDITION,
         compose.RERANKER_CONDITION,
         compose.DRIVE_CONDITION,
+        compose.RESTORED_CONDITION,
         quality.CONDITION,
     }
     assert set_by_the_operator == set(ConditionType)

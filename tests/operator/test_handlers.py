@@ -9,6 +9,7 @@ import asyncio
 import kopf
 
 from metis_operator import cache, children, handlers, runner
+from metis_operator.api import identity
 from metis_operator.settings import load
 from tests.operator.contexts import context
 from tests.operator.test_drift import child
@@ -32,7 +33,8 @@ def test_every_kind_that_decides_a_base_is_watched_and_none_is_left_to_kopfs_ind
     r = registered()
     assert not r._indexing.get_all_handlers()
     watched = {h.id for h in r._watching.get_all_handlers()}
-    assert watched == {w.plural for w in cache.WATCHED} | {"base"}
+    backups = {identity.BACKUP_PLURAL, identity.SCHEDULE_PLURAL}
+    assert watched == {w.plural for w in cache.WATCHED} | {"base"} | backups
 
 
 def test_a_childs_event_wakes_the_bases_it_concerns_but_the_one_whose_apply_it_brings_back() -> (

@@ -28,6 +28,7 @@ ASKED = Asked(
     revisions={"docs": "r1"},
     served=True,
     unknown_fields=("spec.shiny",),
+    restore_from="nightly",
 )
 APPLIED = Applied(
     replicas=2,

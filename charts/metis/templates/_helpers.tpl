@@ -60,6 +60,17 @@ ones. Secrets are read by name, never listed or watched. */}}
 - apiGroups: [metis.astraeus.io]
   resources: [knowledgebases/finalizers]
   verbs: [update]
+# Backups: follow them (kopf's annotations and finalizer), write their status; a schedule
+# creates its backups and deletes the oldest.
+- apiGroups: [metis.astraeus.io]
+  resources: [knowledgebasebackups]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [metis.astraeus.io]
+  resources: [knowledgebasebackupschedules]
+  verbs: [get, list, watch, patch]
+- apiGroups: [metis.astraeus.io]
+  resources: [knowledgebasebackups/status, knowledgebasebackupschedules/status]
+  verbs: [get, patch]
 # The children (server-side apply creates through patch; the index drive and the token are
 # created once), watched so that a change or a deletion is seen at once.
 - apiGroups: [""]
