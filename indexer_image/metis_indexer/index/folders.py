@@ -18,6 +18,8 @@ import re
 import shutil
 from pathlib import Path
 
+from metis_indexer.files import sync_folder
+
 POINTER = "live-index"
 """The file naming the folder of the index that answers; absent: the drive's own folder."""
 BUILT = re.compile(r"index-([0-9]{1,9})")
@@ -87,11 +89,7 @@ def publish(index_dir: Path, folder: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(staged, index_dir / POINTER)
-    fd = os.open(index_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync_folder(index_dir)
 
 
 def remove(index_dir: Path, folder: Path) -> None:

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from metis_indexer.files import sync_folder
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "snapshot.json"
@@ -95,10 +97,7 @@ def write(
 
 
 def _sync_folder(folder: Path) -> None:
-    """Make the rename itself durable (a folder's entries are synced through the folder)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Make the rename itself durable; a folder that cannot be synced leaves the snapshot
+    as good as unsynced (the next load checks it), never a failed write."""
+    with contextlib.suppress(OSError):
+        sync_folder(folder)

@@ -37,6 +37,7 @@ from typing import IO
 import httpx
 
 from metis_indexer.config import SourceConfig
+from metis_indexer.files import sync_folder
 from metis_indexer.models.clients import describe
 
 log = logging.getLogger(__name__)
@@ -218,11 +219,11 @@ def unpack(archive: Path, store: Path, digest: str, revision: str) -> Unpacked:
             files, total = _extract(raw, beside)
         info = {"revision": revision, "digest": digest, "files": files, "bytes": total}
         (beside / INFO).write_text(json.dumps(info))
-        _sync(beside)
+        sync_folder(beside)
         final = store / name
         shutil.rmtree(final, ignore_errors=True)
         os.rename(beside, final)
-        _sync(store)
+        sync_folder(store)
     except BaseException:
         shutil.rmtree(beside, ignore_errors=True)
         raise
@@ -283,15 +284,6 @@ def _filtered(e: tarfile.FilterError) -> str:
     if isinstance(e, tarfile.LinkOutsideDestinationError | tarfile.AbsoluteLinkError):
         return f"{name!r} is a link out of its folder (to {e.tarinfo.linkname!r})"
     return f"{name!r}: {e}"
-
-
-def _sync(folder: Path) -> None:
-    """Make a rename in `folder` durable: a kill after it finds the folder whole."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Fetched:

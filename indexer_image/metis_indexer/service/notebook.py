@@ -45,6 +45,7 @@ from metis_indexer.changes.model_change import ModelChange
 from metis_indexer.configured import Configured
 from metis_indexer.documents import Chunk, Kind
 from metis_indexer.errors import Conflict, DriveFull, NotFound
+from metis_indexer.files import sync_folder
 from metis_indexer.index import store, texts
 from metis_indexer.index.memory import Index, IndexSettings, Replacement
 from metis_indexer.index.store import FileRecord
@@ -487,8 +488,4 @@ def _commit(moves: Sequence[tuple[Path, Path]]) -> list[Path]:
 
 def _sync(directory: Path | Sequence[Path]) -> None:
     for d in [directory] if isinstance(directory, Path) else directory:
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        sync_folder(d)

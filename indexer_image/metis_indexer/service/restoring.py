@@ -20,7 +20,6 @@ import logging
 import os
 import shutil
 import time
-from pathlib import Path
 
 from metis_indexer import notes
 from metis_indexer.backups import copies, manifest
@@ -28,6 +27,7 @@ from metis_indexer.backups.manifest import BackupRefused, Manifest
 from metis_indexer.backups.objects import NoSuchObject, ObjectStore, StoreError
 from metis_indexer.config import IndexerConfig, RestoreConfig
 from metis_indexer.configured import Configured
+from metis_indexer.files import sync_folder
 from metis_indexer.index import folders
 from metis_indexer.models.clients import ModelUnavailable
 from metis_indexer.schema import RestoreState
@@ -106,7 +106,7 @@ def restore(config: IndexerConfig, wanted: RestoreConfig) -> Manifest:
                 notes.source(config.name),
             )
         (index_dir / MARKER).touch()
-        _sync(index_dir)
+        sync_folder(index_dir)
         held = notes.folder(index_dir)
         shutil.rmtree(held, ignore_errors=True)
         copies.unpack_notes(staging / manifest.NOTES, held)
@@ -114,21 +114,13 @@ def restore(config: IndexerConfig, wanted: RestoreConfig) -> Manifest:
         folders.remove(index_dir, live)
         live.mkdir(parents=True, exist_ok=True)
         os.replace(database, live / "index.sqlite3")
-        _sync(live)
+        sync_folder(live)
         (index_dir / RESTORED).write_text(name + "\n", encoding="utf-8")
         (index_dir / MARKER).unlink()
-        _sync(index_dir)
+        sync_folder(index_dir)
         return found
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _sync(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Restorer:
