@@ -17,6 +17,7 @@ from __future__ import annotations
 import calendar
 import re
 import time
+from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -325,3 +326,24 @@ def undeletable(
             "BACKUP_RUNNING", f"backup {name} is running on {state.by}; delete it once it ends"
         )
     return None
+
+
+def newest_of(
+    found: Sequence[Manifest],
+    base: str,
+    model: str,
+    dimensions: int | None,
+    size: int,
+    overlap: int,
+) -> Manifest | None:
+    """The backup a new replica starts from: the newest of its own base (a store's prefix
+    may hold other bases' backups, with their documents and notes) made with its model (and
+    dimensions, where known) and chunking, so the pass after it embeds only what changed
+    since; None when none is (a backup of another model saves it nothing)."""
+    usable = [
+        m
+        for m in found
+        if (m.base, m.model, m.chunking.size, m.chunking.overlap) == (base, model, size, overlap)
+        and dimensions in (None, m.dimensions)
+    ]
+    return max(usable, key=lambda m: (m.finished_at, m.name), default=None)

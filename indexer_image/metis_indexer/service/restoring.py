@@ -16,20 +16,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
+import sqlite3
 import time
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
 
 from metis_indexer import notes
 from metis_indexer.backups import copies, manifest
 from metis_indexer.backups.manifest import BackupRefused, Manifest
 from metis_indexer.backups.objects import NoSuchObject, ObjectStore, StoreError
+from metis_indexer.changes import peers
 from metis_indexer.config import IndexerConfig, RestoreConfig
 from metis_indexer.configured import Configured
 from metis_indexer.files import sync_folder
-from metis_indexer.index import folders
-from metis_indexer.models.clients import ModelUnavailable
+from metis_indexer.index import folders, texts
+from metis_indexer.models.clients import ModelRefused, ModelUnavailable
 from metis_indexer.schema import RestoreState
 from metis_indexer.service.progress import Progress
 
@@ -45,6 +52,9 @@ RESTORED = ".restored"
 """Names the backup restored, once it is: the drive is never restored from it again. A
 restore is a base's beginning; an index emptied later (every document deleted, every note
 forgotten) stays what the team made of it, and notes forgotten since do not come back."""
+SEED_CHECKS = peers.NEW_CHECKS
+"""Vectors of a backup a new replica starts from that the model embeds again to compare: as
+many as of a new peer's first answers."""
 MODEL_SECONDS = 10.0
 """How long a restore waits for the configured model's id, to say what is embedded again."""
 
@@ -61,9 +71,64 @@ def needed(config: IndexerConfig) -> bool:
     with contextlib.suppress(OSError, UnicodeDecodeError):
         if (index_dir / RESTORED).read_text(encoding="utf-8").strip() == config.restore.backup:
             return False
+    return _empty(index_dir)
+
+
+def seedable(config: IndexerConfig) -> bool:
+    """Whether a replica may start from its base's newest backup: it has peers (other
+    replicas of the base), a backup store and no backup named to restore, and its drive is
+    empty and was never restored."""
+    if config.restore is not None or config.backup_store is None or not config.peers:
+        return False
+    index_dir = config.index_dir
+    return not (index_dir / RESTORED).exists() and _empty(index_dir)
+
+
+def _empty(index_dir: Path) -> bool:
     database = folders.live(index_dir) / "index.sqlite3"
     held_notes = any(notes.folder(index_dir).glob("*" + notes.SUFFIX))
     return copies.chunk_count(database) == 0 and not held_notes
+
+
+def sampled(index_dir: Path, count: int) -> tuple[list[str], npt.NDArray[np.float32]]:
+    """Up to `count` chunks of the index with a vector, drawn at random: the passage each
+    was embedded from and its vector."""
+    database = folders.live(index_dir) / "index.sqlite3"
+    db = sqlite3.connect(f"file:{database}?mode=ro", uri=True, isolation_level=None)
+    try:
+        rows = db.execute(
+            "SELECT files.title, chunks.headings, chunks.text, chunks.vector"
+            " FROM chunks JOIN files ON files.id = chunks.file_id"
+            " WHERE chunks.vector IS NOT NULL ORDER BY random() LIMIT ?",
+            (count,),
+        ).fetchall()
+    finally:
+        db.close()
+    passages = [texts.passage(t, tuple(json.loads(h)), x) for t, h, x, _ in rows]
+    vectors = [np.frombuffer(v, dtype="<f4") for *_, v in rows]
+    return passages, np.stack(vectors) if vectors else np.zeros((0, 0), dtype=np.float32)
+
+
+def unseeded(index_dir: Path) -> None:
+    """A seed the model does not agree with, taken away: the drive empty again."""
+    folders.remove(index_dir, folders.live(index_dir))
+    shutil.rmtree(notes.folder(index_dir), ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        (index_dir / RESTORED).unlink()
+    sync_folder(index_dir)
+
+
+def completed(store: ObjectStore) -> list[Manifest]:
+    """The manifests of the store's completed backups (one that does not read is left out,
+    said in the log)."""
+    found = []
+    for name in store.names(manifest.MANIFEST)[manifest.MANIFEST]:
+        try:
+            raw = store.read(manifest.key(store.config.prefix, name, manifest.MANIFEST))
+            found.append(manifest.read(name, raw))
+        except (BackupRefused, NoSuchObject) as e:
+            log.warning("%s", e)
+    return found
 
 
 def restore(config: IndexerConfig, wanted: RestoreConfig) -> Manifest:
@@ -189,6 +254,73 @@ class Restorer:
             found.notes,
         )
         await self._say_reembedding()
+        self._progress.set_phase("loading", "")
+
+    async def seed(self) -> None:
+        """A new replica's index started from the newest backup of its model and chunking,
+        instead of every vector from its peers or the model. The backup is input, as a
+        peer's answer is: `SEED_CHECKS` of its vectors, drawn at random, are embedded by the
+        model too, and one unlike the model's (`peers.unlike`) takes the seed away. Any
+        trouble leaves the drive empty, to be filled as any replica's is."""
+        config = self._configured.config
+        embedder = self._configured.embedder
+        store_config = config.backup_store
+        if embedder is None or store_config is None:
+            return
+        chunking = config.chunking
+        try:
+            await asyncio.wait_for(embedder.connect(), MODEL_SECONDS)
+            found = await asyncio.to_thread(completed, ObjectStore(store_config))
+        except (ModelUnavailable, TimeoutError, OSError, StoreError) as e:
+            log.info("no backup to start from (%s): the peers and the model fill the index", e)
+            return
+        pick = manifest.newest_of(
+            found,
+            config.name,
+            embedder.model or "",
+            embedder.dimensions,
+            chunking.size,
+            chunking.overlap,
+        )
+        if pick is None:
+            log.info(
+                "no backup of base %s, model %s and this chunking among %d: the peers and the "
+                "model fill the index",
+                config.name,
+                embedder.model,
+                len(found),
+            )
+            return
+        self._progress.set_phase("loading", f"starting from backup {pick.name}")
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(
+                restore, config, RestoreConfig(store=store_config, backup=pick.name)
+            )
+            passages, held = await asyncio.to_thread(sampled, config.index_dir, SEED_CHECKS)
+            why = peers.unlike(held, await embedder.embed_now(passages)) if passages else None
+        except (
+            BackupRefused,
+            StoreError,
+            OSError,
+            ModelUnavailable,
+            ModelRefused,
+            ValueError,
+        ) as e:
+            why = str(e)
+        if why is not None:
+            log.warning("backup %s is not started from: %s", pick.name, why)
+            await asyncio.to_thread(unseeded, config.index_dir)
+        else:
+            log.info(
+                "started from backup %s (%s) in %.1f s: %d chunks, %d of their vectors "
+                "checked against the model",
+                pick.name,
+                pick.finished_at,
+                time.monotonic() - started,
+                pick.chunks,
+                len(passages),
+            )
         self._progress.set_phase("loading", "")
 
     async def _say_reembedding(self) -> None:

@@ -130,6 +130,10 @@ class Indexer:
                 await asyncio.sleep(STANDBY_LOOK)
             if await asyncio.to_thread(restoring.needed, config):  # not done by that one
                 await self.restorer.run()
+        elif await asyncio.to_thread(restoring.seedable, config):
+            config.index_dir.mkdir(parents=True, exist_ok=True)
+            if self._take_index() and await asyncio.to_thread(restoring.seedable, config):
+                await self.restorer.seed()
         damage = await self.passes.open()
         if damage is not None:
             while not self._take_index():

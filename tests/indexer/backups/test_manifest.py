@@ -117,3 +117,22 @@ def test_what_a_restore_embeds_again_is_said(
 ) -> None:
     again = manifest.reembedding(made(), model, size, overlap)
     assert (again is None) if said is None else (again is not None and said in again)
+
+
+def test_a_new_replica_starts_from_the_newest_backup_of_its_model_and_chunking() -> None:
+    old = made(name="b-1", finished_at="2026-12-06T10:00:00Z")
+    new = made(name="b-2", finished_at="2026-12-07T10:00:00Z")
+    other_model = made(name="b-3", finished_at="2026-12-07T11:00:00Z", model="e5-small")
+    other_cut = made(
+        name="b-4", finished_at="2026-12-07T12:00:00Z", chunking=Chunks(size=800, overlap=100)
+    )
+    other_base = made(name="r-1", finished_at="2026-12-07T13:00:00Z", base="runbooks")
+    found = [old, new, other_model, other_cut, other_base]
+    assert manifest.newest_of(found, "handbook", "minilm", 384, 1200, 200) == new
+    assert manifest.newest_of(found, "handbook", "minilm", None, 1200, 200) == new, "no dims yet"
+    assert manifest.newest_of(found, "handbook", "minilm", 768, 1200, 200) is None
+    assert manifest.newest_of(found, "handbook", "e5-small", 384, 1200, 200) == other_model
+    assert manifest.newest_of(found, "handbook", "bge-m3", 384, 1200, 200) is None
+    assert manifest.newest_of(found, "runbooks", "minilm", 384, 1200, 200) == other_base
+    assert manifest.newest_of(found, "faq", "minilm", 384, 1200, 200) is None, "not another's"
+    assert manifest.newest_of([], "handbook", "minilm", 384, 1200, 200) is None

@@ -4,12 +4,14 @@ versitygw (a real S3 server) over loopback. A restore costs the model nothing (t
 word that asks its dimensions aside); a backup cut short before its manifest is invisible
 and leaves the earlier one whole; an object that does not match its manifest refuses the
 restore, naming it, with nothing embedded; a restore under another model says what it
-embeds again, and ends with that model's vectors."""
+embeds again, and ends with that model's vectors; a new replica starts from the newest
+backup, and refuses one whose vectors are not the model's."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import re
 import signal
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from aiohttp import web
 
@@ -477,3 +480,75 @@ def test_a_replica_stopped_mid_backup_says_at_once_that_it_failed(
         finally:
             a.stop()
             b.stop()
+
+
+def copied(
+    s3: S3Server, prefix: str, name: str, change: Callable[[bytes], bytes] | None = None
+) -> None:
+    """team-1 copied under `prefix` as `name`, its index changed by `change` (the manifest's
+    checksums made the changed index's: a backup whole, whatever its vectors)."""
+    whole = f"{PREFIX}/team-1/"
+    m = json.loads(s3.get(BUCKET, whole + "manifest.json"))
+    index = s3.get(BUCKET, whole + "index.sqlite3")
+    if change is not None:
+        index = change(index)
+    files = {**m["files"], "index.sqlite3": {"bytes": len(index), "sha256": sha256(index)}}
+    s3.put(BUCKET, f"{prefix}/{name}/index.sqlite3", index)
+    s3.put(BUCKET, f"{prefix}/{name}/notes.tar", s3.get(BUCKET, whole + "notes.tar"))
+    later = {**m, "name": name, "files": files, "finished_at": "2099-01-01T00:00:00Z"}
+    s3.put(BUCKET, f"{prefix}/{name}/manifest.json", json.dumps(later).encode())
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def negated(index: bytes, tmp: Path) -> bytes:
+    """The index with every vector pointing the other way: unlike the model's."""
+    path = tmp / "negated.sqlite3"
+    path.write_bytes(index)
+    db = sqlite3.connect(path)
+    try:
+        rows = db.execute("SELECT id, vector FROM chunks WHERE vector IS NOT NULL").fetchall()
+        db.executemany(
+            "UPDATE chunks SET vector = ? WHERE id = ?",
+            [((-np.frombuffer(v, dtype="<f4")).astype("<f4").tobytes(), i) for i, v in rows],
+        )
+        db.commit()
+    finally:
+        db.close()
+    return path.read_bytes()
+
+
+def test_a_new_replica_starts_from_the_newest_backup_and_refuses_one_unlike_the_model(
+    original: Original, models: ModelServer, s3: S3Server, tmp_path: Path
+) -> None:
+    prefix = "team-a/seeds"
+    copied(s3, prefix, "team-1")
+    seeds = {**store(s3, tmp_path / "keys"), "prefix": prefix}
+    nobody = f"http://127.0.0.1:{free_port()}"  # its peers: none answers
+
+    before = embedded(models)
+    p = start(tmp_path / "replica", models.base_url, backup_store=seeds, peers=[nobody])
+    try:
+        status = wait_ready(p)
+        assert status["chunks"] == original.status["chunks"]
+        assert status["vectors_from_model"] == 0 and status["last_pass"]["read"] == 0
+        checks = min(16, original.status["chunks"])
+        assert embedded(models) - before == checks, "the checks alone (they gave the dimensions)"
+        assert "started from backup team-1" in p.log()
+        assert results(p, QUESTIONS[1]) == original.answers[QUESTIONS[1]]
+        assert p.get("/v1/backups/team-1").json()["phase"] == "Completed"
+    finally:
+        p.stop()
+
+    copied(s3, prefix, "team-2", lambda index: negated(index, tmp_path))
+    q = start(tmp_path / "distrusting", models.base_url, backup_store=seeds, peers=[nobody])
+    try:
+        status = wait_ready(q)
+        assert "backup team-2 is not started from:" in q.log() and "cosine" in q.log()
+        assert status["vectors_from_model"] == status["chunks"] > 0, "every vector the model's"
+        assert notes(q) == [], "nothing of the seed refused is kept"
+        assert results(q, QUESTIONS[1]) == original.answers[QUESTIONS[1]]
+    finally:
+        q.stop()

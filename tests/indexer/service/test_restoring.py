@@ -76,3 +76,52 @@ def test_a_drive_once_restored_from_a_backup_is_never_restored_from_it_again(
     (index / restoring.RESTORED).write_text("team-1\n")
     (index / restoring.MARKER).touch()
     assert restoring.needed(config(index)) is True, "a restore cut short is done again"
+
+
+@pytest.mark.parametrize(
+    ("peers", "store", "restore", "chunks", "restored", "wanted"),
+    [
+        (True, True, False, None, False, True),
+        (False, True, False, None, False, False),
+        (True, False, False, None, False, False),
+        (True, True, True, None, False, False),
+        (True, True, False, 5, False, False),
+        (True, True, False, 0, True, False),
+    ],
+    ids=[
+        "empty-replica-with-a-store-starts-from-a-backup",
+        "a-single-indexer-has-nothing-to-ask-instead",
+        "no-store",
+        "a-backup-named-is-restored-instead",
+        "chunks-held",
+        "restored-once",
+    ],
+)
+def test_a_replica_starts_from_a_backup_only_when_empty_and_told_of_none(
+    tmp_path: Path,
+    peers: bool,
+    store: bool,
+    restore: bool,
+    chunks: int | None,
+    restored: bool,
+    wanted: bool,
+) -> None:
+    index = tmp_path / "index"
+    index.mkdir()
+    if chunks is not None:
+        with_chunks(index, chunks)
+    if restored:
+        (index / restoring.RESTORED).write_text("b-1\n")
+    made = config(index, restore)
+    bucket = {"endpoint": "http://127.0.0.1:9", "bucket": "b", "secret_dir": str(index)}
+    made = made.model_copy(
+        update={
+            "peers": ["http://127.0.0.1:7701"] if peers else [],
+            "backup_store": IndexerConfig.model_validate(
+                {**made.model_dump(), "backup_store": bucket}
+            ).backup_store
+            if store
+            else None,
+        }
+    )
+    assert restoring.seedable(made) is wanted
