@@ -524,8 +524,15 @@ class Kubelet:
     def _follow_config(self, pod: _Pod) -> None:
         """A new ConfigMap into the running pod's file, unless it names a drive the pod
         does not mount (a source added): that change comes with the pod that replaces
-        this one, and it must not keep the loop from starting that pod."""
-        text = self._configmap_text(pod.configmap, pod.namespace)
+        this one, and it must not keep the loop from starting that pod. A ConfigMap gone
+        (its base deleted, the pod not yet) leaves the file as it is, as a kubelet keeps a
+        volume's last content."""
+        try:
+            text = self._configmap_text(pod.configmap, pod.namespace)
+        except KubeApiError as e:
+            if e.status == 404:
+                return
+            raise
         if text == pod.config_text:
             return
         try:
