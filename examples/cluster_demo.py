@@ -290,9 +290,20 @@ def operator(demo: Demo) -> None:
     )
 
 
-def watch_states(demo: Demo, timeout: float = 300) -> None:
+def bases_listed(demo: Demo) -> str:
+    """The resourceVersion of the namespace's bases as listed now: a watch from it, begun
+    after the example is applied, still sees every state the operator writes after this
+    (a watch begun after the apply alone missed Pending on a loaded machine)."""
+    api = client.CustomObjectsApi(config.new_client_from_config(str(demo.kubeconfig)))
+    listed = api.list_namespaced_custom_object(
+        "metis.astraeus.io", "v1", NAMESPACE, "knowledgebases"
+    )
+    return str(listed["metadata"]["resourceVersion"])
+
+
+def watch_states(demo: Demo, since: str, timeout: float = 300) -> None:
     """One line each time the base's state changes, until Ready (the kubernetes
-    client's watch sees every status the operator writes)."""
+    client's watch sees every status the operator writes from `since` on)."""
     say(f"$ kubectl get kb -n {NAMESPACE} --watch   # a line each time the state changes")
     row = "{:<10} {:<10} {:>9} {:>6}  {:<10} {}"
     say(indent(row.format("NAME", "STATE", "DOCUMENTS", "CHUNKS", "PROGRESS", "REASON")))
@@ -305,6 +316,7 @@ def watch_states(demo: Demo, timeout: float = 300) -> None:
         NAMESPACE,
         "knowledgebases",
         field_selector=f"metadata.name={BASE}",
+        resource_version=since,
         timeout_seconds=int(timeout),
     )
     for event in stream:
@@ -434,9 +446,10 @@ def main() -> None:
         model_services(demo)
         drives(demo)
         operator(demo)
+        since = bases_listed(demo)
         applied = time.monotonic()
         demo.kubectl("apply", "-n", NAMESPACE, "-f", str(EXAMPLE))
-        watch_states(demo)
+        watch_states(demo, since)
         ready = time.monotonic() - applied
         demo.kubectl("get", "kb", "-n", NAMESPACE)
         describe(demo)
