@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from metis_operator.api.backup import BackupSpec, BackupStatus
+from metis_operator.api.backup import FINAL, BackupSpec, BackupStatus
 from metis_operator.api.identity import API_VERSION, BACKUP_KIND, KIND
 from metis_operator.api.spec import KnowledgeBaseSpec
 
@@ -44,7 +44,7 @@ def backup_object(base: Mapping[str, Any], name: str) -> dict[str, Any]:
 def finished(backup: Mapping[str, Any]) -> BackupStatus | None:
     """The backup's status once it has completed or failed; None while it has not."""
     status = BackupStatus.read(backup.get("status"))
-    return status if status.phase in ("Completed", "Failed") else None
+    return status if status.phase in FINAL else None
 
 
 def said(name: str, status: BackupStatus) -> str:

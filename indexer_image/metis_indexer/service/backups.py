@@ -25,7 +25,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from metis_indexer.backups import copies, manifest
@@ -365,16 +365,7 @@ class Backups:
             self.current, self._run = None, None
 
     async def _manifest(self, store: ObjectStore, name: str) -> manifest.Manifest | None:
-        key = manifest.key(store.config.prefix, name, manifest.MANIFEST)
-        try:
-            raw = await _asked(asyncio.to_thread(store.read, key))
-        except NotFound:
-            return None
-        try:
-            return manifest.read(name, raw)
-        except manifest.BackupRefused as e:
-            log.warning("%s", e)
-            return None
+        return await _asked(asyncio.to_thread(_read, store, name, manifest.MANIFEST, manifest.read))
 
     async def close(self) -> None:
         """A backup running is cut short (its manifest unwritten: it is no backup), its
@@ -388,13 +379,18 @@ class Backups:
 def _state(store: ObjectStore, name: str) -> manifest.State | None:
     """Backup `name`'s state in the store; None without one (or with one that is none,
     said in the log: a start writes over it)."""
-    key = manifest.key(store.config.prefix, name, manifest.STATE)
+    return _read(store, name, manifest.STATE, manifest.read_state)
+
+
+def _read(store: ObjectStore, name: str, obj: str, parse: Callable[[str, bytes], _T]) -> _T | None:
+    """Backup `name`'s `obj` read and parsed; None where the store lacks it or it does not
+    parse (said in the log)."""
     try:
-        raw = store.read(key)
+        raw = store.read(manifest.key(store.config.prefix, name, obj))
     except NoSuchObject:
         return None
     try:
-        return manifest.read_state(name, raw)
+        return parse(name, raw)
     except manifest.BackupRefused as e:
         log.warning("%s", e)
         return None
