@@ -10,6 +10,7 @@ backup, and refuses one whose vectors are not the model's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -369,6 +370,22 @@ def uploading(name: str) -> Callable[[str, str], bool]:
     return lambda method, path: method == "PUT" and path.endswith(f"/{name}/index.sqlite3")
 
 
+@contextlib.contextmanager
+def two_replicas(
+    replicas: Replicas, models: ModelServer, s3: S3Server, name: str
+) -> Iterator[tuple[Process, Process, Releasing]]:
+    """Replicas A and B of one base sharing a store, both ready; A's uploads of backup
+    `name` held by the proxy it reaches the store through."""
+    with Releasing(s3, uploading(name)) as proxy:
+        a = start(replicas.a, models.base_url, backup_store=store(s3, replicas.a / "k", proxy.url))
+        b = start(replicas.b, models.base_url, backup_store=store(s3, replicas.b / "k"))
+        try:
+            yield a, b, proxy
+        finally:
+            a.stop()
+            b.stop()
+
+
 def seen(p: Process, name: str) -> dict[str, Any]:
     return dict(p.get(f"/v1/backups/{name}").json())
 
@@ -377,41 +394,35 @@ def test_every_replica_answers_a_backup_one_of_them_runs_and_none_starts_it_agai
     replicas: Replicas, models: ModelServer, s3: S3Server
 ) -> None:
     name = "team-r1"
-    with Releasing(s3, uploading(name)) as proxy:
-        a = start(replicas.a, models.base_url, backup_store=store(s3, replicas.a / "k", proxy.url))
-        b = start(replicas.b, models.base_url, backup_store=store(s3, replicas.b / "k"))
-        try:
-            assert wait_ready(a)["chunks"] == wait_ready(b)["chunks"], "the same documents"
-            started = a.post("/v1/backups", {"name": name})
-            assert started.status_code == 202, started.text
-            assert seen(b, name) == started.json(), "its state written before the answer"
-            assert proxy.held.wait(60), "A's upload of the index was reached"
-            time.sleep(ABANDONED + 2)  # A's heartbeat keeps it live past ABANDONED
-            running = seen(b, name)
-            assert running == {**started.json(), "phase": "Running"}
-            listed = {x["name"]: x["phase"] for x in b.get("/v1/backups").json()["backups"]}
-            assert listed[name] == "Running"
+    with two_replicas(replicas, models, s3, name) as (a, b, proxy):
+        assert wait_ready(a)["chunks"] == wait_ready(b)["chunks"], "the same documents"
+        started = a.post("/v1/backups", {"name": name})
+        assert started.status_code == 202, started.text
+        assert seen(b, name) == started.json(), "its state written before the answer"
+        assert proxy.held.wait(60), "A's upload of the index was reached"
+        time.sleep(ABANDONED + 2)  # A's heartbeat keeps it live past ABANDONED
+        running = seen(b, name)
+        assert running == {**started.json(), "phase": "Running"}
+        listed = {x["name"]: x["phase"] for x in b.get("/v1/backups").json()["backups"]}
+        assert listed[name] == "Running"
 
-            again = b.post("/v1/backups", {"name": name})
-            assert again.status_code == 409, again.text
-            error = again.json()["error"]
-            assert error["code"] == "BACKUP_RUNNING"
-            assert f"backup {name} is running on {socket.gethostname()}" in error["message"]
-            gone = httpx.delete(f"{b.base_url}/v1/backups/{name}", timeout=30)
-            assert gone.status_code == 409 and gone.json()["error"]["code"] == "BACKUP_RUNNING"
+        again = b.post("/v1/backups", {"name": name})
+        assert again.status_code == 409, again.text
+        error = again.json()["error"]
+        assert error["code"] == "BACKUP_RUNNING"
+        assert f"backup {name} is running on {socket.gethostname()}" in error["message"]
+        gone = httpx.delete(f"{b.base_url}/v1/backups/{name}", timeout=30)
+        assert gone.status_code == 409 and gone.json()["error"]["code"] == "BACKUP_RUNNING"
 
-            proxy.release()
-            done = [
-                p.wait_for(
-                    f"{name} completed on {p.base_url}",
-                    lambda p=p: (x := seen(p, name)).get("phase") == "Completed" and x,
-                )
-                for p in (a, b)
-            ]
-            assert done[0] == done[1] and done[0]["error"] is None and done[0]["bytes"] > 0
-        finally:
-            a.stop()
-            b.stop()
+        proxy.release()
+        done = [
+            p.wait_for(
+                f"{name} completed on {p.base_url}",
+                lambda p=p: (x := seen(p, name)).get("phase") == "Completed" and x,
+            )
+            for p in (a, b)
+        ]
+        assert done[0] == done[1] and done[0]["error"] is None and done[0]["bytes"] > 0
     keys = [k for k in s3.keys(BUCKET) if f"/{name}/" in k]
     assert keys == [f"{PREFIX}/{name}/{o}" for o in ("index.sqlite3", "manifest.json", "notes.tar")]
 
@@ -420,34 +431,28 @@ def test_a_replica_killed_mid_backup_leaves_it_abandoned_and_another_makes_it(
     replicas: Replicas, models: ModelServer, s3: S3Server
 ) -> None:
     name = "team-r2"
-    with Releasing(s3, uploading(name)) as proxy:
-        a = start(replicas.a, models.base_url, backup_store=store(s3, replicas.a / "k", proxy.url))
-        b = start(replicas.b, models.base_url, backup_store=store(s3, replicas.b / "k"))
-        try:
-            wait_ready(a)
-            wait_ready(b)
-            assert a.post("/v1/backups", {"name": name}).status_code == 202
-            assert proxy.held.wait(60), "A's upload of the index was reached"
-            assert seen(b, name)["phase"] == "Running"
-            a.stop(signal.SIGKILL)
-            killed = time.monotonic()
-            failed = b.wait_for(
-                f"{name} abandoned",
-                lambda: (x := seen(b, name)).get("phase") == "Failed" and x,
-                timeout=60,
-            )
-            assert time.monotonic() - killed > ABANDONED - HEARTBEAT - 1, "not before its time"
-            assert re.fullmatch(
-                rf"backup {name} was abandoned: its indexer \({re.escape(socket.gethostname())}\) "
-                r"stopped answering at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ",
-                failed["error"],
-            ), failed["error"]
-            assert failed["finished_at"] is not None
+    with two_replicas(replicas, models, s3, name) as (a, b, proxy):
+        wait_ready(a)
+        wait_ready(b)
+        assert a.post("/v1/backups", {"name": name}).status_code == 202
+        assert proxy.held.wait(60), "A's upload of the index was reached"
+        assert seen(b, name)["phase"] == "Running"
+        a.stop(signal.SIGKILL)
+        killed = time.monotonic()
+        failed = b.wait_for(
+            f"{name} abandoned",
+            lambda: (x := seen(b, name)).get("phase") == "Failed" and x,
+            timeout=60,
+        )
+        assert time.monotonic() - killed > ABANDONED - HEARTBEAT - 1, "not before its time"
+        assert re.fullmatch(
+            rf"backup {name} was abandoned: its indexer \({re.escape(socket.gethostname())}\) "
+            r"stopped answering at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ",
+            failed["error"],
+        ), failed["error"]
+        assert failed["finished_at"] is not None
 
-            assert backed_up(b, name)["phase"] == "Completed", "started again over it on B"
-        finally:
-            a.stop()
-            b.stop()
+        assert backed_up(b, name)["phase"] == "Completed", "started again over it on B"
     keys = [k for k in s3.keys(BUCKET) if f"/{name}/" in k]
     assert keys == [f"{PREFIX}/{name}/{o}" for o in ("index.sqlite3", "manifest.json", "notes.tar")]
 
@@ -456,30 +461,24 @@ def test_a_replica_stopped_mid_backup_says_at_once_that_it_failed(
     replicas: Replicas, models: ModelServer, s3: S3Server
 ) -> None:
     name = "team-r3"
-    with Releasing(s3, uploading(name)) as proxy:
-        a = start(replicas.a, models.base_url, backup_store=store(s3, replicas.a / "k", proxy.url))
-        b = start(replicas.b, models.base_url, backup_store=store(s3, replicas.b / "k"))
-        try:
-            wait_ready(a)
-            wait_ready(b)
-            assert a.post("/v1/backups", {"name": name}).status_code == 202
-            assert proxy.held.wait(60), "A's upload of the index was reached"
-            assert a.proc is not None
-            a.proc.send_signal(signal.SIGTERM)
-            failed = b.wait_for(
-                f"{name} failed",
-                lambda: (x := seen(b, name)).get("phase") == "Failed" and x,
-                timeout=ABANDONED - 1,
-            )
-            assert failed["error"] == (
-                f"backup {name}: uploading index.sqlite3: cut short, the indexer stopping"
-            ), "said by A as it stopped, not abandoned"
-            proxy.release()  # the upload A's thread waits on, so that it exits
-            a.stop()
-            assert backed_up(b, name)["phase"] == "Completed", "started again over it on B"
-        finally:
-            a.stop()
-            b.stop()
+    with two_replicas(replicas, models, s3, name) as (a, b, proxy):
+        wait_ready(a)
+        wait_ready(b)
+        assert a.post("/v1/backups", {"name": name}).status_code == 202
+        assert proxy.held.wait(60), "A's upload of the index was reached"
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGTERM)
+        failed = b.wait_for(
+            f"{name} failed",
+            lambda: (x := seen(b, name)).get("phase") == "Failed" and x,
+            timeout=ABANDONED - 1,
+        )
+        assert failed["error"] == (
+            f"backup {name}: uploading index.sqlite3: cut short, the indexer stopping"
+        ), "said by A as it stopped, not abandoned"
+        proxy.release()  # the upload A's thread waits on, so that it exits
+        a.stop()
+        assert backed_up(b, name)["phase"] == "Completed", "started again over it on B"
 
 
 def copied(
